@@ -1,0 +1,62 @@
+# One entry point for developers and CI. Every target uses the project's own
+# virtual environment, created on demand from pyproject.toml.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help venv run test check lint protos protos-check proto-lint unit integration e2e bench clean
+
+help:
+	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
+	@echo "make test     - lint, stale-stub and proto checks, then every test"
+	@echo "make protos   - regenerate gen/ from protos/"
+	@echo "make lint     - ruff and mypy --strict on hand-written code"
+	@echo "make bench    - run the benchmarks in bench/"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/versus-cp up
+
+test: check
+	$(BIN)/pytest
+
+check: lint proto-lint protos-check
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+proto-lint: $(STAMP)
+	$(BIN)/buf lint
+	$(BIN)/buf format --diff --exit-code
+
+protos: $(STAMP)
+	$(BIN)/python -m tools.protos generate
+
+protos-check: $(STAMP)
+	$(BIN)/python -m tools.protos check
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest tests/integration
+
+e2e: $(STAMP)
+	$(BIN)/pytest tests/e2e
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

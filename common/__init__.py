@@ -1,0 +1,1 @@
+"""Code shared by every control-plane service: settings, errors, logs, metrics, persistence."""

@@ -1,0 +1,1 @@
+"""PostgreSQL access: the one declared schema, the engine factory and migrations."""

@@ -1,0 +1,78 @@
+"""Engine construction and connectivity checks for PostgreSQL (psycopg 3 under SQLAlchemy 2)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from common.errors import StartupError, Unavailable
+from common.redaction import redact_url
+
+CONNECT_TIMEOUT_S = 5
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Normalise any accepted PostgreSQL URL to the psycopg 3 SQLAlchemy dialect."""
+    _, sep, rest = url.partition("://")
+    if not sep:
+        raise StartupError(f"not a database URL: {redact_url(url)}")
+    return f"postgresql+psycopg://{rest}"
+
+
+def libpq_url(url: str) -> str:
+    """The URL as libpq/psycopg understand it (no SQLAlchemy driver suffix)."""
+    _, _, rest = url.partition("://")
+    return f"postgresql://{rest}"
+
+
+def describe(url: str) -> str:
+    """Where a URL points, safe to print: host (or socket dir), port and database."""
+    parsed = make_url(sqlalchemy_url(url))
+    host = parsed.host or parsed.query.get("host") or "localhost"
+    if isinstance(host, tuple):
+        host = host[0]
+    port = parsed.port or parsed.query.get("port") or 5432
+    return f"{host}:{port}/{parsed.database or ''}"
+
+
+def create_async(url: str, *, pool_size: int = 10, max_overflow: int = 10) -> AsyncEngine:
+    """The async engine used by services. Connections are verified before use."""
+    return create_async_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "versus-cp"},
+    )
+
+
+def create_sync(url: str) -> Engine:
+    """A short-lived synchronous engine for migrations and admin tasks."""
+    return create_engine(
+        sqlalchemy_url(url),
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "versus-cp-admin"},
+    )
+
+
+def check_reachable(url: str) -> None:
+    """Connect once and run ``SELECT 1``; raise :class:`Unavailable` with a one-line reason."""
+    try:
+        with psycopg.connect(libpq_url(url), connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        raise Unavailable(f"cannot connect to PostgreSQL at {describe(url)}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    reason = text[-1] if text else type(exc).__name__
+    return redact_url(reason.removeprefix("connection failed: ").strip())
+
+
+def database_name(url: str) -> str:
+    return urlsplit(libpq_url(url)).path.lstrip("/") or "postgres"

@@ -1,0 +1,84 @@
+"""Process helpers shared by the embedded servers and the `up` supervisor."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+# Unix socket paths are limited to 108 bytes including the terminator.
+MAX_SOCKET_PATH = 100
+
+
+def parent_death_signal(sig: int) -> Callable[[], None]:
+    """A ``preexec_fn`` asking Linux to send ``sig`` to the child when its parent dies.
+
+    It runs in the child after any uid change, so the setting survives it. This is
+    what keeps a SIGKILLed supervisor from leaving orphaned servers behind.
+    """
+
+    def _set() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - non-Linux
+            pass
+
+    return _set
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> int | None:
+    """Send ``sig``, wait up to ``timeout``, then SIGKILL. Returns the exit status."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait(5)
+        except ProcessLookupError:
+            pass
+    return proc.poll()
+
+
+def short_socket_dir(preferred: Path, name: str) -> Path:
+    """``preferred`` if a socket path inside it fits the kernel limit, else a private dir in /tmp."""
+    if len(str(preferred / name)) <= MAX_SOCKET_PATH:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="versus-"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An unused TCP port on ``host`` (for tests and second instances)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def tail(path: Path, lines: int = 5) -> str:
+    """Last lines of a log file, for error messages."""
+    try:
+        content = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(content[-lines:])
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` is running (a zombie waiting to be reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+SIGTERM = signal.SIGTERM
+SIGINT = signal.SIGINT

@@ -1,0 +1,82 @@
+"""The one mapping from domain errors to HTTP statuses, gRPC codes and WebSocket close codes.
+
+WebSocket close codes use the private-use range 4000-4999 so a collector can
+tell an application refusal from a transport failure: 4000 + the HTTP status
+that the same error would carry on the per-call HTTPS path (4400, 4401, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from common import errors
+
+
+@dataclass(frozen=True, slots=True)
+class TransportStatus:
+    """How one kind of domain error appears on each transport."""
+
+    http_status: int
+    grpc_code: grpc.StatusCode
+
+    @property
+    def ws_close_code(self) -> int:
+        return 4000 + self.http_status
+
+
+_BY_KIND: dict[type[errors.VersusError], TransportStatus] = {
+    errors.InvalidArgument: TransportStatus(400, grpc.StatusCode.INVALID_ARGUMENT),
+    errors.Unauthenticated: TransportStatus(401, grpc.StatusCode.UNAUTHENTICATED),
+    errors.PermissionDenied: TransportStatus(403, grpc.StatusCode.PERMISSION_DENIED),
+    errors.NotFound: TransportStatus(404, grpc.StatusCode.NOT_FOUND),
+    errors.Conflict: TransportStatus(409, grpc.StatusCode.ALREADY_EXISTS),
+    errors.FailedPrecondition: TransportStatus(412, grpc.StatusCode.FAILED_PRECONDITION),
+    errors.PayloadTooLarge: TransportStatus(413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    errors.ResourceExhausted: TransportStatus(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    errors.Unavailable: TransportStatus(503, grpc.StatusCode.UNAVAILABLE),
+    errors.DeadlineExceeded: TransportStatus(504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    errors.ConfigError: TransportStatus(500, grpc.StatusCode.INTERNAL),
+    errors.StartupError: TransportStatus(500, grpc.StatusCode.INTERNAL),
+}
+_INTERNAL = TransportStatus(500, grpc.StatusCode.INTERNAL)
+
+_GRPC_TO_KIND: dict[grpc.StatusCode, type[errors.VersusError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: errors.Conflict,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+}
+
+# Trailing metadata key carrying the stable code across gRPC hops.
+GRPC_CODE_METADATA_KEY = "versus-error-code"
+
+
+def status_for(error: BaseException) -> TransportStatus:
+    """Transport status for any exception; anything unexpected is an internal error."""
+    if isinstance(error, errors.VersusError):
+        for kind in type(error).__mro__:
+            if kind in _BY_KIND:
+                return _BY_KIND[kind]
+    return _INTERNAL
+
+
+def public_error(error: BaseException) -> errors.VersusError:
+    """The error as a caller may see it: unexpected exceptions never leak their text."""
+    if isinstance(error, errors.VersusError):
+        return error
+    return errors.VersusError("internal error", code="internal")
+
+
+def from_grpc(code: grpc.StatusCode, details: str, versus_code: str | None) -> errors.VersusError:
+    """Rebuild a domain error from a gRPC failure so the gateway can re-map it for collectors."""
+    kind = _GRPC_TO_KIND.get(
+        code, errors.Unavailable if code == grpc.StatusCode.CANCELLED else errors.VersusError
+    )
+    return kind(details or code.name.lower(), code=versus_code or None)

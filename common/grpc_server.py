@@ -1,0 +1,218 @@
+"""Building blocks for the gRPC service processes.
+
+Every server gets the standard health and reflection services, a bounded
+message size, and one interceptor that binds the caller's request id to the
+logs, records metrics and maps domain errors to gRPC status codes (via
+:mod:`common.error_mapping`, with the stable code in trailing metadata).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from common import error_mapping
+from common.errors import StartupError
+from common.logs import REQUEST_ID_HEADER, bind_request_id, clean_request_id, get_logger, unbind_request_id
+from common.metrics import GRPC_LATENCY, GRPC_REQUESTS
+
+# Largest message accepted or sent by any control-plane gRPC server. Params,
+# results and release artifacts above this belong in chunked transfers.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    # grpcio enables SO_REUSEPORT by default, which would let a second process
+    # silently share a port that is already in use.
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+]
+
+log = get_logger("versus.grpc")
+
+# The stubs make these generic; at runtime they are not subscriptable, hence string aliases.
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRegistration:
+    """A servicer and the generated function that adds it to a server."""
+
+    full_name: str
+    servicer: object
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+
+
+def _split(method: str) -> tuple[str, str]:
+    _, service, name = method.split("/", 2) if method.count("/") == 2 else ("", "unknown", method)
+    return service, name
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Request ids, metrics and domain-error mapping for every unary and server-streaming RPC."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler: Handler | None = await continuation(handler_call_details)
+        if handler is None:
+            # Unknown method: grpc answers UNIMPLEMENTED itself (the stubs call this non-optional).
+            return None  # type: ignore[return-value]
+        service, method = _split(handler_call_details.method)
+        if service == "grpc.health.v1.Health" or service.startswith("grpc.reflection."):
+            return handler
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        request_id = clean_request_id(_text(metadata.get(REQUEST_ID_HEADER)))
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, service, method, request_id),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream, service, method, request_id),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _wrap_unary(self, inner: Any, service: str, method: str, request_id: str) -> Any:
+        async def wrapped(request: Any, context: Context) -> Any:
+            bind_request_id(request_id)
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                result = inner(request, context)
+                if inspect.isawaitable(result):
+                    result = await result
+                code = _context_code(context)
+                return result
+            except BaseException as exc:
+                code = _code_for(exc, context)
+                await _abort_for(exc, code, context, service, method)
+                raise
+            finally:
+                _observe(service, method, code, started)
+                unbind_request_id()
+
+        return wrapped
+
+    def _wrap_stream(self, inner: Any, service: str, method: str, request_id: str) -> Any:
+        async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
+            bind_request_id(request_id)
+            started = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                result = inner(request, context)
+                if inspect.isasyncgen(result):
+                    async for item in result:
+                        yield item
+                else:
+                    for item in result:
+                        yield item
+                code = _context_code(context)
+            except BaseException as exc:
+                code = _code_for(exc, context)
+                await _abort_for(exc, code, context, service, method)
+                raise
+            finally:
+                _observe(service, method, code, started)
+                unbind_request_id()
+
+        return wrapped
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _context_code(context: Context) -> grpc.StatusCode:
+    code = context.code()
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.OK
+
+
+def _code_for(exc: BaseException, context: Context) -> grpc.StatusCode:
+    """The status an exception leaving a handler turns into."""
+    if isinstance(exc, grpc.aio.AbortError | GeneratorExit | asyncio.CancelledError):
+        code = _context_code(context)
+        return grpc.StatusCode.CANCELLED if code == grpc.StatusCode.OK else code
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED
+    return error_mapping.status_for(exc).grpc_code
+
+
+async def _abort_for(
+    exc: BaseException, code: grpc.StatusCode, context: Context, service: str, method: str
+) -> None:
+    """Abort the RPC with ``code`` for a domain error or bug; other exceptions propagate as they are."""
+    if isinstance(exc, grpc.aio.AbortError | GeneratorExit | asyncio.CancelledError):
+        return
+    if isinstance(exc, NotImplementedError):
+        await context.abort(code, f"{service}/{method} is not implemented")
+    if isinstance(exc, Exception):
+        public = error_mapping.public_error(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("unhandled error in rpc", service=service, method=method)
+        context.set_trailing_metadata(((error_mapping.GRPC_CODE_METADATA_KEY, public.code),))
+        await context.abort(code, public.message)
+
+
+def _observe(service: str, method: str, code: grpc.StatusCode, started: float) -> None:
+    GRPC_REQUESTS.labels(service, method, code.name).inc()
+    GRPC_LATENCY.labels(service, method).observe(time.perf_counter() - started)
+
+
+def placeholder(servicer_class: Callable[[], S]) -> S:
+    """The generated base servicer: every RPC answers UNIMPLEMENTED until it is built."""
+    return servicer_class()
+
+
+class GrpcServer:
+    """A grpc.aio server with health, reflection and the service interceptor."""
+
+    def __init__(self, name: str, host: str, port: int, services: Sequence[ServiceRegistration]):
+        self.name = name
+        self.address = f"{host}:{port}"
+        self.services = list(services)
+        self.health = HealthServicer()
+        self.server = grpc.aio.server(interceptors=[ServiceInterceptor()], options=SERVER_OPTIONS)
+
+    async def start(self) -> None:
+        for reg in self.services:
+            reg.add_to_server(reg.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = [reg.full_name for reg in self.services]
+        reflection.enable_server_reflection(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self.server,
+        )
+        try:
+            bound = self.server.add_insecure_port(self.address)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {self.address} ({self.name} gRPC): {exc}") from None
+        if bound == 0:
+            raise StartupError(f"cannot listen on {self.address} ({self.name} gRPC): address already in use")
+        await self.server.start()
+        for service in ["", *names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float) -> None:
+        """Report NOT_SERVING, let in-flight RPCs finish within ``grace``, then close."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)

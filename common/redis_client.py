@@ -1,0 +1,43 @@
+"""Redis client construction and connectivity checks."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio as aioredis
+
+from common.errors import Unavailable
+from common.redaction import redact_url
+
+SOCKET_TIMEOUT_S = 5.0
+
+
+def create_async(url: str) -> aioredis.Redis:
+    """Async client with explicit timeouts; a dead Redis fails calls instead of hanging them."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=30,
+    )
+
+
+def describe(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return redact_url(f"{parts.hostname}:{parts.port or 6379}")
+
+
+def check_reachable(url: str) -> None:
+    """PING once; raise :class:`Unavailable` with a one-line reason."""
+    client = redis.Redis.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise Unavailable(f"cannot connect to Redis at {describe(url)}: {redact_url(str(exc))}") from None
+    finally:
+        client.close()

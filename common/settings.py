@@ -1,0 +1,222 @@
+"""One typed settings object for every process, read from the environment and an optional file.
+
+Precedence, highest first: explicit keyword arguments, environment variables,
+the TOML file named by ``VERSUS_CONFIG``, then the defaults below. Every field
+is documented in docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from common.errors import ConfigError
+
+CONFIG_FILE_ENV = "VERSUS_CONFIG"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "versus"
+
+
+class LogFormat(StrEnum):
+    CONSOLE = "console"
+    JSON = "json"
+
+
+class _TomlFileSource(PydanticBaseSettingsSource):
+    """Values from the TOML file named by ``VERSUS_CONFIG`` (a flat table of field names)."""
+
+    def __init__(self, settings_cls: type[BaseSettings]):
+        super().__init__(settings_cls)
+        path = os.environ.get(CONFIG_FILE_ENV)
+        self._values: dict[str, Any] = {}
+        if path:
+            try:
+                with open(path, "rb") as fh:
+                    self._values = tomllib.load(fh)
+            except OSError as exc:
+                raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+            unknown = sorted(set(self._values) - set(settings_cls.model_fields))
+            if unknown:
+                raise ConfigError(f"config file {path} has unknown settings: {', '.join(unknown)}")
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+class Settings(BaseSettings):
+    """Settings shared by `versus-cp up` and each service started alone."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VERSUS_",
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+    # --- state -----------------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "database_url"),
+        description="PostgreSQL URL. Unset: start the embedded server under the state directory.",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("REDIS_URL", "redis_url"),
+        description="Redis URL (redis://, rediss:// or unix://). Unset: start the embedded server.",
+    )
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="Keys, CAs, generated TLS files and embedded server data live here.",
+    )
+
+    # --- listeners -------------------------------------------------------------------------------
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8443, ge=1, le=65535)
+    router_host: str = "127.0.0.1"
+    router_port: int = Field(default=50051, ge=1, le=65535)
+    router_metrics_port: int = Field(default=9464, ge=1, le=65535)
+    enrollment_host: str = "127.0.0.1"
+    enrollment_port: int = Field(default=50052, ge=1, le=65535)
+    enrollment_metrics_port: int = Field(default=9465, ge=1, le=65535)
+
+    # Where the gateway reaches the internal gRPC services; default: their own listen address.
+    router_target: str | None = None
+    enrollment_target: str | None = None
+
+    # --- gateway TLS -----------------------------------------------------------------------------
+    gateway_tls: bool = Field(
+        default=True, description="Serve HTTPS. Off only behind a TLS-terminating edge."
+    )
+    tls_cert_file: Path | None = Field(default=None, description="Gateway certificate chain (PEM).")
+    tls_key_file: Path | None = Field(default=None, description="Gateway private key (PEM).")
+    gateway_server_name: str = Field(
+        default="localhost", description="Name collectors verify on the gateway."
+    )
+
+    # --- observability ---------------------------------------------------------------------------
+    log_format: LogFormat = LogFormat.CONSOLE
+    log_level: str = "INFO"
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    shutdown_grace_s: float = Field(default=10.0, gt=0, le=300)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlFileSource(settings_cls))
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in {"postgresql", "postgres", "postgresql+psycopg"}:
+            raise ValueError("must be a postgresql:// URL")
+        try:
+            parts.port  # noqa: B018 - raises ValueError for a malformed port
+        except ValueError as exc:
+            raise ValueError("has an invalid port") from exc
+        if not parts.hostname and "host=" not in parts.query:
+            raise ValueError("names no host")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            parts.port  # noqa: B018
+        except ValueError as exc:
+            raise ValueError("has an invalid port") from exc
+        if parts.scheme == "unix" and not parts.path:
+            raise ValueError("names no socket path")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("names no host")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
+        return level
+
+    # --- derived ---------------------------------------------------------------------------------
+    @property
+    def embedded(self) -> bool:
+        """True when at least one of PostgreSQL / Redis is the embedded server."""
+        return self.database_url is None or self.redis_url is None
+
+    @property
+    def router_address(self) -> str:
+        return self.router_target or f"{_connectable(self.router_host)}:{self.router_port}"
+
+    @property
+    def enrollment_address(self) -> str:
+        return self.enrollment_target or f"{_connectable(self.enrollment_host)}:{self.enrollment_port}"
+
+    @property
+    def gateway_scheme(self) -> str:
+        return "https" if self.gateway_tls else "http"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"{self.gateway_scheme}://{_connectable(self.gateway_host)}:{self.gateway_port}"
+
+
+def _connectable(host: str) -> str:
+    """A listen address a client can dial: wildcard binds are reached over loopback."""
+    if host in {"0.0.0.0", "", "*"}:
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings, turning every validation problem into one readable :class:`ConfigError`."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = ".".join(str(p) for p in err["loc"]) or "settings"
+            env = _env_name(name)
+            problems.append(f"{env}: {err['msg'].removeprefix('Value error, ')}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+def _env_name(field: str) -> str:
+    if field in {"database_url", "DATABASE_URL"}:
+        return "DATABASE_URL"
+    if field in {"redis_url", "REDIS_URL"}:
+        return "REDIS_URL"
+    return f"VERSUS_{field.upper()}"

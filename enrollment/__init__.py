@@ -1,0 +1,1 @@
+"""Enrollment Service: sites, enrollment tokens, the Collector CA and the trust bootstrap."""

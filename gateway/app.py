@@ -1,0 +1,164 @@
+"""The gateway's ASGI application.
+
+Foundation endpoints: ``/healthz`` (the process is alive), ``/readyz``
+(PostgreSQL and Redis answer within a bound) and ``/metrics`` (Prometheus).
+The OpenAPI document is served at ``/openapi.json``. Every error body has the
+shape ``{"error": {"code": "...", "message": "..."}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common import error_mapping
+from common.db import engine as db_engine
+from common.errors import InvalidArgument, VersusError
+from common.logs import get_logger
+from common.redis_client import create_async as create_redis
+from gateway.middleware import RequestContextMiddleware
+
+# Each readiness probe of a dependency must answer within this bound.
+READINESS_TIMEOUT_S = 2.0
+
+log = get_logger("versus.gateway")
+
+
+@dataclass
+class Backends:
+    """Connections the gateway holds for its lifetime."""
+
+    engine: AsyncEngine
+    redis: Redis
+
+    @classmethod
+    def connect(cls, database_url: str, redis_url: str) -> Backends:
+        return cls(engine=db_engine.create_async(database_url, pool_size=5), redis=create_redis(redis_url))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.engine.dispose()
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str
+    checks: dict[str, str]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+async def _probe(name: str, check: Awaitable[object]) -> tuple[str, str]:
+    try:
+        await asyncio.wait_for(check, READINESS_TIMEOUT_S)
+        return name, "ok"
+    except TimeoutError:
+        return name, f"timed out after {READINESS_TIMEOUT_S:.0f}s"
+    except Exception as exc:  # any failure means not ready; the reason is reported
+        return name, f"unreachable: {type(exc).__name__}"
+
+
+async def _postgres_ok(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+def error_response(error: VersusError, status: int) -> JSONResponse:
+    return JSONResponse(error.to_dict(), status_code=status)
+
+
+def create_app(database_url: str, redis_url: str) -> FastAPI:
+    """Build the gateway app; backends connect at startup and close at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.backends = Backends.connect(database_url, redis_url)
+        try:
+            yield
+        finally:
+            await app.state.backends.close()
+
+    app = FastAPI(
+        title="Versus collector gateway",
+        version="1",
+        summary="The only endpoint collectors talk to; every call but enroll needs an ES256 bearer token.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        responses={500: {"model": ErrorBody}},
+    )
+    app.add_middleware(RequestContextMiddleware)
+
+    @app.exception_handler(VersusError)
+    async def _domain_error(_: Request, exc: VersusError) -> JSONResponse:
+        return error_response(exc, error_mapping.status_for(exc).http_status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        err = VersusError(str(exc.detail), code=codes.get(exc.status_code, f"http_{exc.status_code}"))
+        return error_response(err, exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = exc.errors()
+        first = problems[0] if problems else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        what = str(first.get("msg", "invalid request"))
+        return error_response(InvalidArgument(f"{where}: {what}" if where else what), 400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(error_mapping.public_error(exc), 500)
+
+    @app.get("/healthz", response_model=Health, tags=["operations"])
+    async def healthz() -> Health:
+        """Liveness: the process is up and serving HTTP."""
+        return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=Readiness,
+        responses={503: {"model": Readiness}},
+        tags=["operations"],
+    )
+    async def readyz(request: Request) -> JSONResponse:
+        """Readiness: PostgreSQL and Redis both answer within the probe timeout."""
+        backends: Backends = request.app.state.backends
+        results = await asyncio.gather(
+            _probe("postgres", _postgres_ok(backends.engine)),
+            _probe("redis", backends.redis.ping()),
+        )
+        checks = dict(results)
+        ready = all(v == "ok" for v in checks.values())
+        body = Readiness(status="ready" if ready else "unavailable", checks=checks)
+        return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,107 @@
+"""The gateway process: the ASGI app on uvicorn (websockets backend), HTTPS by default."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import uvicorn
+
+from common.errors import ConfigError, StartupError
+from common.logs import get_logger
+from common.metrics import SERVICE_UP
+from common.runtime import PARENT_PID_ENV, check_backends, require_backends, setup_logging
+from common.settings import Settings
+from common.state_dir import ensure_writable
+from common.tls import GatewayTls, ensure_gateway_tls
+from gateway.app import create_app
+
+log = get_logger("versus.gateway")
+
+# Uvicorn's own limits, made explicit (see docs/configuration.md).
+MAX_CONCURRENT_CONNECTIONS = 10_000
+KEEPALIVE_TIMEOUT_S = 75
+WS_MAX_FRAME_BYTES = 1024 * 1024
+
+
+def resolve_tls(settings: Settings) -> GatewayTls | None:
+    """Configured certificate files, or ones generated under the state directory."""
+    if not settings.gateway_tls:
+        return None
+    cert, key = settings.tls_cert_file, settings.tls_key_file
+    if (cert is None) != (key is None):
+        raise ConfigError("VERSUS_TLS_CERT_FILE and VERSUS_TLS_KEY_FILE must be set together")
+    if cert is not None and key is not None:
+        for path in (cert, key):
+            if not path.is_file():
+                raise ConfigError(f"TLS file {path} does not exist")
+        return GatewayTls(cert_file=cert, key_file=key, ca_file=None)
+    state = ensure_writable(settings.state_dir)
+    return ensure_gateway_tls(state / "tls", settings.gateway_server_name, [settings.gateway_host])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves so a busy port is a clear startup error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port} (gateway): {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _watch_parent(server: uvicorn.Server) -> None:
+    raw = os.environ.get(PARENT_PID_ENV)
+    if not raw:
+        return
+    while not server.should_exit:
+        if os.getppid() != int(raw):
+            log.info("supervisor exited; stopping")
+            server.should_exit = True
+            return
+        await asyncio.sleep(1.0)
+
+
+async def serve(settings: Settings) -> None:
+    setup_logging(settings, "gateway")
+    database_url, redis_url = require_backends(settings, "gateway")
+    check_backends(database_url, redis_url)
+    tls = resolve_tls(settings)
+    sock = bind(settings.gateway_host, settings.gateway_port)
+    config = uvicorn.Config(
+        create_app(database_url, redis_url),
+        ssl_certfile=str(tls.cert_file) if tls else None,
+        ssl_keyfile=str(tls.key_file) if tls else None,
+        ws="websockets-sansio",
+        ws_max_size=WS_MAX_FRAME_BYTES,
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        limit_concurrency=MAX_CONCURRENT_CONNECTIONS,
+        timeout_keep_alive=KEEPALIVE_TIMEOUT_S,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
+    server = uvicorn.Server(config)
+    # Uvicorn re-raises the signal it caught once it has shut down; with these
+    # handlers in place that re-raise is harmless and the process exits 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    watchdog = asyncio.create_task(_watch_parent(server))
+    SERVICE_UP.labels("gateway").set(1)
+    log.info("serving", service="gateway", url=settings.gateway_url, tls=tls is not None)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        watchdog.cancel()
+        SERVICE_UP.labels("gateway").set(0)
+        sock.close()
+    if not server.started:
+        raise StartupError("gateway failed to start; see the log above")

@@ -1,0 +1,1 @@
+"""Task Router: placement, device leases, signed dispatch, the unknown-outcome ladder, fleet control."""

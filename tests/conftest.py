@@ -1,0 +1,131 @@
+"""Fixtures giving tests real, isolated PostgreSQL databases and Redis databases.
+
+By default the servers are embedded ones started once per session under a
+temporary directory; set ``TEST_DATABASE_URL`` / ``TEST_REDIS_URL`` to use
+external servers instead. Each test gets its own database cloned from a
+migrated template, and its own flushed Redis logical database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from common.db.migrate import upgrade
+from common.embedded.postgres import EmbeddedPostgres
+from common.embedded.redis import DATABASES, EmbeddedRedis
+from tests.support.urls import with_database, with_redis_db
+
+ROOT = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        if ROOT / "integration" in path.parents:
+            item.add_marker(pytest.mark.integration)
+        elif ROOT / "e2e" in path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a database on the test PostgreSQL server with rights to create databases."""
+    external = os.environ.get("TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("postgres")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_database(postgres_url: str) -> Iterator[str]:
+    """A migrated database that per-test databases are cloned from."""
+    name = f"versus_template_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    upgrade(with_database(postgres_url, name))
+    try:
+        yield name
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _create_database(admin_url: str, template: str | None) -> str:
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    clause = f' TEMPLATE "{template}"' if template else ""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"{clause}')
+    return name
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(postgres_url: str, template_database: str) -> Iterator[str]:
+    """A fresh, migrated database for this test only."""
+    name = _create_database(postgres_url, template_database)
+    try:
+        yield with_database(postgres_url, name)
+    finally:
+        _drop_database(postgres_url, name)
+
+
+@pytest.fixture
+def empty_database_url(postgres_url: str) -> Iterator[str]:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = _create_database(postgres_url, None)
+    try:
+        yield with_database(postgres_url, name)
+    finally:
+        _drop_database(postgres_url, name)
+
+
+@pytest.fixture(scope="session")
+def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("TEST_REDIS_URL")
+    if external:
+        yield external
+        return
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _redis_dbs() -> Iterator[int]:
+    count = int(
+        os.environ.get("TEST_REDIS_DATABASES", "16" if os.environ.get("TEST_REDIS_URL") else DATABASES)
+    )
+    # Database 0 is left alone so a shared external server's default db is untouched.
+    return itertools.cycle(range(1, count))
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str, _redis_dbs: Iterator[int]) -> Iterator[str]:
+    """A flushed Redis logical database for this test only."""
+    url = with_redis_db(redis_server_url, next(_redis_dbs))
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+        yield url
+        client.flushdb()
+    finally:
+        client.close()

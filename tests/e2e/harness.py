@@ -1,0 +1,118 @@
+"""Start `versus-cp` as a real process tree on free ports and talk to it over sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from common.embedded.process import free_port
+
+BANNER = "Versus control plane is up."
+
+
+def service_env(state_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment for a control plane on its own state directory and free ports."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VERSUS_", "DATABASE_URL", "REDIS_URL"))}
+    env.update(
+        {
+            "VERSUS_STATE_DIR": str(state_dir),
+            "VERSUS_GATEWAY_PORT": str(free_port()),
+            "VERSUS_ROUTER_PORT": str(free_port()),
+            "VERSUS_ROUTER_METRICS_PORT": str(free_port()),
+            "VERSUS_ENROLLMENT_PORT": str(free_port()),
+            "VERSUS_ENROLLMENT_METRICS_PORT": str(free_port()),
+            "VERSUS_SHUTDOWN_GRACE_S": "5",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "versus_cp", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@dataclass
+class ControlPlane:
+    """A running `versus-cp up`."""
+
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] = field(init=False)
+
+    def start(self, timeout: float = 90) -> ControlPlane:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "versus_cp", "up"],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if BANNER in self.log():
+                return self
+            if self.proc.poll() is not None:
+                self._log.close()
+                raise AssertionError(f"versus-cp up exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        self.proc.kill()
+        self.wait()
+        raise AssertionError(f"versus-cp up not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.env["VERSUS_STATE_DIR"])
+
+    def port(self, name: str) -> int:
+        return int(self.env[f"VERSUS_{name.upper()}_PORT"])
+
+    @property
+    def gateway_url(self) -> str:
+        return f"https://127.0.0.1:{self.port('gateway')}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.state_dir / "tls" / "gateway-ca.pem"
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if not self._log.closed:
+                self._log.close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+        return self.wait()
+
+
+def wait_gone(processes: list[psutil.Process], timeout: float = 30) -> list[psutil.Process]:
+    """Processes still running after ``timeout`` (zombies count as gone)."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

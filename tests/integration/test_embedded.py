@@ -1,0 +1,83 @@
+"""The embedded servers are real, keep their data across restarts and stop cleanly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from common.embedded.postgres import EmbeddedPostgres
+from common.embedded.process import free_port, pid_alive
+from common.embedded.redis import EmbeddedRedis
+from common.errors import StartupError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_postgres_keeps_data_across_restarts(tmp_path: Path) -> None:
+    with EmbeddedPostgres(tmp_path / "pg") as pg:
+        pid = pg.pid
+        with psycopg.connect(pg.url) as conn:
+            conn.execute("CREATE TABLE kept (v text)")
+            conn.execute("INSERT INTO kept VALUES ('still here')")
+    assert pid is not None and not pid_alive(pid)
+    with EmbeddedPostgres(tmp_path / "pg") as pg, psycopg.connect(pg.url) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchone() == ("still here",)
+
+
+def test_postgres_over_tcp_requires_the_generated_password(tmp_path: Path) -> None:
+    port = free_port()
+    with EmbeddedPostgres(tmp_path / "pg", port=port) as pg:
+        assert f"127.0.0.1:{port}" in pg.url
+        with psycopg.connect(pg.url) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == ("versus",)
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(f"postgresql://postgres:wrong@127.0.0.1:{port}/versus", connect_timeout=5)
+
+
+def test_postgres_stops_a_server_left_running_by_a_dead_process(tmp_path: Path) -> None:
+    orphan = EmbeddedPostgres(tmp_path / "pg").start()
+    # Simulate a supervisor that died without stopping its server: forget the handle.
+    leftover, orphan._proc = orphan._proc, None
+    assert leftover is not None
+    with EmbeddedPostgres(tmp_path / "pg") as pg, psycopg.connect(pg.url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert leftover.poll() is not None
+
+
+def test_postgres_port_in_use_is_a_startup_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        with pytest.raises(StartupError, match="embedded PostgreSQL exited during startup"):
+            EmbeddedPostgres(tmp_path / "pg", port=port).start()
+
+
+def test_redis_keeps_data_across_restarts(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        pid = server.pid
+        client = redis.Redis.from_url(server.url)
+        client.set("kept", "yes")
+        client.close()
+    assert pid is not None and not pid_alive(pid)
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        assert client.get("kept") == b"yes"
+        client.close()
+
+
+def test_redis_over_tcp_requires_the_generated_password(tmp_path: Path) -> None:
+    port = free_port()
+    with EmbeddedRedis(tmp_path / "redis", port=port) as server:
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        client.close()
+        anonymous = redis.Redis(host="127.0.0.1", port=port)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()

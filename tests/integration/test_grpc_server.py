@@ -1,0 +1,124 @@
+"""The shared gRPC server: health, reflection, error mapping and port handling over real sockets."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
+
+from common.embedded.process import free_port
+from common.error_mapping import GRPC_CODE_METADATA_KEY
+from common.errors import NotFound, StartupError
+from common.grpc_server import Context, GrpcServer, ServiceRegistration, placeholder
+from common.metrics import GRPC_REQUESTS
+from enrollment.server import registrations as enrollment_registrations
+from router.server import registrations as router_registrations
+
+SECRET = "postgresql://u:hunter2@db"
+
+
+class Router(task_router_pb2_grpc.TaskRouterServiceServicer):
+    async def GetTask(
+        self, request: task_router_pb2.GetTaskRequest, context: Context
+    ) -> task_router_pb2.GetTaskResponse:
+        if request.task_id == "boom":
+            raise RuntimeError(f"lost connection to {SECRET}")
+        raise NotFound(f"task {request.task_id} does not exist", code="task_not_found")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[GrpcServer]:
+    reg = ServiceRegistration(
+        "versus.router.v1.TaskRouterService",
+        placeholder(Router),
+        task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
+    )
+    srv = GrpcServer("test", "127.0.0.1", free_port(), [reg])
+    await srv.start()
+    yield srv
+    await srv.stop(0)
+
+
+async def test_health_reports_each_service_serving(server: GrpcServer) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "versus.router.v1.TaskRouterService"):
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Check(health_pb2.HealthCheckRequest(service="versus.nope.v1.Nope"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_reflection_lists_services(server: GrpcServer) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+        async def requests() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+        names = set()
+        async for reply in stub.ServerReflectionInfo(requests()):
+            names |= {s.name for s in reply.list_services_response.service}
+    assert {"versus.router.v1.TaskRouterService", "grpc.health.v1.Health"} <= names
+
+
+async def test_domain_error_maps_to_status_and_stable_code(server: GrpcServer) -> None:
+    before = GRPC_REQUESTS.labels("versus.router.v1.TaskRouterService", "GetTask", "NOT_FOUND")._value.get()
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        call = stub.GetTask(task_router_pb2.GetTaskRequest(task_id="t-1"))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == "task t-1 does not exist"
+    # grpc.aio returns its own Metadata type, iterable as (key, value) pairs.
+    metadata: Any = info.value.trailing_metadata()
+    trailing = [tuple(item) for item in metadata]
+    assert (GRPC_CODE_METADATA_KEY, "task_not_found") in trailing
+    after = GRPC_REQUESTS.labels("versus.router.v1.TaskRouterService", "GetTask", "NOT_FOUND")._value.get()
+    assert after == before + 1
+
+
+async def test_unexpected_error_is_internal_without_details(server: GrpcServer) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetTask(task_router_pb2.GetTaskRequest(task_id="boom"))
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert "hunter2" not in (info.value.details() or "")
+
+
+async def test_rpcs_not_built_yet_answer_unimplemented(server: GrpcServer) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.CancelTask(task_router_pb2.CancelTaskRequest(task_id="t"))
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_busy_port_is_a_startup_error() -> None:
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        srv = GrpcServer("test", "127.0.0.1", port, router_registrations())
+        with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await srv.start()
+        await srv.server.stop(0)
+
+
+async def test_service_processes_register_their_services() -> None:
+    router = {r.full_name for r in router_registrations()}
+    assert router == {
+        "versus.router.v1.TaskRouterService",
+        "versus.router.v1.CollectorBridgeService",
+        "versus.fleet.v1.FleetService",
+    }
+    assert {r.full_name for r in enrollment_registrations()} == {"versus.enrollment.v1.EnrollmentService"}

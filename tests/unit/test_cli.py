@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+
+from versus_cp.main import EXIT_CONFIG, main
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("VERSUS_", "DATABASE_URL", "REDIS_URL")):
+            monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("command", ["router", "enrollment", "gateway"])
+def test_standalone_service_without_backends_is_one_line_config_error(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("versus-cp: error: DATABASE_URL and REDIS_URL must be set")
+
+
+def test_malformed_url_is_reported_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "memcached://cache")
+    assert main(["up"]) == EXIT_CONFIG
+    assert capsys.readouterr().err == (
+        "versus-cp: error: invalid configuration: REDIS_URL: must be a redis://, rediss:// or unix:// URL\n"
+    )
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["launch"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_collector_subcommands_say_they_are_not_built(capsys: pytest.CaptureFixture[str]) -> None:
+    from collector.main import main as collector_main
+
+    assert collector_main(["run"]) == 2
+    assert "not available in this build" in capsys.readouterr().err

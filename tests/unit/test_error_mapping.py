@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from common import error_mapping, errors
+
+
+@pytest.mark.parametrize(
+    ("error", "http", "code"),
+    [
+        (errors.InvalidArgument("x"), 400, grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.Unauthenticated("x"), 401, grpc.StatusCode.UNAUTHENTICATED),
+        (errors.PermissionDenied("x"), 403, grpc.StatusCode.PERMISSION_DENIED),
+        (errors.NotFound("x"), 404, grpc.StatusCode.NOT_FOUND),
+        (errors.Conflict("x"), 409, grpc.StatusCode.ALREADY_EXISTS),
+        (errors.FailedPrecondition("x"), 412, grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.PayloadTooLarge("x"), 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (errors.ResourceExhausted("x"), 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (errors.Unavailable("x"), 503, grpc.StatusCode.UNAVAILABLE),
+        (errors.DeadlineExceeded("x"), 504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    ],
+)
+def test_each_kind_maps_to_all_transports(
+    error: errors.VersusError, http: int, code: grpc.StatusCode
+) -> None:
+    status = error_mapping.status_for(error)
+    assert status.http_status == http
+    assert status.grpc_code == code
+    assert status.ws_close_code == 4000 + http
+
+
+def test_subclass_with_specific_code_inherits_its_kind() -> None:
+    class TokenExpired(errors.Unauthenticated):
+        default_code = "token_expired"
+
+    err = TokenExpired("token has expired")
+    assert err.code == "token_expired"
+    assert error_mapping.status_for(err).http_status == 401
+    assert err.to_dict() == {"error": {"code": "token_expired", "message": "token has expired"}}
+
+
+def test_unexpected_exceptions_are_internal_and_do_not_leak() -> None:
+    boom = RuntimeError("connection string postgresql://u:pw@db")
+    assert error_mapping.status_for(boom).http_status == 500
+    public = error_mapping.public_error(boom)
+    assert public.code == "internal"
+    assert "pw@db" not in public.message
+
+
+def test_grpc_failure_round_trips_to_domain_error() -> None:
+    err = error_mapping.from_grpc(grpc.StatusCode.NOT_FOUND, "no such task", "task_not_found")
+    assert isinstance(err, errors.NotFound)
+    assert err.code == "task_not_found"
+    assert error_mapping.status_for(err).http_status == 404
+    unknown = error_mapping.from_grpc(grpc.StatusCode.DATA_LOSS, "", None)
+    assert unknown.code == "internal"

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from common.tls import ensure_gateway_tls, spki_pin
+
+
+def _leaf(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificates(path.read_bytes())[0]
+
+
+def test_generates_ca_and_server_certificate(tmp_path: Path) -> None:
+    tls = ensure_gateway_tls(tmp_path / "tls", "gw.example.net", ["10.0.0.5"])
+    assert tls.ca_file is not None
+    chain = x509.load_pem_x509_certificates(tls.cert_file.read_bytes())
+    leaf, ca = chain[0], chain[1]
+    ca.verify_directly_issued_by(ca)
+    leaf.verify_directly_issued_by(ca)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "gw.example.net" in sans.get_values_for_type(x509.DNSName)
+    assert "localhost" in sans.get_values_for_type(x509.DNSName)
+    assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} >= {"10.0.0.5", "127.0.0.1", "::1"}
+    assert leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert (
+        ExtendedKeyUsageOID.SERVER_AUTH
+        in leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    )
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    for key in (tls.key_file, tmp_path / "tls" / "gateway-ca.key"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600
+
+
+def test_second_call_reuses_material(tmp_path: Path) -> None:
+    first = ensure_gateway_tls(tmp_path, "gw", [])
+    before = first.cert_file.read_bytes()
+    second = ensure_gateway_tls(tmp_path, "gw", [])
+    assert second.cert_file.read_bytes() == before
+    assert first.ca_pin() == second.ca_pin()
+
+
+def test_new_name_reissues_leaf_under_same_ca(tmp_path: Path) -> None:
+    first = ensure_gateway_tls(tmp_path, "gw", [])
+    pin = first.ca_pin()
+    second = ensure_gateway_tls(tmp_path, "gw", ["192.0.2.7"])
+    assert second.ca_pin() == pin
+    sans = _leaf(second.cert_file).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "192.0.2.7" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+
+
+def test_pin_is_sha256_of_spki(tmp_path: Path) -> None:
+    tls = ensure_gateway_tls(tmp_path, "gw", [])
+    assert tls.ca_file is not None
+    ca = x509.load_pem_x509_certificate(tls.ca_file.read_bytes())
+    pin = tls.ca_pin()
+    assert pin == spki_pin(ca)
+    assert pin is not None and pin.startswith("sha256/") and len(pin) == len("sha256/") + 44

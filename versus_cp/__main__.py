@@ -1,0 +1,3 @@
+from versus_cp.main import main
+
+raise SystemExit(main())

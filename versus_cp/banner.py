@@ -1,0 +1,52 @@
+"""The short banner `versus-cp up` prints once everything is ready."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.db.engine import describe as describe_db
+from common.embedded.postgres import EmbeddedPostgres
+from common.embedded.redis import EmbeddedRedis
+from common.redis_client import describe as describe_redis
+from common.settings import Settings
+from common.tls import GatewayTls
+
+
+def render_banner(
+    settings: Settings,
+    state: Path,
+    tls: GatewayTls | None,
+    postgres: EmbeddedPostgres | None,
+    redis: EmbeddedRedis | None,
+) -> str:
+    pg = (
+        f"embedded, data in {postgres.directory}"
+        if postgres
+        else f"external {describe_db(settings.database_url or '')}"
+    )
+    rd = (
+        f"embedded, data in {redis.directory}"
+        if redis
+        else f"external {describe_redis(settings.redis_url or '')}"
+    )
+    lines = [
+        "",
+        "Versus control plane is up.",
+        f"  gateway     {settings.gateway_url}   (collectors; /healthz /readyz /metrics)",
+        f"  router      {settings.router_address} gRPC   metrics http://{settings.router_host}:"
+        f"{settings.router_metrics_port}/metrics",
+        f"  enrollment  {settings.enrollment_address} gRPC   metrics http://{settings.enrollment_host}:"
+        f"{settings.enrollment_metrics_port}/metrics",
+        f"  postgres    {pg}",
+        f"  redis       {rd}",
+        f"  state       {state}",
+    ]
+    if tls is not None and tls.ca_file is not None:
+        lines.append(f"  gateway CA  {tls.ca_file}  pin {tls.ca_pin()}")
+    lines += [
+        "",
+        "Next: check health with `curl --cacert <gateway CA> " + settings.gateway_url + "/readyz`;",
+        "      the operator guide is docs/operations.md. Stop with Ctrl-C (or SIGTERM).",
+        "",
+    ]
+    return "\n".join(lines)
