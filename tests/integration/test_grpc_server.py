@@ -122,3 +122,28 @@ async def test_service_processes_register_their_services() -> None:
         "versus.fleet.v1.FleetService",
     }
     assert {r.full_name for r in enrollment_registrations()} == {"versus.enrollment.v1.EnrollmentService"}
+
+
+async def test_request_id_from_metadata_is_bound_to_handler_logs(server: GrpcServer) -> None:
+    import io
+    import json
+    import logging
+
+    from common.logs import configure_logging
+
+    configure_logging(fmt="json", level="INFO")
+    stream = io.StringIO()
+    logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
+    try:
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.GetTask(
+                    task_router_pb2.GetTaskRequest(task_id="boom"), metadata=(("x-request-id", "rq-77"),)
+                )
+    finally:
+        configure_logging()
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    failure = next(e for e in events if e["event"] == "unhandled error in rpc")
+    assert failure["request_id"] == "rq-77"
+    assert "hunter2" not in stream.getvalue()

@@ -1,0 +1,102 @@
+"""Each service runs alone against external PostgreSQL and Redis, and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.e2e.harness import service_env
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _wait_until(check: Callable[[], bool], proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"service exited with {proc.returncode}"
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("service not ready in time")
+
+
+def _grpc_serving(port: int, service: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=1
+                )
+                return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.RpcError:
+            return False
+
+    return check
+
+
+def _start(command: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "versus_cp", command], env=env, stdout=fh, stderr=fh)
+
+
+@pytest.mark.parametrize(
+    ("command", "port_var", "service"),
+    [
+        ("router", "VERSUS_ROUTER_PORT", "versus.router.v1.TaskRouterService"),
+        ("enrollment", "VERSUS_ENROLLMENT_PORT", "versus.enrollment.v1.EnrollmentService"),
+    ],
+)
+def test_grpc_service_alone(
+    tmp_path: Path, database_url: str, redis_url: str, command: str, port_var: str, service: str
+) -> None:
+    env = service_env(tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url)
+    proc = _start(command, env, tmp_path / "service.log")
+    try:
+        _wait_until(_grpc_serving(int(env[port_var]), service), proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "stopping" in (tmp_path / "service.log").read_text()
+
+
+def test_gateway_alone(tmp_path: Path, database_url: str, redis_url: str) -> None:
+    env = service_env(
+        tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url, VERSUS_LOG_FORMAT="json"
+    )
+    proc = _start("gateway", env, tmp_path / "gateway.log")
+    url = f"https://127.0.0.1:{env['VERSUS_GATEWAY_PORT']}/readyz"
+    ca = tmp_path / "state" / "tls" / "gateway-ca.pem"
+
+    def ready() -> bool:
+        if not ca.exists():
+            return False
+        try:
+            return httpx.get(url, verify=ssl.create_default_context(cafile=ca), timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        _wait_until(ready, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # JSON logs: every line is one object.
+    lines = (tmp_path / "gateway.log").read_text().strip().splitlines()
+    assert lines
+    assert all(line.startswith("{") and line.endswith("}") for line in lines)
