@@ -6,14 +6,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint unit integration e2e bench clean
+.PHONY: help venv run test check lint protos protos-check proto-lint unit integration e2e clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
 	@echo "make test     - lint, stale-stub and proto checks, then every test"
 	@echo "make protos   - regenerate gen/ from protos/"
 	@echo "make lint     - ruff and mypy --strict on hand-written code"
-	@echo "make bench    - run the benchmarks in bench/"
 
 venv: $(STAMP)
 
@@ -54,9 +53,6 @@ integration: $(STAMP)
 
 e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e
-
-bench: $(STAMP)
-	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

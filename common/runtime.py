@@ -62,8 +62,8 @@ def setup_logging(settings: Settings, service: str) -> None:
     configure_logging(fmt=settings.log_format.value, level=settings.log_level, service=service)
 
 
-async def wait_for_shutdown() -> str:
-    """Block until SIGTERM/SIGINT arrives or the supervising parent exits; return why."""
+def shutdown_signals() -> asyncio.Future[str]:
+    """A future resolved with the signal name on the first SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[str] = loop.create_future()
 
@@ -73,11 +73,18 @@ async def wait_for_shutdown() -> str:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _signalled, sig.name)
+    return stop
+
+
+async def wait_for_shutdown() -> str:
+    """Block until SIGTERM/SIGINT arrives or the supervising parent exits; return why."""
+    stop = shutdown_signals()
     watchdog = asyncio.create_task(_watch_parent(stop))
     try:
         return await stop
     finally:
         watchdog.cancel()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 

@@ -55,24 +55,21 @@ class StateLock:
 
 def write_private(path: Path, data: bytes) -> None:
     """Atomically write a file readable only by its owner (keys, passwords)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_atomic(path, data, 0o600)
 
 
 def write_public(path: Path, data: bytes) -> None:
     """Atomically write a non-secret file (certificates)."""
+    _write_atomic(path, data, 0o644)
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    # The mode is set before any byte is written, and readers see either the old
+    # file or the complete new one.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)

@@ -41,7 +41,7 @@ from common.embedded.redis import EmbeddedRedis
 from common.errors import StartupError, Unavailable
 from common.logs import get_logger
 from common.redis_client import check_reachable as redis_reachable
-from common.runtime import PARENT_PID_ENV, setup_logging
+from common.runtime import PARENT_PID_ENV, setup_logging, shutdown_signals
 from common.settings import Settings
 from common.state_dir import StateLock, ensure_writable
 from common.tls import GatewayTls
@@ -119,7 +119,7 @@ class Supervisor:
         database_url, redis_url = self._backends(state)
         apply_migrations(database_url)
         tls = resolve_tls(self.settings)
-        stop = self._install_signal_handlers()
+        stop = shutdown_signals()
         env = self._child_env(database_url, redis_url)
         for name in SERVICES:
             await self._spawn(name, env)
@@ -245,18 +245,6 @@ class Supervisor:
                         child.proc.kill()
                     await child.exited
         self.children.clear()
-
-    def _install_signal_handlers(self) -> asyncio.Future[str]:
-        loop = asyncio.get_running_loop()
-        stop: asyncio.Future[str] = loop.create_future()
-
-        def _signalled(name: str) -> None:
-            if not stop.done():
-                stop.set_result(name)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, _signalled, sig.name)
-        return stop
 
 
 async def _grpc_serving(address: str) -> bool:

