@@ -17,27 +17,29 @@ from collections.abc import Callable, Sequence
 
 from common.errors import ConfigError, VersusError
 from common.settings import CONFIG_FILE_ENV, Settings, load_settings
-from versus_cp import __version__
+from versus_cp import __version__, keys_cmd
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
 
+Handler = Callable[[Settings, argparse.Namespace], int]
 
-def _cmd_up(settings: Settings) -> int:
+
+def _cmd_up(settings: Settings, _: argparse.Namespace) -> int:
     from versus_cp.supervisor import Supervisor
 
     return asyncio.run(Supervisor(settings).run())
 
 
-def _cmd_migrate(settings: Settings) -> int:
+def _cmd_migrate(settings: Settings, _: argparse.Namespace) -> int:
     from versus_cp.migrate import migrate
 
     migrate(settings)
     return 0
 
 
-def _service(name: str) -> Callable[[Settings], int]:
-    def run(settings: Settings) -> int:
+def _service(name: str) -> Handler:
+    def run(settings: Settings, _: argparse.Namespace) -> int:
         if name == "router":
             from router.server import serve
         elif name == "enrollment":
@@ -51,18 +53,14 @@ def _service(name: str) -> Callable[[Settings], int]:
     return run
 
 
-COMMANDS: dict[str, tuple[str, Callable[[Settings], int]]] = {
+_SERVICES = "needs DATABASE_URL and REDIS_URL"
+COMMANDS: dict[str, tuple[str, Handler]] = {
     "up": ("Run the whole control plane (embedded PostgreSQL and Redis unless URLs are set).", _cmd_up),
     "migrate": ("Apply database migrations and exit.", _cmd_migrate),
-    "router": (
-        "Run only the Task Router gRPC service (needs DATABASE_URL and REDIS_URL).",
-        _service("router"),
-    ),
-    "enrollment": (
-        "Run only the Enrollment gRPC service (needs DATABASE_URL and REDIS_URL).",
-        _service("enrollment"),
-    ),
-    "gateway": ("Run only the collector gateway (needs DATABASE_URL and REDIS_URL).", _service("gateway")),
+    "router": (f"Run only the Task Router gRPC service ({_SERVICES}).", _service("router")),
+    "enrollment": (f"Run only the Enrollment gRPC service ({_SERVICES}).", _service("enrollment")),
+    "gateway": (f"Run only the collector gateway ({_SERVICES}).", _service("gateway")),
+    "keys": ("List or rotate the dispatch and release signing keys.", keys_cmd.run),
 }
 
 
@@ -76,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE", help=f"TOML settings file (same as {CONFIG_FILE_ENV})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, description=help_text)
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "keys":
+            keys_cmd.add_arguments(command)
     return parser
 
 
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         _, command = COMMANDS[args.command]
-        return command(settings)
+        return command(settings, args)
     except ConfigError as exc:
         print(f"versus-cp: error: {_one_line(exc.message)}", file=sys.stderr)
         return EXIT_CONFIG

@@ -39,6 +39,8 @@ from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.process import parent_death_signal
 from common.embedded.redis import EmbeddedRedis
 from common.errors import StartupError, Unavailable
+from common.keys import KeyPurpose
+from common.keystore import KeyStore
 from common.logs import get_logger
 from common.redis_client import check_reachable as redis_reachable
 from common.runtime import PARENT_PID_ENV, setup_logging, shutdown_signals
@@ -118,6 +120,9 @@ class Supervisor:
         check_ports_free(self.settings)
         database_url, redis_url = self._backends(state)
         apply_migrations(database_url)
+        for purpose in KeyPurpose:
+            keyset = KeyStore(state, purpose).load_or_create()
+            log.info("signing keys ready", key_set=purpose.value, current_kid=keyset.current_kid)
         tls = resolve_tls(self.settings)
         stop = shutdown_signals()
         env = self._child_env(database_url, redis_url)

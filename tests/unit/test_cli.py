@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from versus_cp.main import EXIT_CONFIG, main
@@ -46,3 +49,30 @@ def test_collector_subcommands_say_they_are_not_built(capsys: pytest.CaptureFixt
 
     assert collector_main(["run"]) == 2
     assert "not available in this build" in capsys.readouterr().err
+
+
+def test_keys_rotate_and_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERSUS_STATE_DIR", str(tmp_path))
+    assert main(["keys", "list", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert set(first) == {"dispatch", "release"}
+    assert main(["keys", "rotate", "--set", "dispatch", "--lifetime-days", "30"]) == 0
+    assert "new current key dsp-" in capsys.readouterr().out
+    assert main(["keys", "list", "--set", "dispatch", "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)["dispatch"]
+    assert len(after) == 2
+    assert first["dispatch"][0]["kid"] in {k["kid"] for k in after}
+    assert main(["keys", "list"]) == 0
+    table = capsys.readouterr().out
+    assert table.count("current") == 2 and "verifying" in table
+    assert "PRIVATE" not in table
+
+
+def test_keys_rotate_refuses_bad_lifetime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERSUS_STATE_DIR", str(tmp_path))
+    assert main(["keys", "rotate", "--set", "release", "--lifetime-days", "0"]) == EXIT_CONFIG
+    assert "--lifetime-days must be between 1 and" in capsys.readouterr().err
