@@ -6,13 +6,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint unit integration e2e clean
+.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check unit integration e2e bench bench-envelope clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
 	@echo "make test     - lint, stale-stub and proto checks, then every test"
 	@echo "make protos   - regenerate gen/ from protos/"
 	@echo "make lint     - ruff and mypy --strict on hand-written code"
+	@echo "make vectors  - regenerate vectors/envelope/ from tools/gen_envelope_vectors.py"
+	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 
 venv: $(STAMP)
 
@@ -44,6 +46,17 @@ protos: $(STAMP)
 
 protos-check: $(STAMP)
 	$(BIN)/python -m tools.protos check
+
+vectors: $(STAMP)
+	$(BIN)/python -m tools.gen_envelope_vectors
+
+vectors-check: $(STAMP)
+	$(BIN)/python -m tools.gen_envelope_vectors --check
+
+bench: bench-envelope
+
+bench-envelope: $(STAMP)
+	$(BIN)/python -m bench.envelope
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

@@ -81,16 +81,35 @@ def assemble(
 ) -> bytes:
     """Canonical bytes from the eight text fields already encoded as UTF-8, in :data:`TEXT_FIELDS` order.
 
-    Encoders and decoders call this directly so each text is encoded once.
+    Encoders and decoders call this directly so each text is encoded once. It is
+    unrolled because it runs for every envelope signed or verified.
     """
-    parts = [_PREFIX]
-    for raw in texts:
-        parts.append(_LEN.pack(len(raw)))
-        parts.append(raw)
-    parts.append(_HASH_LEN)
-    parts.append(params_sha256)
-    parts.append(_TAIL.pack(8, not_before, 8, expires_at, 8, lease_epoch))
-    return b"".join(parts)
+    kid, task_id, collector_id, provider, operation, op_class, target_ref, idempotency_key = texts
+    n = _LEN.pack
+    return b"".join(
+        (
+            _PREFIX,
+            n(len(kid)),
+            kid,
+            n(len(task_id)),
+            task_id,
+            n(len(collector_id)),
+            collector_id,
+            n(len(provider)),
+            provider,
+            n(len(operation)),
+            operation,
+            n(len(op_class)),
+            op_class,
+            n(len(target_ref)),
+            target_ref,
+            n(len(idempotency_key)),
+            idempotency_key,
+            _HASH_LEN,
+            params_sha256,
+            _TAIL.pack(8, not_before, 8, expires_at, 8, lease_epoch),
+        )
+    )
 
 
 def canonical_bytes(f: EnvelopeFields) -> bytes:

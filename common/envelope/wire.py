@@ -18,9 +18,9 @@ field is UTF-8 encoded once and reused for the canonical bytes.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
+from collections.abc import Sequence
 from json.encoder import encode_basestring
 from typing import Any, NamedTuple
 
@@ -45,7 +45,8 @@ _MAX_PARAMS_B64 = (MAX_PARAMS_BYTES + 2) // 3 * 4
 INT_FIELDS: tuple[str, ...] = ("not_before", "expires_at", "lease_epoch")
 WIRE_KEYS: tuple[str, ...] = (*TEXT_FIELDS, "params", "params_sha256", *INT_FIELDS, "sig")
 _WIRE_KEY_SET = frozenset(WIRE_KEYS)
-_OP_CLASSES = frozenset(c.value.encode() for c in OpClass)
+_OP_CLASS_NAMES = frozenset(c.value for c in OpClass)
+_OP_CLASSES = frozenset(name.encode() for name in _OP_CLASS_NAMES)
 
 
 class WireEnvelope(NamedTuple):
@@ -114,41 +115,65 @@ def _hex(name: str, value: str) -> bytes:
     return decoded
 
 
+def _explain_malformed(obj: dict[str, Any]) -> EnvelopeError:
+    """Slow path: the precise reason the fast checks in :func:`decode` failed, in documented order."""
+    for name in TEXT_FIELDS:
+        value = obj.get(name, "")
+        if type(value) is not str:
+            return _malformed(f"{name} must be a string")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            return _malformed(f"{name} is not valid Unicode (lone surrogate)")
+        if size > MAX_TEXT_BYTES:
+            return _malformed(f"{name} is {size} bytes, limit {MAX_TEXT_BYTES}")
+    for name in ("params", "params_sha256", "sig"):
+        if type(obj.get(name, "")) is not str:
+            return _malformed(f"{name} must be a string")
+    for name in INT_FIELDS:
+        if _integer(obj.get(name, 0)) is None:
+            return _malformed(f"{name} must be an integer in 0..{MAX_SAFE_INT}")
+    if obj.get("op_class", "") not in _OP_CLASS_NAMES:
+        return _malformed("op_class must be read, mutate_reconcilable or mutate_terminal")
+    return _malformed("not_before is after expires_at")
+
+
+def _integer(value: Any) -> int | None:
+    # Some languages cannot tell 5 from 5.0 in JSON; the value is what counts.
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    if type(value) is int and 0 <= value <= MAX_SAFE_INT:
+        return value
+    return None
+
+
 def decode(raw: bytes | str) -> WireEnvelope:
-    """Validate and decode wire JSON; raises :class:`EnvelopeError` with a stable code."""
+    """Validate and decode wire JSON; raises :class:`EnvelopeError` with a stable code.
+
+    The common case runs a few cheap combined checks; only when one fails does
+    :func:`_explain_malformed` work out which rule was broken.
+    """
     obj = _parse(raw)
     get = obj.get
     texts = [get(name, "") for name in TEXT_FIELDS]
-    for name, value in zip(TEXT_FIELDS, texts, strict=True):
-        if type(value) is not str:
-            raise _malformed(f"{name} must be a string")
     try:
         encoded = [value.encode("utf-8") for value in texts]
-    except UnicodeEncodeError:
-        raise _malformed("a text field is not valid Unicode (lone surrogate)") from None
-    for name, data in zip(TEXT_FIELDS, encoded, strict=True):
-        if len(data) > MAX_TEXT_BYTES:
-            raise _malformed(f"{name} is {len(data)} bytes, limit {MAX_TEXT_BYTES}")
+    except (AttributeError, UnicodeEncodeError):  # not a string, or a lone surrogate
+        raise _explain_malformed(obj) from None
+    not_before, expires_at, lease_epoch = (_integer(get(name, 0)) for name in INT_FIELDS)
     params_b64, hash_hex, sig_b64 = get("params", ""), get("params_sha256", ""), get("sig", "")
-    for name, value in (("params", params_b64), ("params_sha256", hash_hex), ("sig", sig_b64)):
-        if type(value) is not str:
-            raise _malformed(f"{name} must be a string")
-    ints: list[int] = []
-    for name in INT_FIELDS:
-        number = get(name, 0)
-        if type(number) is float and number.is_integer():
-            # Some languages cannot tell 5 from 5.0 in JSON; the value is what counts.
-            number = int(number)
-        elif type(number) is not int:
-            raise _malformed(f"{name} must be an integer")
-        if not 0 <= number <= MAX_SAFE_INT:
-            raise _malformed(f"{name} is out of range 0..{MAX_SAFE_INT}")
-        ints.append(number)
-    if encoded[5] not in _OP_CLASSES:
-        raise _malformed("op_class must be read, mutate_reconcilable or mutate_terminal")
-    not_before, expires_at, lease_epoch = ints
-    if not_before > expires_at:
-        raise _malformed("not_before is after expires_at")
+    if (
+        max(map(len, encoded)) > MAX_TEXT_BYTES
+        or type(params_b64) is not str
+        or type(hash_hex) is not str
+        or type(sig_b64) is not str
+        or not_before is None
+        or expires_at is None
+        or lease_epoch is None
+        or encoded[5] not in _OP_CLASSES
+        or not_before > expires_at
+    ):
+        raise _explain_malformed(obj)
     # Oversized params are refused before decoding them, and again exactly after.
     if len(params_b64) > _MAX_PARAMS_B64:
         raise EnvelopeError(Rejection.PARAMS_TOO_LARGE, f"params exceed {MAX_PARAMS_BYTES} bytes")
@@ -170,30 +195,33 @@ def decode(raw: bytes | str) -> WireEnvelope:
     return WireEnvelope(fields, params, signature, canonical)
 
 
-_TEMPLATE = (
+# The wire JSON is assembled around the params so their base64 (up to 1.4 MB) is
+# copied once, by the final join, and never decoded to str and encoded back.
+_HEAD = (
     '{"kid":%s,"task_id":%s,"collector_id":%s,"provider":%s,"operation":%s,"op_class":%s,'
-    '"target_ref":%s,"idempotency_key":%s,"params":"%s","params_sha256":"%s",'
-    '"not_before":%d,"expires_at":%d,"lease_epoch":%d,"sig":"%s"}'
+    '"target_ref":%s,"idempotency_key":%s,"params":"'
 )
+_TAIL = '","params_sha256":"%s","not_before":%d,"expires_at":%d,"lease_epoch":%d,"sig":"%s"}'
 
 
 def encode(fields: EnvelopeFields, params: bytes, signature: bytes) -> bytes:
     """Wire JSON with keys in a fixed order (the order is not significant to a verifier)."""
     f = fields
-    text = _TEMPLATE % (
-        encode_basestring(f.kid),
-        encode_basestring(f.task_id),
-        encode_basestring(f.collector_id),
-        encode_basestring(f.provider),
-        encode_basestring(f.operation),
-        encode_basestring(f.op_class),
-        encode_basestring(f.target_ref),
-        encode_basestring(f.idempotency_key),
-        base64.b64encode(params).decode("ascii"),
-        f.params_sha256.hex(),
-        f.not_before,
-        f.expires_at,
-        f.lease_epoch,
-        base64.b64encode(signature).decode("ascii"),
-    )
-    return text.encode("utf-8")
+    texts = (f.kid, f.task_id, f.collector_id, f.provider, f.operation, f.op_class, f.target_ref, f.idempotency_key)
+    return encode_parts(texts, params, f.params_sha256, f.not_before, f.expires_at, f.lease_epoch, signature)
+
+
+def encode_parts(
+    texts: Sequence[str],
+    params: bytes,
+    params_sha256: bytes,
+    not_before: int,
+    expires_at: int,
+    lease_epoch: int,
+    signature: bytes,
+) -> bytes:
+    """:func:`encode` from loose parts (the text fields in canonical order), for the signing hot path."""
+    head = _HEAD % tuple(map(encode_basestring, texts))
+    sig = binascii.b2a_base64(signature, newline=False).decode("ascii")
+    tail = _TAIL % (params_sha256.hex(), not_before, expires_at, lease_epoch, sig)
+    return b"".join((head.encode("utf-8"), binascii.b2a_base64(params, newline=False), tail.encode("ascii")))
