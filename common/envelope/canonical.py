@@ -114,16 +114,5 @@ def assemble(
 
 def canonical_bytes(f: EnvelopeFields) -> bytes:
     """The bytes covered by the signature. Callers have validated ranges and lengths."""
-    texts = (
-        f.kid,
-        f.task_id,
-        f.collector_id,
-        f.provider,
-        f.operation,
-        f.op_class,
-        f.target_ref,
-        f.idempotency_key,
-    )
-    return assemble(
-        [t.encode("utf-8") for t in texts], f.params_sha256, f.not_before, f.expires_at, f.lease_epoch
-    )
+    texts = [t.encode("utf-8") for t in f[:8]]  # the text fields, in canonical order
+    return assemble(texts, f.params_sha256, f.not_before, f.expires_at, f.lease_epoch)

@@ -207,8 +207,8 @@ _TAIL = '","params_sha256":"%s","not_before":%d,"expires_at":%d,"lease_epoch":%d
 def encode(fields: EnvelopeFields, params: bytes, signature: bytes) -> bytes:
     """Wire JSON with keys in a fixed order (the order is not significant to a verifier)."""
     f = fields
-    texts = (f.kid, f.task_id, f.collector_id, f.provider, f.operation, f.op_class, f.target_ref, f.idempotency_key)
-    return encode_parts(texts, params, f.params_sha256, f.not_before, f.expires_at, f.lease_epoch, signature)
+    # The first eight members of EnvelopeFields are the text fields, in canonical order.
+    return encode_parts(f[:8], params, f.params_sha256, f.not_before, f.expires_at, f.lease_epoch, signature)
 
 
 def encode_parts(
