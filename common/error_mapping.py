@@ -37,6 +37,7 @@ _BY_KIND: dict[type[errors.VersusError], TransportStatus] = {
     errors.ResourceExhausted: TransportStatus(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     errors.Unavailable: TransportStatus(503, grpc.StatusCode.UNAVAILABLE),
     errors.DeadlineExceeded: TransportStatus(504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    errors.RequestTimeout: TransportStatus(408, grpc.StatusCode.DEADLINE_EXCEEDED),
     errors.ConfigError: TransportStatus(500, grpc.StatusCode.INTERNAL),
     errors.StartupError: TransportStatus(500, grpc.StatusCode.INTERNAL),
 }

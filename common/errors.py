@@ -89,6 +89,12 @@ class DeadlineExceeded(VersusError):
     default_code = "deadline_exceeded"
 
 
+class RequestTimeout(VersusError):
+    """The caller was too slow sending its request (for example a body that trickles in)."""
+
+    default_code = "request_timeout"
+
+
 class ConfigError(VersusError):
     """Configuration is invalid; raised at startup, reported as one line."""
 

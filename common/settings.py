@@ -109,6 +109,25 @@ class Settings(BaseSettings):
         default="localhost", description="Name collectors verify on the gateway."
     )
 
+    gateway_public_url: str | None = Field(
+        default=None,
+        description="URL collectors use to reach the gateway (enroll commands, trust bootstrap). "
+        "Default: https://<gateway_server_name>:<gateway_port>.",
+    )
+    gateway_ca_file: Path | None = Field(
+        default=None,
+        description="CA of operator-supplied gateway certificates, handed to collectors at enrollment.",
+    )
+
+    # --- collector identity ----------------------------------------------------------------------
+    trust_domain: str = Field(
+        default="versus.internal",
+        pattern=r"^[a-z0-9]([a-z0-9.-]{0,253}[a-z0-9])?$",
+        description="SPIFFE trust domain in collector identity SANs.",
+    )
+    collector_ca_cert_file: Path | None = None
+    collector_ca_key_file: Path | None = None
+
     # --- observability ---------------------------------------------------------------------------
     log_format: LogFormat = LogFormat.CONSOLE
     log_level: str = "INFO"
@@ -189,7 +208,14 @@ class Settings(BaseSettings):
 
     @property
     def gateway_url(self) -> str:
+        """Where this machine reaches its own gateway."""
         return f"{self.gateway_scheme}://{_connectable(self.gateway_host)}:{self.gateway_port}"
+
+    @property
+    def public_gateway_url(self) -> str:
+        """Where collectors reach the gateway."""
+        default = f"{self.gateway_scheme}://{self.gateway_server_name}:{self.gateway_port}"
+        return (self.gateway_public_url or default).rstrip("/")
 
 
 def _connectable(host: str) -> str:

@@ -28,7 +28,10 @@ from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
+from gateway import enroll_api
+from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
+from gateway.store import GatewayStore
 
 # Each readiness probe of a dependency must answer within this bound.
 READINESS_TIMEOUT_S = 2.0
@@ -36,16 +39,27 @@ READINESS_TIMEOUT_S = 2.0
 log = get_logger("versus.gateway")
 
 
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What the gateway app needs to know about its surroundings."""
+
+    database_url: str
+    redis_url: str
+    enrollment_address: str
+    # PEM and SPKI pin of the gateway's internal CA, when it has one (served at /trust).
+    gateway_ca: tuple[str, str] | None = None
+
+
 @dataclass
-class Backends:
+class Connections:
     """Connections the gateway holds for its lifetime."""
 
     engine: AsyncEngine
     redis: Redis
 
     @classmethod
-    def connect(cls, database_url: str, redis_url: str) -> Backends:
-        return cls(engine=db_engine.create_async(database_url, pool_size=5), redis=create_redis(redis_url))
+    def connect(cls, database_url: str, redis_url: str) -> Connections:
+        return cls(engine=db_engine.create_async(database_url, pool_size=10), redis=create_redis(redis_url))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -89,16 +103,20 @@ def error_response(error: VersusError, status: int) -> JSONResponse:
     return JSONResponse(error.to_dict(), status_code=status)
 
 
-def create_app(database_url: str, redis_url: str) -> FastAPI:
-    """Build the gateway app; backends connect at startup and close at shutdown."""
+def create_app(config: GatewayConfig) -> FastAPI:
+    """Build the gateway app; connections open at startup and close at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.backends = Backends.connect(database_url, redis_url)
+        app.state.connections = Connections.connect(config.database_url, config.redis_url)
+        app.state.store = GatewayStore(app.state.connections.engine)
+        app.state.backends = Backends(config.enrollment_address)
+        app.state.gateway_ca = config.gateway_ca
         try:
             yield
         finally:
             await app.state.backends.close()
+            await app.state.connections.close()
 
     app = FastAPI(
         title="Versus collector gateway",
@@ -147,15 +165,17 @@ def create_app(database_url: str, redis_url: str) -> FastAPI:
     )
     async def readyz(request: Request) -> JSONResponse:
         """Readiness: PostgreSQL and Redis both answer within the probe timeout."""
-        backends: Backends = request.app.state.backends
+        connections: Connections = request.app.state.connections
         results = await asyncio.gather(
-            _probe("postgres", _postgres_ok(backends.engine)),
-            _probe("redis", backends.redis.ping()),
+            _probe("postgres", _postgres_ok(connections.engine)),
+            _probe("redis", connections.redis.ping()),
         )
         checks = dict(results)
         ready = all(v == "ok" for v in checks.values())
         body = Readiness(status="ready" if ready else "unavailable", checks=checks)
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+    app.include_router(enroll_api.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -8,6 +8,7 @@ import signal
 import socket
 
 import uvicorn
+from cryptography import x509
 
 from common.errors import ConfigError, StartupError
 from common.logs import get_logger
@@ -15,8 +16,8 @@ from common.metrics import SERVICE_UP
 from common.runtime import PARENT_PID_ENV, check_backends, require_backends, setup_logging
 from common.settings import Settings
 from common.state_dir import ensure_writable
-from common.tls import GatewayTls, ensure_gateway_tls
-from gateway.app import create_app
+from common.tls import GatewayTls, ensure_gateway_tls, spki_pin
+from gateway.app import GatewayConfig, create_app
 
 log = get_logger("versus.gateway")
 
@@ -40,6 +41,15 @@ def resolve_tls(settings: Settings) -> GatewayTls | None:
         return GatewayTls(cert_file=cert, key_file=key, ca_file=None)
     state = ensure_writable(settings.state_dir)
     return ensure_gateway_tls(state / "tls", settings.gateway_server_name, [settings.gateway_host])
+
+
+def internal_ca(settings: Settings, tls: GatewayTls | None) -> tuple[str, str] | None:
+    """PEM and pin of the CA collectors must trust for this gateway, if it is not publicly trusted."""
+    path = settings.gateway_ca_file or (tls.ca_file if tls else None)
+    if path is None or not path.exists():
+        return None
+    pem = path.read_text()
+    return pem, spki_pin(x509.load_pem_x509_certificate(pem.encode()))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -75,8 +85,16 @@ async def serve(settings: Settings) -> None:
     check_backends(database_url, redis_url)
     tls = resolve_tls(settings)
     sock = bind(settings.gateway_host, settings.gateway_port)
+    app = create_app(
+        GatewayConfig(
+            database_url=database_url,
+            redis_url=redis_url,
+            enrollment_address=settings.enrollment_address,
+            gateway_ca=internal_ca(settings, tls),
+        )
+    )
     config = uvicorn.Config(
-        create_app(database_url, redis_url),
+        app,
         ssl_certfile=str(tls.cert_file) if tls else None,
         ssl_keyfile=str(tls.key_file) if tls else None,
         ws="websockets-sansio",

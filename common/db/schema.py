@@ -7,7 +7,23 @@ table) and reaches the others through its own store module.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, DateTime, Index, MetaData, Table, Text, func, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 
 # Deterministic constraint names keep autogenerate comparisons and
@@ -38,4 +54,71 @@ audit_events = Table(
     Column("request_id", Text, nullable=True),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Index(None, "subject_type", "subject_id", "at"),
+)
+
+# --- enrollment service -------------------------------------------------------------------------
+# Sites: reachability domains. Owned by the enrollment service.
+sites = Table(
+    "sites",
+    metadata,
+    Column("site_id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("update_policy", Text, nullable=False, server_default=text("'manual'")),
+    Column("pinned_version", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("tenant_id", "name"),
+    CheckConstraint("update_policy IN ('manual', 'auto', 'pinned')", name="update_policy"),
+    CheckConstraint("(update_policy = 'pinned') = (pinned_version IS NOT NULL)", name="pinned_version"),
+)
+
+# Enrollment tokens: only the SHA-256 of the plaintext is stored. Owned by the enrollment service.
+enrollment_tokens = Table(
+    "enrollment_tokens",
+    metadata,
+    Column("token_id", Text, primary_key=True),
+    Column("site_id", Text, ForeignKey("sites.site_id", ondelete="CASCADE"), nullable=False),
+    Column("token_sha256", LargeBinary, nullable=False, unique=True),
+    Column("display_prefix", Text, nullable=False),
+    Column("max_uses", Integer, nullable=False),
+    Column("uses", Integer, nullable=False, server_default=text("0")),
+    Column("approval_mode", Text, nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("uses >= 0 AND uses <= max_uses", name="uses"),
+    CheckConstraint("approval_mode IN ('auto', 'manual')", name="approval_mode"),
+    Index(None, "site_id"),
+)
+
+# Collector identities issued by the Collector CA. Owned by the enrollment service;
+# the gateway reads the key and status to authenticate bearer tokens.
+collectors = Table(
+    "collectors",
+    metadata,
+    Column("collector_id", Text, primary_key=True),
+    Column("site_id", Text, ForeignKey("sites.site_id"), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("public_key_der", LargeBinary, nullable=False),
+    Column("public_key_sha256", LargeBinary, nullable=False),
+    Column("cert_pem", Text, nullable=False),
+    Column("cert_serial", Text, nullable=False),
+    Column("cert_not_after", DateTime(timezone=True), nullable=False),
+    Column(
+        "enrolled_token_id",
+        Text,
+        ForeignKey("enrollment_tokens.token_id", ondelete="SET NULL"),
+        nullable=True,
+    ),
+    Column("hostname", Text, nullable=False, server_default=text("''")),
+    Column("os", Text, nullable=False, server_default=text("''")),
+    Column("arch", Text, nullable=False, server_default=text("''")),
+    Column("agent_version", Text, nullable=False, server_default=text("''")),
+    Column("fips_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("enrolled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("status_changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("status IN ('pending', 'active', 'denied', 'revoked')", name="status"),
+    Index(None, "site_id"),
 )

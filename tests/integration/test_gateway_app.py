@@ -9,7 +9,7 @@ import pytest
 from fastapi import FastAPI
 
 from common.embedded.process import free_port
-from gateway.app import create_app
+from gateway.app import GatewayConfig, create_app
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ async def client_for() -> AsyncIterator[object]:
     stack: list[tuple[FastAPI, object]] = []
 
     async def make(database_url: str, redis_url: str) -> httpx.AsyncClient:
-        app = create_app(database_url, redis_url)
+        app = create_app(GatewayConfig(database_url, redis_url, enrollment_address="127.0.0.1:1"))
         lifespan = app.router.lifespan_context(app)
         await lifespan.__aenter__()
         stack.append((app, lifespan))

@@ -15,6 +15,7 @@ from common import error_mapping, errors
         (errors.NotFound("x"), 404, grpc.StatusCode.NOT_FOUND),
         (errors.Conflict("x"), 409, grpc.StatusCode.ALREADY_EXISTS),
         (errors.FailedPrecondition("x"), 412, grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.RequestTimeout("x"), 408, grpc.StatusCode.DEADLINE_EXCEEDED),
         (errors.PayloadTooLarge("x"), 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (errors.ResourceExhausted("x"), 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (errors.Unavailable("x"), 503, grpc.StatusCode.UNAVAILABLE),

@@ -637,9 +637,11 @@ class IssueEnrollmentTokenRequest(_message.Message):
     APPROVAL_MODE_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     max_uses: _builtins.int
+    """0 means the documented default (1)."""
     ttl_seconds: _builtins.int
     """Lifetime in seconds; 0 means the documented default."""
     approval_mode: Global___ApprovalMode.ValueType
+    """Unspecified means automatic approval."""
     def __init__(
         self,
         *,
@@ -761,3 +763,194 @@ class RevokeEnrollmentTokenResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeEnrollmentTokenResponse: _TypeAlias = RevokeEnrollmentTokenResponse  # noqa: Y015
+
+@_typing.final
+class ApproveCollectorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    actor: _builtins.str
+    """Operator recorded in the audit log."""
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        actor: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "collector_id", b"collector_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveCollectorRequest: _TypeAlias = ApproveCollectorRequest  # noqa: Y015
+
+@_typing.final
+class ApproveCollectorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    status: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApproveCollectorResponse: _TypeAlias = ApproveCollectorResponse  # noqa: Y015
+
+@_typing.final
+class DenyCollectorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    ACTOR_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    actor: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        actor: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actor", b"actor", "collector_id", b"collector_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DenyCollectorRequest: _TypeAlias = DenyCollectorRequest  # noqa: Y015
+
+@_typing.final
+class DenyCollectorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    status: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DenyCollectorResponse: _TypeAlias = DenyCollectorResponse  # noqa: Y015
+
+@_typing.final
+class GetEnrollmentStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    """Taken from the verified bearer token by the gateway, never from a body."""
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEnrollmentStatusRequest: _TypeAlias = GetEnrollmentStatusRequest  # noqa: Y015
+
+@_typing.final
+class GetEnrollmentStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    CERT_NOT_AFTER_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    status: _builtins.str
+    """"pending", "active", "denied" or "revoked"."""
+    @_builtins.property
+    def cert_not_after(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        cert_not_after: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "collector_id", b"collector_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEnrollmentStatusResponse: _TypeAlias = GetEnrollmentStatusResponse  # noqa: Y015
+
+@_typing.final
+class RenewCertificateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    CSR_PEM_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    """Taken from the verified bearer token by the gateway, never from a body."""
+    csr_pem: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        csr_pem: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "csr_pem", b"csr_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewCertificateRequest: _TypeAlias = RenewCertificateRequest  # noqa: Y015
+
+@_typing.final
+class RenewCertificateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    CERT_CHAIN_PEM_FIELD_NUMBER: _builtins.int
+    CA_BUNDLE_PEM_FIELD_NUMBER: _builtins.int
+    CERT_NOT_AFTER_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    cert_chain_pem: _builtins.str
+    ca_bundle_pem: _builtins.str
+    @_builtins.property
+    def cert_not_after(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        cert_chain_pem: _builtins.str = ...,
+        ca_bundle_pem: _builtins.str = ...,
+        cert_not_after: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ca_bundle_pem", b"ca_bundle_pem", "cert_chain_pem", b"cert_chain_pem", "cert_not_after", b"cert_not_after", "collector_id", b"collector_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewCertificateResponse: _TypeAlias = RenewCertificateResponse  # noqa: Y015

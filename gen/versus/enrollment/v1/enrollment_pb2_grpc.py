@@ -80,6 +80,26 @@ class EnrollmentServiceStub:
                 request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeEnrollmentTokenRequest.SerializeToString,
                 response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeEnrollmentTokenResponse.FromString,
                 _registered_method=True)
+        self.ApproveCollector = channel.unary_unary(
+                '/versus.enrollment.v1.EnrollmentService/ApproveCollector',
+                request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.ApproveCollectorRequest.SerializeToString,
+                response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.ApproveCollectorResponse.FromString,
+                _registered_method=True)
+        self.DenyCollector = channel.unary_unary(
+                '/versus.enrollment.v1.EnrollmentService/DenyCollector',
+                request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorRequest.SerializeToString,
+                response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorResponse.FromString,
+                _registered_method=True)
+        self.GetEnrollmentStatus = channel.unary_unary(
+                '/versus.enrollment.v1.EnrollmentService/GetEnrollmentStatus',
+                request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusRequest.SerializeToString,
+                response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusResponse.FromString,
+                _registered_method=True)
+        self.RenewCertificate = channel.unary_unary(
+                '/versus.enrollment.v1.EnrollmentService/RenewCertificate',
+                request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RenewCertificateRequest.SerializeToString,
+                response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RenewCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class EnrollmentServiceServicer:
@@ -144,6 +164,34 @@ class EnrollmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApproveCollector(self, request, context):
+        """Activate a collector enrolled with a manual-approval token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DenyCollector(self, request, context):
+        """Refuse a pending collector; its identity can never authenticate.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEnrollmentStatus(self, request, context):
+        """Enrollment status of an authenticated collector (it polls this while pending).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RenewCertificate(self, request, context):
+        """Issue a fresh certificate to an authenticated collector, for the same or a new key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnrollmentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +239,26 @@ def add_EnrollmentServiceServicer_to_server(servicer, server):
                     servicer.RevokeEnrollmentToken,
                     request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeEnrollmentTokenRequest.FromString,
                     response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeEnrollmentTokenResponse.SerializeToString,
+            ),
+            'ApproveCollector': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveCollector,
+                    request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.ApproveCollectorRequest.FromString,
+                    response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.ApproveCollectorResponse.SerializeToString,
+            ),
+            'DenyCollector': grpc.unary_unary_rpc_method_handler(
+                    servicer.DenyCollector,
+                    request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorRequest.FromString,
+                    response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorResponse.SerializeToString,
+            ),
+            'GetEnrollmentStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEnrollmentStatus,
+                    request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusRequest.FromString,
+                    response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusResponse.SerializeToString,
+            ),
+            'RenewCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewCertificate,
+                    request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RenewCertificateRequest.FromString,
+                    response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RenewCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,6 +505,114 @@ class EnrollmentService:
             '/versus.enrollment.v1.EnrollmentService/RevokeEnrollmentToken',
             versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeEnrollmentTokenRequest.SerializeToString,
             versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeEnrollmentTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveCollector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.enrollment.v1.EnrollmentService/ApproveCollector',
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.ApproveCollectorRequest.SerializeToString,
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.ApproveCollectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DenyCollector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.enrollment.v1.EnrollmentService/DenyCollector',
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorRequest.SerializeToString,
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEnrollmentStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.enrollment.v1.EnrollmentService/GetEnrollmentStatus',
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusRequest.SerializeToString,
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.enrollment.v1.EnrollmentService/RenewCertificate',
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RenewCertificateRequest.SerializeToString,
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RenewCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,14 @@ class EnrollmentServiceStub:
     """The plaintext token is returned exactly once, here."""
     ListEnrollmentTokens: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.ListEnrollmentTokensRequest, _enrollment_pb2.ListEnrollmentTokensResponse]
     RevokeEnrollmentToken: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.RevokeEnrollmentTokenRequest, _enrollment_pb2.RevokeEnrollmentTokenResponse]
+    ApproveCollector: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.ApproveCollectorRequest, _enrollment_pb2.ApproveCollectorResponse]
+    """Activate a collector enrolled with a manual-approval token."""
+    DenyCollector: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.DenyCollectorRequest, _enrollment_pb2.DenyCollectorResponse]
+    """Refuse a pending collector; its identity can never authenticate."""
+    GetEnrollmentStatus: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.GetEnrollmentStatusRequest, _enrollment_pb2.GetEnrollmentStatusResponse]
+    """Enrollment status of an authenticated collector (it polls this while pending)."""
+    RenewCertificate: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.RenewCertificateRequest, _enrollment_pb2.RenewCertificateResponse]
+    """Issue a fresh certificate to an authenticated collector, for the same or a new key."""
 
 @_typing.type_check_only
 class EnrollmentServiceAsyncStub(EnrollmentServiceStub):
@@ -67,6 +75,14 @@ class EnrollmentServiceAsyncStub(EnrollmentServiceStub):
     """The plaintext token is returned exactly once, here."""
     ListEnrollmentTokens: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.ListEnrollmentTokensRequest, _enrollment_pb2.ListEnrollmentTokensResponse]  # type: ignore[assignment]
     RevokeEnrollmentToken: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.RevokeEnrollmentTokenRequest, _enrollment_pb2.RevokeEnrollmentTokenResponse]  # type: ignore[assignment]
+    ApproveCollector: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.ApproveCollectorRequest, _enrollment_pb2.ApproveCollectorResponse]  # type: ignore[assignment]
+    """Activate a collector enrolled with a manual-approval token."""
+    DenyCollector: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.DenyCollectorRequest, _enrollment_pb2.DenyCollectorResponse]  # type: ignore[assignment]
+    """Refuse a pending collector; its identity can never authenticate."""
+    GetEnrollmentStatus: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.GetEnrollmentStatusRequest, _enrollment_pb2.GetEnrollmentStatusResponse]  # type: ignore[assignment]
+    """Enrollment status of an authenticated collector (it polls this while pending)."""
+    RenewCertificate: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.RenewCertificateRequest, _enrollment_pb2.RenewCertificateResponse]  # type: ignore[assignment]
+    """Issue a fresh certificate to an authenticated collector, for the same or a new key."""
 
 class EnrollmentServiceServicer(metaclass=_abc_1.ABCMeta):
     """Sites, enrollment tokens and collector enrollment."""
@@ -138,5 +154,37 @@ class EnrollmentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _enrollment_pb2.RevokeEnrollmentTokenRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_enrollment_pb2.RevokeEnrollmentTokenResponse, _abc.Awaitable[_enrollment_pb2.RevokeEnrollmentTokenResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ApproveCollector(
+        self,
+        request: _enrollment_pb2.ApproveCollectorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_enrollment_pb2.ApproveCollectorResponse, _abc.Awaitable[_enrollment_pb2.ApproveCollectorResponse]]:
+        """Activate a collector enrolled with a manual-approval token."""
+
+    @_abc_1.abstractmethod
+    def DenyCollector(
+        self,
+        request: _enrollment_pb2.DenyCollectorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_enrollment_pb2.DenyCollectorResponse, _abc.Awaitable[_enrollment_pb2.DenyCollectorResponse]]:
+        """Refuse a pending collector; its identity can never authenticate."""
+
+    @_abc_1.abstractmethod
+    def GetEnrollmentStatus(
+        self,
+        request: _enrollment_pb2.GetEnrollmentStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_enrollment_pb2.GetEnrollmentStatusResponse, _abc.Awaitable[_enrollment_pb2.GetEnrollmentStatusResponse]]:
+        """Enrollment status of an authenticated collector (it polls this while pending)."""
+
+    @_abc_1.abstractmethod
+    def RenewCertificate(
+        self,
+        request: _enrollment_pb2.RenewCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_enrollment_pb2.RenewCertificateResponse, _abc.Awaitable[_enrollment_pb2.RenewCertificateResponse]]:
+        """Issue a fresh certificate to an authenticated collector, for the same or a new key."""
 
 def add_EnrollmentServiceServicer_to_server(servicer: EnrollmentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,352 @@
+"""Enrollment logic: sites, tokens, redemption, approval and renewal.
+
+Transport-free: the gRPC adapter converts messages to and from these calls.
+Redemption checks, in order: the token exists, is unrevoked, unexpired and under
+its use limit; the CSR parses, its signature proves possession of the key, the
+key is EC P-256 and the CN is a valid collector id that no other collector has.
+Every token failure is the same ``invalid_token`` error so a caller learns
+nothing about which check failed, and nothing is consumed by a refused attempt.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+
+from common.errors import Conflict, FailedPrecondition, InvalidArgument, Unauthenticated, VersusError
+from common.keys import KeySet
+from common.logs import get_logger
+from enrollment import tokens
+from enrollment.ca import CollectorCA, CsrInfo, validate_csr
+from enrollment.store import Collector, EnrollmentStore, Site, Token
+
+log = get_logger("versus.enrollment")
+
+AUTH_MODE = "bearer"
+AUDIENCE = "versus-collector-gateway"
+UPDATE_POLICIES = ("manual", "auto", "pinned")
+MAX_NAME_CHARS = 200
+
+
+class InvalidToken(Unauthenticated):
+    """Any problem with an enrollment token; deliberately says nothing more."""
+
+    default_code = "invalid_token"
+
+    def __init__(self) -> None:
+        super().__init__("the enrollment token is not valid")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorPolicy:
+    vault_mode: str = "A"
+    heartbeat_interval_s: int = 15
+    max_concurrency: Mapping[str, int] = field(default_factory=lambda: {"*": 8})
+
+
+@dataclass(frozen=True, slots=True)
+class EnrollmentConfig:
+    """Instance facts handed to every collector in the trust bootstrap."""
+
+    trust_domain: str
+    public_url: str
+    gateway_addrs: tuple[str, ...]
+    gateway_server_name: str
+    gateway_ca_pem: str | None
+    gateway_ca_pin: str | None
+    policy: CollectorPolicy = field(default_factory=CollectorPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorInfo:
+    hostname: str = ""
+    os: str = ""
+    arch: str = ""
+    version: str = ""
+    fips_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TrustBootstrap:
+    """Everything a collector must trust, returned by a successful enrollment."""
+
+    collector_id: str
+    status: str
+    cert_chain_pem: str
+    ca_bundle_pem: str
+    site_id: str
+    gateway_addrs: tuple[str, ...]
+    gateway_server_name: str
+    dispatch_keys: list[dict[str, Any]]
+    release_keys: list[dict[str, Any]]
+    policy: CollectorPolicy
+    auth_mode: str = AUTH_MODE
+    audience: str = AUDIENCE
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    token: Token
+    plaintext: str
+    enroll_command: str
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _clean(value: str, name: str, limit: int = MAX_NAME_CHARS) -> str:
+    value = value.strip()
+    if not value or len(value) > limit or not value.isprintable():
+        raise InvalidArgument(f"{name} must be 1-{limit} printable characters", code=f"{name}_invalid")
+    return value
+
+
+def _policy(update_policy: str, pinned_version: str | None) -> tuple[str, str | None]:
+    if update_policy not in UPDATE_POLICIES:
+        raise InvalidArgument(
+            f"update_policy must be one of {', '.join(UPDATE_POLICIES)}", code="update_policy_invalid"
+        )
+    if update_policy == "pinned":
+        if not pinned_version:
+            raise InvalidArgument(
+                "a pinned update policy needs pinned_version", code="pinned_version_missing"
+            )
+        return update_policy, _clean(pinned_version, "pinned_version", 64)
+    if pinned_version:
+        raise InvalidArgument(
+            "pinned_version is only valid with the pinned policy", code="pinned_version_unexpected"
+        )
+    return update_policy, None
+
+
+class EnrollmentService:
+    def __init__(
+        self,
+        store: EnrollmentStore,
+        ca: CollectorCA,
+        dispatch_keys: Callable[[], KeySet],
+        release_keys: Callable[[], KeySet],
+        config: EnrollmentConfig,
+        clock: Callable[[], dt.datetime] = _now,
+    ):
+        self.store = store
+        self.ca = ca
+        self.dispatch_keys = dispatch_keys
+        self.release_keys = release_keys
+        self.config = config
+        self.clock = clock
+
+    # --- sites -----------------------------------------------------------------------------------
+    async def create_site(
+        self, name: str, tenant_id: str, update_policy: str, pinned_version: str | None
+    ) -> Site:
+        policy, pinned = _policy(update_policy or "manual", pinned_version)
+        return await self.store.create_site(
+            _clean(name, "name"), _clean(tenant_id, "tenant_id"), policy, pinned
+        )
+
+    async def update_site(
+        self, site_id: str, *, name: str | None, update_policy: str | None, pinned_version: str | None
+    ) -> Site:
+        changes: dict[str, Any] = {}
+        if name is not None:
+            changes["name"] = _clean(name, "name")
+        if update_policy is not None or pinned_version is not None:
+            current = await self.store.get_site(site_id)
+            policy = update_policy if update_policy is not None else current.update_policy
+            if pinned_version is None:
+                # Leaving a pin unmentioned keeps it while pinned and drops it otherwise.
+                pinned_version = current.pinned_version if policy == "pinned" else None
+            policy, pinned = _policy(policy, pinned_version)
+            changes.update(update_policy=policy, pinned_version=pinned)
+        if not changes:
+            return await self.store.get_site(site_id)
+        return await self.store.update_site(site_id, changes)
+
+    # --- tokens ----------------------------------------------------------------------------------
+    async def issue_token(
+        self, site_id: str, *, max_uses: int, ttl_seconds: int, approval_mode: str, actor: str = "operator"
+    ) -> IssuedToken:
+        uses, ttl = tokens.issue_limits(max_uses, ttl_seconds)
+        mode = tokens.ApprovalMode(approval_mode or "auto")
+        minted = tokens.mint()
+        token = await self.store.insert_token(
+            {
+                "token_id": minted.token_id,
+                "site_id": site_id,
+                "token_sha256": minted.sha256,
+                "display_prefix": minted.display_prefix,
+                "max_uses": uses,
+                "approval_mode": mode.value,
+                "expires_at": self.clock() + ttl,
+            },
+            actor,
+        )
+        plaintext = minted.plaintext.reveal()
+        command = ["versus-collector", "enroll", "--url", self.config.public_url, "--token", plaintext]
+        if self.config.gateway_ca_pin:
+            command += ["--ca-pin", self.config.gateway_ca_pin]
+        log.info("enrollment token issued", token_id=token.token_id, site_id=site_id, max_uses=uses)
+        return IssuedToken(token, plaintext, shlex.join(command))
+
+    def token_status(self, token: Token) -> tokens.TokenStatus:
+        t = token
+        return tokens.status_of(
+            uses=t.uses,
+            max_uses=t.max_uses,
+            expires_at=t.expires_at,
+            revoked_at=t.revoked_at,
+            now=self.clock(),
+        )
+
+    # --- redemption ------------------------------------------------------------------------------
+    async def enroll(self, token_plaintext: str, csr_pem: str, info: CollectorInfo) -> TrustBootstrap:
+        # The CSR is checked before the token row is locked to keep the lock short;
+        # its verdict is only reported after the token checks, in the documented order.
+        csr: CsrInfo | None = None
+        csr_error: VersusError | None = None
+        try:
+            csr = validate_csr(csr_pem)
+        except VersusError as exc:
+            csr_error = exc
+        if not tokens.looks_like_token(token_plaintext):
+            raise InvalidToken()
+        now = self.clock()
+        async with self.store.redemption(tokens.token_hash(token_plaintext)) as tx:
+            token = tx.token
+            if token is None or token.revoked_at is not None or now >= token.expires_at:
+                raise InvalidToken()
+            exhausted = token.uses >= token.max_uses
+            if csr is None:
+                # An exhausted token is reported as such even when the CSR is also bad.
+                assert csr_error is not None
+                raise InvalidToken() if exhausted else csr_error
+            existing = await tx.collector(csr.collector_id)
+            if existing is not None:
+                if (
+                    existing.enrolled_token_id == token.token_id
+                    and existing.public_key_sha256 == csr.public_key_sha256
+                ):
+                    # The first response was lost: hand back the same identity, consume nothing.
+                    log.info(
+                        "enrollment retried", collector_id=existing.collector_id, token_id=token.token_id
+                    )
+                    return self._bootstrap(existing)
+                if exhausted:
+                    raise InvalidToken()
+                raise Conflict(
+                    f"collector id {csr.collector_id!r} is already enrolled with another key",
+                    code="collector_id_taken",
+                )
+            if exhausted:
+                raise InvalidToken()
+            tenant_id = await self.store.site_tenant(tx.conn, token.site_id)
+            cert = self.ca.issue(csr, site_id=token.site_id, trust_domain=self.config.trust_domain, now=now)
+            status = "active" if token.approval_mode == tokens.ApprovalMode.AUTO else "pending"
+            values = {
+                "collector_id": csr.collector_id,
+                "site_id": token.site_id,
+                "tenant_id": tenant_id,
+                "status": status,
+                "public_key_der": csr.public_key_der,
+                "public_key_sha256": csr.public_key_sha256,
+                "cert_pem": cert.public_bytes(serialization.Encoding.PEM).decode("ascii"),
+                "cert_serial": format(cert.serial_number, "x"),
+                "cert_not_after": cert.not_valid_after_utc,
+                "hostname": info.hostname[:255],
+                "os": info.os[:64],
+                "arch": info.arch[:64],
+                "agent_version": info.version[:64],
+                "fips_requested": info.fips_requested,
+            }
+            await tx.create_collector(values)
+            await tx.audit(
+                "collector.enroll",
+                csr.collector_id,
+                {
+                    "site_id": token.site_id,
+                    "token_id": token.token_id,
+                    "status": status,
+                    "cert_serial": values["cert_serial"],
+                },
+            )
+            collector = await tx.collector(csr.collector_id)
+        assert collector is not None
+        log.info(
+            "collector enrolled",
+            collector_id=collector.collector_id,
+            site_id=collector.site_id,
+            status=status,
+        )
+        return self._bootstrap(collector)
+
+    def _bootstrap(self, collector: Collector) -> TrustBootstrap:
+        now = int(self.clock().timestamp())
+        return TrustBootstrap(
+            collector_id=collector.collector_id,
+            status=collector.status,
+            cert_chain_pem=collector.cert_pem + self.ca.cert_pem,
+            ca_bundle_pem=self.ca_bundle_pem,
+            site_id=collector.site_id,
+            gateway_addrs=self.config.gateway_addrs,
+            gateway_server_name=self.config.gateway_server_name,
+            dispatch_keys=[k.to_json() for k in self.dispatch_keys().public_keys(now)],
+            release_keys=[k.to_json() for k in self.release_keys().public_keys(now)],
+            policy=self.config.policy,
+        )
+
+    @property
+    def ca_bundle_pem(self) -> str:
+        """The Collector CA, plus the gateway's internal CA when there is one."""
+        return self.ca.cert_pem + (self.config.gateway_ca_pem or "")
+
+    # --- approval, status, renewal -----------------------------------------------------------------
+    async def approve(self, collector_id: str, actor: str) -> str:
+        return await self.store.transition(collector_id, {"pending"}, "active", actor or "operator", {})
+
+    async def deny(self, collector_id: str, actor: str, reason: str) -> str:
+        return await self.store.transition(
+            collector_id, {"pending"}, "denied", actor or "operator", {"reason": reason}
+        )
+
+    async def status(self, collector_id: str) -> Collector:
+        return await self.store.get_collector(collector_id)
+
+    async def renew(self, collector_id: str, csr_pem: str) -> tuple[str, dt.datetime]:
+        """A new 90-day certificate for the same or a new key of an active collector."""
+        collector = await self.store.get_collector(collector_id)
+        if collector.status != "active":
+            raise FailedPrecondition(
+                f"collector {collector_id!r} is {collector.status}", code="collector_not_active"
+            )
+        csr = validate_csr(csr_pem)
+        if csr.collector_id != collector_id:
+            raise InvalidArgument(
+                "the CSR's Common Name must be the collector's own id", code="csr_cn_mismatch"
+            )
+        cert = self.ca.issue(
+            csr, site_id=collector.site_id, trust_domain=self.config.trust_domain, now=self.clock()
+        )
+        cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
+        await self.store.replace_certificate(
+            collector_id,
+            {
+                "public_key_der": csr.public_key_der,
+                "public_key_sha256": csr.public_key_sha256,
+                "cert_pem": cert_pem,
+                "cert_serial": format(cert.serial_number, "x"),
+                "cert_not_after": cert.not_valid_after_utc,
+            },
+        )
+        log.info(
+            "certificate renewed",
+            collector_id=collector_id,
+            key_changed=csr.public_key_sha256 != collector.public_key_sha256,
+        )
+        return cert_pem + self.ca.cert_pem, cert.not_valid_after_utc

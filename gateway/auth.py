@@ -1,0 +1,45 @@
+"""Authenticating collectors on the gateway: ``Authorization: Bearer <ES256 JWT>``.
+
+Identity comes only from a verified token, never from a request body. A token
+is refused when it does not verify against the key on record, when the
+collector's certificate has expired (it must re-enroll), or when the
+collector's status does not allow the endpoint.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from starlette.requests import Request
+
+from common import collector_jwt
+from common.collector_jwt import BearerClaims, BearerError
+from common.errors import PermissionDenied
+from gateway.store import CollectorAuthRecord, GatewayStore
+
+ACTIVE_ONLY = frozenset({"active"})
+# The enrollment status endpoint answers pending and denied collectors too, so they can learn their fate.
+ANY_ENROLLED = frozenset({"pending", "active", "denied"})
+
+
+async def authenticate(
+    request: Request, store: GatewayStore, allowed: frozenset[str] = ACTIVE_ONLY
+) -> tuple[BearerClaims, CollectorAuthRecord]:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise BearerError("an Authorization: Bearer token is required", code="bearer_missing")
+    collector_id = collector_jwt.unverified_subject(token.strip())
+    record = await store.collector_auth(collector_id)
+    if record is None:
+        # Same answer as a bad signature: do not confirm which collector ids exist.
+        raise BearerError("bearer token signature does not verify", code="bearer_bad_signature")
+    claims = collector_jwt.verify(token.strip(), record.public_key, int(time.time()))
+    if record.cert_not_after <= dt.datetime.now(dt.UTC):
+        raise BearerError("the collector certificate has expired; enroll again", code="certificate_expired")
+    if record.status == "revoked":
+        raise BearerError("the collector identity is revoked", code="collector_revoked")
+    if record.status not in allowed:
+        raise PermissionDenied(f"collector is {record.status}", code=f"collector_{record.status}")
+    return claims, record

@@ -1,0 +1,42 @@
+"""Reading request bodies with an explicit size limit and deadline.
+
+A body over the limit is refused as soon as the limit is passed (or at once
+when Content-Length announces it); a body that does not arrive completely
+within the deadline is refused, so a slow sender cannot hold a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import ClientDisconnect, Request
+
+from common.errors import InvalidArgument, PayloadTooLarge, RequestTimeout
+
+# Defaults for collector API bodies (docs/gateway.md lists every limit).
+BODY_DEADLINE_S = 10.0
+
+
+async def read_body(request: Request, limit: int, deadline_s: float = BODY_DEADLINE_S) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidArgument("Content-Length is not a number", code="bad_content_length")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"request body is {declared} bytes, limit {limit}", code="body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(deadline_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds {limit} bytes", code="body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"request body did not arrive within {deadline_s:.0f}s", code="body_timeout"
+        ) from None
+    except ClientDisconnect:
+        raise InvalidArgument("client disconnected while sending the body", code="body_incomplete") from None
+    return b"".join(chunks)

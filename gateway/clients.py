@@ -1,0 +1,49 @@
+"""gRPC clients the gateway uses to reach the internal services, with errors mapped back to domain errors."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from versus.enrollment.v1 import enrollment_pb2_grpc
+
+from common import error_mapping
+from common.errors import Unavailable, VersusError
+from common.logs import REQUEST_ID_HEADER
+
+# Every internal call gets a deadline; a wedged service must not hold a collector request forever.
+CALL_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
+
+
+class Backends:
+    """Channels to the enrollment service (and, later, the router)."""
+
+    def __init__(self, enrollment_address: str):
+        self._enrollment_channel = grpc.aio.insecure_channel(enrollment_address)
+        self.enrollment = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)
+
+    async def close(self) -> None:
+        await self._enrollment_channel.close(None)
+
+
+async def call(method: Callable[..., Awaitable[T]], request: Any, request_id: str | None = None) -> T:
+    """Invoke a unary RPC; a failure comes back as the domain error the service raised."""
+    metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
+    try:
+        return await method(request, timeout=CALL_TIMEOUT_S, metadata=metadata)
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise Unavailable(
+                "an internal service is unavailable; retry later", code="backend_unavailable"
+            ) from None
+        # grpc.aio returns its own Metadata type, iterable as (key, value) pairs.
+        metadata_pairs: Any = exc.trailing_metadata() or ()
+        versus_code = next((v for k, v in metadata_pairs if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
+        error: VersusError = error_mapping.from_grpc(
+            code, exc.details() or "", versus_code if isinstance(versus_code, str) else None
+        )
+        raise error from None

@@ -1,0 +1,198 @@
+"""Collector-facing enrollment endpoints on the gateway.
+
+GET  /api/collector/v1/trust       public: the gateway's internal CA, to check against the pin
+POST /api/collector/v1/enroll      public: redeem a token + CSR for the trust bootstrap
+GET  /api/collector/v1/enrollment  bearer: enrollment status (pending collectors poll this)
+POST /api/collector/v1/renew       bearer: a fresh certificate for the same or a new key
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TypeVar
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, ValidationError
+from versus.enrollment.v1 import enrollment_pb2 as pb
+
+from common.errors import InvalidArgument, NotFound
+from gateway.auth import ANY_ENROLLED, authenticate
+from gateway.body import read_body
+from gateway.clients import call
+
+# Body limits (docs/gateway.md): a CSR is ~500 bytes; these leave generous room and no more.
+MAX_ENROLL_BODY = 64 * 1024
+MAX_RENEW_BODY = 32 * 1024
+
+router = APIRouter(prefix="/api/collector/v1", tags=["enrollment"])
+
+
+class CollectorFacts(BaseModel):
+    hostname: str = Field(default="", max_length=255)
+    os: str = Field(default="", max_length=64)
+    arch: str = Field(default="", max_length=64)
+    version: str = Field(default="", max_length=64)
+    fips_requested: bool = False
+
+
+class EnrollBody(BaseModel):
+    token: str = Field(max_length=256)
+    csr_pem: str = Field(max_length=16 * 1024)
+    collector: CollectorFacts = Field(default_factory=CollectorFacts)
+
+
+class GatewayOut(BaseModel):
+    addrs: list[str]
+    server_name: str
+
+
+class AuthOut(BaseModel):
+    mode: str
+    audience: str
+
+
+class KeyOut(BaseModel):
+    kid: str
+    alg: str
+    pub: str
+    not_after: str
+
+
+class PolicyOut(BaseModel):
+    vault_mode: str
+    heartbeat_interval_s: int
+    max_concurrency: dict[str, int]
+
+
+class EnrollOut(BaseModel):
+    collector_id: str
+    status: str
+    cert_chain_pem: str
+    ca_bundle_pem: str
+    gateway: GatewayOut
+    auth: AuthOut
+    dispatch_keys: list[KeyOut]
+    release_keys: list[KeyOut]
+    site_id: str
+    policy: PolicyOut
+
+
+class TrustOut(BaseModel):
+    gateway_ca_pem: str
+    pin: str
+
+
+class StatusOut(BaseModel):
+    collector_id: str
+    status: str
+    cert_not_after: str
+
+
+class RenewBody(BaseModel):
+    csr_pem: str = Field(max_length=16 * 1024)
+
+
+class RenewOut(BaseModel):
+    collector_id: str
+    cert_chain_pem: str
+    ca_bundle_pem: str
+    cert_not_after: str
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _parse(model: type[M], body: bytes) -> M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidArgument(
+            f"{where}: {first['msg']}" if where else first["msg"], code="invalid_body"
+        ) from None
+
+
+def _rfc3339(ts: object) -> str:
+    value: dt.datetime = ts.ToDatetime(tzinfo=dt.UTC)  # type: ignore[attr-defined]
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _keys(keys: object) -> list[KeyOut]:
+    return [KeyOut(kid=k.kid, alg=k.alg, pub=k.pub, not_after=_rfc3339(k.not_after)) for k in keys]  # type: ignore[attr-defined]
+
+
+@router.get("/trust", response_model=TrustOut)
+async def trust(request: Request) -> TrustOut:
+    """The gateway's internal CA; a collector checks it against the pin from its enroll command."""
+    ca = request.app.state.gateway_ca
+    if ca is None:
+        raise NotFound("this gateway uses a publicly trusted certificate", code="no_internal_ca")
+    pem, pin = ca
+    return TrustOut(gateway_ca_pem=pem, pin=pin)
+
+
+@router.post("/enroll", response_model=EnrollOut)
+async def enroll(request: Request) -> EnrollOut:
+    """Redeem an enrollment token and a CSR for a certificate and the trust bootstrap."""
+    body = _parse(EnrollBody, await read_body(request, MAX_ENROLL_BODY))
+    c = body.collector
+    reply = await call(
+        request.app.state.backends.enrollment.Enroll,
+        pb.EnrollRequest(
+            token=body.token,
+            csr_pem=body.csr_pem,
+            collector=pb.CollectorInfo(
+                hostname=c.hostname, os=c.os, arch=c.arch, version=c.version, fips_requested=c.fips_requested
+            ),
+        ),
+        request.state.request_id,
+    )
+    return EnrollOut(
+        collector_id=reply.collector_id,
+        status=reply.status,
+        cert_chain_pem=reply.cert_chain_pem,
+        ca_bundle_pem=reply.ca_bundle_pem,
+        gateway=GatewayOut(addrs=list(reply.gateway.addrs), server_name=reply.gateway.server_name),
+        auth=AuthOut(mode=reply.auth.mode, audience=reply.auth.audience),
+        dispatch_keys=_keys(reply.dispatch_keys),
+        release_keys=_keys(reply.release_keys),
+        site_id=reply.site_id,
+        policy=PolicyOut(
+            vault_mode=reply.policy.vault_mode,
+            heartbeat_interval_s=reply.policy.heartbeat_interval_s,
+            max_concurrency=dict(reply.policy.max_concurrency),
+        ),
+    )
+
+
+@router.get("/enrollment", response_model=StatusOut)
+async def enrollment_status(request: Request) -> StatusOut:
+    """Enrollment status of the calling collector; pending collectors poll this until approved."""
+    claims, _ = await authenticate(request, request.app.state.store, ANY_ENROLLED)
+    reply = await call(
+        request.app.state.backends.enrollment.GetEnrollmentStatus,
+        pb.GetEnrollmentStatusRequest(collector_id=claims.collector_id),
+        request.state.request_id,
+    )
+    return StatusOut(
+        collector_id=reply.collector_id, status=reply.status, cert_not_after=_rfc3339(reply.cert_not_after)
+    )
+
+
+@router.post("/renew", response_model=RenewOut)
+async def renew(request: Request) -> RenewOut:
+    """A new 90-day certificate for the calling collector (same or new P-256 key, same id)."""
+    claims, _ = await authenticate(request, request.app.state.store)
+    body = _parse(RenewBody, await read_body(request, MAX_RENEW_BODY))
+    reply = await call(
+        request.app.state.backends.enrollment.RenewCertificate,
+        pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),
+        request.state.request_id,
+    )
+    return RenewOut(
+        collector_id=reply.collector_id,
+        cert_chain_pem=reply.cert_chain_pem,
+        ca_bundle_pem=reply.ca_bundle_pem,
+        cert_not_after=_rfc3339(reply.cert_not_after),
+    )

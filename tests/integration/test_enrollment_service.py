@@ -1,0 +1,274 @@
+"""The enrollment service against real PostgreSQL: redemption, limits, retries, approval, renewal."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from sqlalchemy import select
+
+from common.db import engine as db_engine
+from common.db.schema import audit_events, enrollment_tokens
+from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, VersusError
+from common.keys import KeyPurpose, KeySet
+from enrollment.ca import LEAF_LIFETIME, CollectorCA
+from enrollment.service import CollectorInfo, EnrollmentConfig, EnrollmentService, InvalidToken
+from enrollment.store import EnrollmentStore
+from tests.support.pki import csr_pem, p256, p384, rsa_key, tamper_signature
+
+pytestmark = pytest.mark.timeout(120)
+
+NOW = int(dt.datetime.now(dt.UTC).timestamp())
+DISPATCH = KeySet.create(KeyPurpose.DISPATCH, NOW)
+RELEASE = KeySet.create(KeyPurpose.RELEASE, NOW)
+
+
+@pytest.fixture
+async def service(database_url: str, tmp_path: Path) -> AsyncIterator[EnrollmentService]:
+    engine = db_engine.create_async(database_url, pool_size=20, max_overflow=40)
+    config = EnrollmentConfig(
+        trust_domain="test.versus",
+        public_url="https://gw.test:8443",
+        gateway_addrs=("gw.test:8443",),
+        gateway_server_name="gw.test",
+        gateway_ca_pem=None,
+        gateway_ca_pin="sha256/abc=",
+    )
+    yield EnrollmentService(
+        EnrollmentStore(engine),
+        CollectorCA.load_or_create(tmp_path / "ca"),
+        lambda: DISPATCH,
+        lambda: RELEASE,
+        config,
+    )
+    await engine.dispose()
+
+
+async def _site(service: EnrollmentService) -> str:
+    return (await service.create_site("dc1-mgmt-vrf", "tenant-1", "manual", None)).site_id
+
+
+async def _uses(service: EnrollmentService, token_id: str) -> int:
+    async with service.store.engine.connect() as conn:
+        result = await conn.execute(
+            select(enrollment_tokens.c.uses).where(enrollment_tokens.c.token_id == token_id)
+        )
+        return int(result.scalar_one())
+
+
+@pytest.mark.parametrize("max_uses", [1, 5])
+async def test_concurrent_redemptions_never_exceed_max_uses(
+    service: EnrollmentService, max_uses: int
+) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=max_uses, ttl_seconds=600, approval_mode="auto"
+    )
+    csrs = [csr_pem(p256(), f"col-{i:02d}") for i in range(50)]
+
+    async def attempt(csr: str) -> str:
+        try:
+            return (await service.enroll(issued.plaintext, csr, CollectorInfo())).collector_id
+        except InvalidToken:
+            return "refused"
+
+    outcomes = await asyncio.gather(*(attempt(c) for c in csrs))
+    enrolled = [o for o in outcomes if o != "refused"]
+    assert len(enrolled) == max_uses
+    assert len(set(enrolled)) == max_uses
+    assert await _uses(service, issued.token.token_id) == max_uses
+
+
+async def test_bootstrap_contents(service: EnrollmentService) -> None:
+    site_id = await _site(service)
+    issued = await service.issue_token(site_id, max_uses=1, ttl_seconds=0, approval_mode="auto")
+    assert issued.plaintext.startswith("vst_")
+    assert issued.enroll_command == (
+        f"versus-collector enroll --url https://gw.test:8443 --token {issued.plaintext} --ca-pin sha256/abc="
+    )
+    result = await service.enroll(issued.plaintext, csr_pem(p256(), "col-a"), CollectorInfo(hostname="h1"))
+    assert (result.collector_id, result.status, result.site_id) == ("col-a", "active", site_id)
+    assert result.dispatch_keys == [k.to_json() for k in DISPATCH.public_keys(NOW)]
+    assert result.release_keys == [k.to_json() for k in RELEASE.public_keys(NOW)]
+    assert result.dispatch_keys != result.release_keys
+    assert (result.auth_mode, result.audience) == ("bearer", "versus-collector-gateway")
+    leaf, ca = x509.load_pem_x509_certificates(result.cert_chain_pem.encode())
+    leaf.verify_directly_issued_by(ca)
+    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
+        f"spiffe://test.versus/site/{site_id}/collector/col-a"
+    ]
+    assert leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+
+
+async def test_csr_asking_for_ca_gets_a_leaf(service: EnrollmentService) -> None:
+    issued = await service.issue_token(await _site(service), max_uses=1, ttl_seconds=0, approval_mode="auto")
+    result = await service.enroll(
+        issued.plaintext, csr_pem(p256(), "col-ca", ask_for_ca=True), CollectorInfo()
+    )
+    leaf = x509.load_pem_x509_certificates(result.cert_chain_pem.encode())[0]
+    assert leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+
+
+async def test_token_failures_are_indistinguishable_and_consume_nothing(service: EnrollmentService) -> None:
+    site_id = await _site(service)
+    good = await service.issue_token(site_id, max_uses=2, ttl_seconds=600, approval_mode="auto")
+    revoked = await service.issue_token(site_id, max_uses=1, ttl_seconds=600, approval_mode="auto")
+    await service.store.revoke_token(revoked.token.token_id, "test")
+    expired = await service.issue_token(site_id, max_uses=1, ttl_seconds=600, approval_mode="auto")
+    service.clock = lambda: dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    messages = set()
+    for token in (
+        "vst_unknownunknownunknownunknownunknownunknow",
+        "garbage",
+        "",
+        revoked.plaintext,
+        expired.plaintext,
+    ):
+        with pytest.raises(InvalidToken) as info:
+            await service.enroll(token, csr_pem(p256(), "col-x"), CollectorInfo())
+        messages.add((info.value.code, info.value.message))
+    assert messages == {("invalid_token", "the enrollment token is not valid")}
+    service.clock = lambda: dt.datetime.now(dt.UTC)
+    assert await _uses(service, good.token.token_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("make_csr", "code"),
+    [
+        (lambda: "not a csr", "csr_invalid"),
+        (lambda: tamper_signature(csr_pem(p256(), "col-bad")), "csr_signature_invalid"),
+        (lambda: csr_pem(rsa_key(), "col-rsa"), "csr_key_unsupported"),
+        (lambda: csr_pem(p384(), "col-384"), "csr_key_unsupported"),
+        (lambda: csr_pem(p256(), None), "csr_cn_missing"),
+        (lambda: csr_pem(p256(), "bad/cn with spaces"), "csr_cn_invalid"),
+    ],
+)
+async def test_bad_csrs_are_refused_without_consuming(
+    service: EnrollmentService, make_csr: Callable[[], str], code: str
+) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"
+    )
+    with pytest.raises(InvalidArgument) as info:
+        await service.enroll(issued.plaintext, make_csr(), CollectorInfo())
+    assert info.value.code == code
+    assert await _uses(service, issued.token.token_id) == 0
+
+
+async def test_cn_collision_and_lost_response_retry(service: EnrollmentService) -> None:
+    site_id = await _site(service)
+    issued = await service.issue_token(site_id, max_uses=2, ttl_seconds=600, approval_mode="auto")
+    key = p256()
+    first = await service.enroll(issued.plaintext, csr_pem(key, "col-r"), CollectorInfo())
+    assert await _uses(service, issued.token.token_id) == 1
+    # Same token, same key: the identical identity and certificate, nothing consumed.
+    again = await service.enroll(issued.plaintext, csr_pem(key, "col-r"), CollectorInfo())
+    assert again.cert_chain_pem == first.cert_chain_pem
+    assert await _uses(service, issued.token.token_id) == 1
+    # Same CN, different key: refused, nothing consumed.
+    with pytest.raises(Conflict) as info:
+        await service.enroll(issued.plaintext, csr_pem(p256(), "col-r"), CollectorInfo())
+    assert info.value.code == "collector_id_taken"
+    assert await _uses(service, issued.token.token_id) == 1
+
+
+async def test_retry_works_after_a_one_use_token_is_spent(service: EnrollmentService) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"
+    )
+    key = p256()
+    first = await service.enroll(issued.plaintext, csr_pem(key, "col-once"), CollectorInfo())
+    again = await service.enroll(issued.plaintext, csr_pem(key, "col-once"), CollectorInfo())
+    assert again.cert_chain_pem == first.cert_chain_pem
+    with pytest.raises(InvalidToken):
+        await service.enroll(issued.plaintext, csr_pem(p256(), "col-other"), CollectorInfo())
+    # A spent token with a broken CSR still says only "invalid token".
+    with pytest.raises(InvalidToken):
+        await service.enroll(issued.plaintext, "not a csr", CollectorInfo())
+
+
+async def test_manual_approval_flow(service: EnrollmentService) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=2, ttl_seconds=600, approval_mode="manual"
+    )
+    pending = await service.enroll(issued.plaintext, csr_pem(p256(), "col-p"), CollectorInfo())
+    assert pending.status == "pending"
+    assert (await service.status("col-p")).status == "pending"
+    assert await service.approve("col-p", "alice") == "active"
+    assert await service.approve("col-p", "alice") == "active"  # idempotent
+    with pytest.raises(FailedPrecondition):
+        await service.deny("col-p", "alice", "too late")
+    await service.enroll(issued.plaintext, csr_pem(p256(), "col-d"), CollectorInfo())
+    assert await service.deny("col-d", "bob", "unknown host") == "denied"
+    with pytest.raises(NotFound):
+        await service.approve("col-missing", "alice")
+    async with service.store.engine.connect() as conn:
+        actions = set((await conn.execute(select(audit_events.c.action))).scalars())
+    assert {"token.issue", "collector.enroll", "collector.active", "collector.denied"} <= actions
+
+
+async def test_renewal_with_new_key_and_wrong_cn(service: EnrollmentService) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"
+    )
+    await service.enroll(issued.plaintext, csr_pem(p256(), "col-n"), CollectorInfo())
+    new_key = p256()
+    chain, _ = await service.renew("col-n", csr_pem(new_key, "col-n"))
+    leaf = x509.load_pem_x509_certificates(chain.encode())[0]
+    assert leaf.public_key() == new_key.public_key()
+    assert (await service.status("col-n")).public_key_der == (
+        await service.store.get_collector("col-n")
+    ).public_key_der
+    with pytest.raises(InvalidArgument, match="own id"):
+        await service.renew("col-n", csr_pem(p256(), "col-someone-else"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code"),
+    [
+        ({"max_uses": 1001, "ttl_seconds": 60}, "max_uses_out_of_range"),
+        ({"max_uses": 1, "ttl_seconds": 24 * 3600 + 1}, "ttl_too_long"),
+    ],
+)
+async def test_token_limits_are_refused_not_clamped(
+    service: EnrollmentService, kwargs: dict[str, int], code: str
+) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await service.issue_token(
+            await _site(service),
+            max_uses=kwargs["max_uses"],
+            ttl_seconds=kwargs["ttl_seconds"],
+            approval_mode="auto",
+        )
+    assert info.value.code == code
+
+
+async def test_sites_lifecycle(service: EnrollmentService) -> None:
+    site = await service.create_site("edge", "t1", "pinned", "1.4.2")
+    assert (site.update_policy, site.pinned_version) == ("pinned", "1.4.2")
+    with pytest.raises(Conflict):
+        await service.create_site("edge", "t1", "manual", None)
+    with pytest.raises(InvalidArgument, match="pinned_version"):
+        await service.create_site("edge2", "t1", "pinned", None)
+    updated = await service.update_site(site.site_id, name=None, update_policy="auto", pinned_version="")
+    assert (updated.update_policy, updated.pinned_version) == ("auto", None)
+    issued = await service.issue_token(site.site_id, max_uses=1, ttl_seconds=60, approval_mode="auto")
+    await service.enroll(issued.plaintext, csr_pem(p256(), "col-s"), CollectorInfo())
+    with pytest.raises(FailedPrecondition) as info:
+        await service.store.delete_site(site.site_id)
+    assert info.value.code == "site_has_collectors"
+    empty = await service.create_site("empty", "t1", "manual", None)
+    await service.store.delete_site(empty.site_id)
+    with pytest.raises(NotFound):
+        await service.store.get_site(empty.site_id)
+    listed = await service.store.list_sites("t1", 10, "")
+    assert [(s.name, s.collector_count) for s in listed] == [("edge", 1)]
+
+
+def test_invalid_token_is_a_versus_error() -> None:
+    assert isinstance(InvalidToken(), VersusError)
