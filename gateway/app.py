@@ -29,6 +29,7 @@ from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
 from gateway import enroll_api
+from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
 from gateway.store import GatewayStore
@@ -48,6 +49,8 @@ class GatewayConfig:
     enrollment_address: str
     # PEM and SPKI pin of the gateway's internal CA, when it has one (served at /trust).
     gateway_ca: tuple[str, str] | None = None
+    # A request body must arrive completely within this many seconds.
+    body_deadline_s: float = BODY_DEADLINE_S
 
 
 @dataclass
@@ -112,6 +115,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.store = GatewayStore(app.state.connections.engine)
         app.state.backends = Backends(config.enrollment_address)
         app.state.gateway_ca = config.gateway_ca
+        app.state.body_deadline_s = config.body_deadline_s
         try:
             yield
         finally:

@@ -17,7 +17,9 @@ from common.errors import InvalidArgument, PayloadTooLarge, RequestTimeout
 BODY_DEADLINE_S = 10.0
 
 
-async def read_body(request: Request, limit: int, deadline_s: float = BODY_DEADLINE_S) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, at most ``limit`` bytes, arriving within the app's body deadline."""
+    deadline_s: float = getattr(request.app.state, "body_deadline_s", BODY_DEADLINE_S)
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
