@@ -45,8 +45,10 @@ def render_banner(
         lines.append(f"  gateway CA  {tls.ca_file}  pin {tls.ca_pin()}")
     lines += [
         "",
-        "Next: check health with `curl --cacert <gateway CA> " + settings.gateway_url + "/readyz`;",
-        "      the operator guide is docs/operations.md. Stop with Ctrl-C (or SIGTERM).",
+        "Next: enroll a collector (docs/enrollment.md):",
+        "  versus-cp sites create <name> --tenant <tenant>",
+        "  versus-cp tokens issue --site <site id>      # prints the versus-collector enroll command",
+        "Stop with Ctrl-C (or SIGTERM).",
         "",
     ]
     return "\n".join(lines)

@@ -17,12 +17,13 @@ from collections.abc import Callable, Sequence
 
 from common.errors import ConfigError, VersusError
 from common.settings import CONFIG_FILE_ENV, Settings, load_settings
-from versus_cp import __version__, keys_cmd
+from versus_cp import __version__, enrollment_cmd, keys_cmd
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
 
 Handler = Callable[[Settings, argparse.Namespace], int]
+Configure = Callable[[argparse.ArgumentParser], None]
 
 
 def _cmd_up(settings: Settings, _: argparse.Namespace) -> int:
@@ -54,13 +55,28 @@ def _service(name: str) -> Handler:
 
 
 _SERVICES = "needs DATABASE_URL and REDIS_URL"
-COMMANDS: dict[str, tuple[str, Handler]] = {
-    "up": ("Run the whole control plane (embedded PostgreSQL and Redis unless URLs are set).", _cmd_up),
-    "migrate": ("Apply database migrations and exit.", _cmd_migrate),
-    "router": (f"Run only the Task Router gRPC service ({_SERVICES}).", _service("router")),
-    "enrollment": (f"Run only the Enrollment gRPC service ({_SERVICES}).", _service("enrollment")),
-    "gateway": (f"Run only the collector gateway ({_SERVICES}).", _service("gateway")),
-    "keys": ("List or rotate the dispatch and release signing keys.", keys_cmd.run),
+COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
+    "up": ("Run the whole control plane (embedded PostgreSQL and Redis unless URLs are set).", _cmd_up, None),
+    "migrate": ("Apply database migrations and exit.", _cmd_migrate, None),
+    "router": (f"Run only the Task Router gRPC service ({_SERVICES}).", _service("router"), None),
+    "enrollment": (f"Run only the Enrollment gRPC service ({_SERVICES}).", _service("enrollment"), None),
+    "gateway": (f"Run only the collector gateway ({_SERVICES}).", _service("gateway"), None),
+    "keys": ("List or rotate the dispatch and release signing keys.", keys_cmd.run, keys_cmd.add_arguments),
+    "sites": (
+        "Create, list, update and delete sites.",
+        enrollment_cmd.run_sites,
+        enrollment_cmd.add_site_arguments,
+    ),
+    "tokens": (
+        "Issue, list and revoke enrollment tokens.",
+        enrollment_cmd.run_tokens,
+        enrollment_cmd.add_token_arguments,
+    ),
+    "collectors": (
+        "Approve or deny collectors waiting for manual approval.",
+        enrollment_cmd.run_collectors,
+        enrollment_cmd.add_collector_arguments,
+    ),
 }
 
 
@@ -73,10 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"versus-cp {__version__}")
     parser.add_argument("--config", metavar="FILE", help=f"TOML settings file (same as {CONFIG_FILE_ENV})")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, _) in COMMANDS.items():
+    for name, (help_text, _, configure) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        if name == "keys":
-            keys_cmd.add_arguments(command)
+        if configure is not None:
+            configure(command)
     return parser
 
 
@@ -91,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[CONFIG_FILE_ENV] = args.config
     try:
         settings = load_settings()
-        _, command = COMMANDS[args.command]
+        _, command, _ = COMMANDS[args.command]
         return command(settings, args)
     except ConfigError as exc:
         print(f"versus-cp: error: {_one_line(exc.message)}", file=sys.stderr)

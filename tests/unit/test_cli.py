@@ -44,13 +44,6 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_collector_subcommands_say_they_are_not_built(capsys: pytest.CaptureFixture[str]) -> None:
-    from collector.main import main as collector_main
-
-    assert collector_main(["run"]) == 2
-    assert "not available in this build" in capsys.readouterr().err
-
-
 def test_keys_rotate_and_list(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,3 @@
+from collector.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""The collector's state directory: its identity, key, certificates, pinned key sets and policy.
+
+    identity.json      collector_id, site_id, status, gateway URL/addresses/server name, auth
+    key.pem            the collector's private key (0600); signs ES256 bearer tokens
+    cert.pem           certificate chain issued by the Collector CA
+    ca-bundle.pem      CAs to trust: Collector CA and the gateway's internal CA
+    keys.json          dispatch and release verification key sets, pinned at enrollment
+    policy.json        vault mode, heartbeat interval, concurrency limits
+
+Secret files are written 0600 and atomically; nothing here is ever logged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from common.state_dir import write_private, write_public
+
+
+@dataclass(frozen=True, slots=True)
+class StatePaths:
+    root: Path
+
+    @property
+    def identity(self) -> Path:
+        return self.root / "identity.json"
+
+    @property
+    def key(self) -> Path:
+        return self.root / "key.pem"
+
+    @property
+    def cert(self) -> Path:
+        return self.root / "cert.pem"
+
+    @property
+    def ca_bundle(self) -> Path:
+        return self.root / "ca-bundle.pem"
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys.json"
+
+    @property
+    def policy(self) -> Path:
+        return self.root / "policy.json"
+
+    @property
+    def attempt(self) -> Path:
+        """Written before an enrollment request so a retry reuses the same id and key."""
+        return self.root / "enroll-attempt.json"
+
+
+def write_json(path: Path, value: Any, *, private: bool = False) -> None:
+    data = (json.dumps(value, indent=2, sort_keys=True) + "\n").encode()
+    (write_private if private else write_public)(path, data)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def save_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    write_private(
+        path,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
+
+
+def load_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{path} is not an EC private key")
+    return key

@@ -1,0 +1,125 @@
+"""Enrollment end to end: `up`, the operator CLI, `versus-collector enroll` over real TLS with a CA pin."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.harness import ControlPlane, run_cli
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _collector(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "collector", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _cli_json(args: list[str], env: dict[str, str]) -> Any:
+    done = run_cli([*args, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _enroll_args(command: str, state: Path) -> list[str]:
+    argv = shlex.split(command)
+    assert argv[:2] == ["versus-collector", "enroll"]
+    return [*argv[1:], "--state-dir", str(state)]
+
+
+def test_operator_issues_a_token_and_a_collector_enrolls(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    env = cp.env
+    site = _cli_json(["sites", "create", "lab-mgmt", "--tenant", "acme"], env)["site"]
+    site_id = site["site_id"]
+    issued = _cli_json(["tokens", "issue", "--site", site_id], env)
+    plaintext = str(issued["plaintext"])
+    command = str(issued["enroll_command"])
+    assert plaintext.startswith("vst_")
+    assert "--ca-pin sha256/" in command and f"--url https://localhost:{cp.port('gateway')}" in command
+
+    state = tmp_path / "collector"
+    done = _collector(_enroll_args(command, state), env)
+    assert done.returncode == 0, done.stderr
+    assert "enrolled as col-" in done.stdout and ": active" in done.stdout
+    identity = json.loads((state / "identity.json").read_text())
+    assert (identity["site_id"], identity["status"]) == (site_id, "active")
+    assert stat.S_IMODE((state / "key.pem").stat().st_mode) == 0o600
+    published = _cli_json(["keys", "list"], env)
+    pinned = json.loads((state / "keys.json").read_text())
+    assert pinned["dispatch"] == published["dispatch"]
+    assert pinned["release"] == published["release"]
+
+    status = _collector(["status", "--state-dir", str(state)], env)
+    assert status.returncode == 0, status.stderr
+    assert f"{identity['collector_id']}: active" in status.stdout
+
+    tokens = _cli_json(["tokens", "list", "--site", site_id], env)["tokens"]
+    assert [(t["uses"], t["max_uses"], t["status"]) for t in tokens] == [(1, 1, "TOKEN_STATUS_EXHAUSTED")]
+    # The spent token cannot enroll anyone else.
+    again = _collector([*_enroll_args(command, tmp_path / "other")], env)
+    assert again.returncode == 1
+    assert "invalid_token" in again.stderr
+    # The token plaintext never reached the control plane's logs.
+    assert plaintext.removeprefix("vst_") not in cp.log()
+
+
+def test_manual_approval_and_a_wrong_pin(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    env = cp.env
+    site_id = _cli_json(["sites", "create", "dmz", "--tenant", "acme"], env)["site"]["site_id"]
+    issued = _cli_json(["tokens", "issue", "--site", site_id, "--manual-approval", "--max-uses", "2"], env)
+    command = str(issued["enroll_command"])
+
+    wrong = command.rsplit("--ca-pin", 1)[0] + "--ca-pin sha256/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+    refused = _collector(_enroll_args(wrong, tmp_path / "wrong"), env)
+    assert refused.returncode == 1
+    assert "ca_pin_mismatch" in refused.stderr
+
+    state = tmp_path / "pending"
+    done = _collector(_enroll_args(command, state), env)
+    assert done.returncode == 0, done.stderr
+    assert ": pending" in done.stdout
+    collector_id = json.loads((state / "identity.json").read_text())["collector_id"]
+    assert "pending" in _collector(["status", "--state-dir", str(state)], env).stdout
+
+    approved = run_cli(["collectors", "approve", collector_id], env)
+    assert approved.returncode == 0, approved.stderr
+    assert approved.stdout.strip() == f"{collector_id}: active"
+    assert "active" in _collector(["status", "--state-dir", str(state)], env).stdout
+    assert json.loads((state / "identity.json").read_text())["status"] == "active"
+
+    missing = run_cli(["collectors", "approve", "col-does-not-exist"], env)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "versus-cp: error: collector 'col-does-not-exist' does not exist"
+
+
+def test_cli_reports_refusals_in_one_line(start_control_plane: Callable[..., ControlPlane]) -> None:
+    cp = start_control_plane()
+    site_id = _cli_json(["sites", "create", "core", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    too_long = run_cli(["tokens", "issue", "--site", site_id, "--ttl", str(2 * 86400)], cp.env)
+    assert too_long.returncode == 1
+    assert too_long.stderr.startswith("versus-cp: error: ttl must be at most 86400 seconds")
+    duplicate = run_cli(["sites", "create", "core", "--tenant", "acme"], cp.env)
+    assert duplicate.returncode == 1
+    assert "already has a site named 'core'" in duplicate.stderr
+    no_site = run_cli(["tokens", "issue", "--site", "site-nope"], cp.env)
+    assert no_site.stderr.strip() == "versus-cp: error: site 'site-nope' does not exist"
