@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from common.pki import BACKDATE, cert_pem, private_pem, self_signed_ca
 from common.state_dir import write_private, write_public
 
 CA_LIFETIME = dt.timedelta(days=3650)
@@ -52,49 +53,15 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 def _ensure_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert_path, key_path = directory / "gateway-ca.pem", directory / "gateway-ca.key"
     if cert_path.exists() and key_path.exists():
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         return x509.load_pem_x509_certificate(cert_path.read_bytes()), key
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Versus Gateway TLS CA")])
-    now = _now()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + CA_LIFETIME)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    write_private(key_path, _key_pem(key))
-    write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    cert, key = self_signed_ca("Versus Gateway TLS CA", CA_LIFETIME, _now())
+    write_private(key_path, private_pem(key))
+    write_public(cert_path, cert_pem(cert))
     return cert, key
 
 
@@ -133,7 +100,7 @@ def ensure_gateway_tls(directory: Path, server_name: str, extra_names: list[str]
             .issuer_name(ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_before(now - BACKDATE)
             .not_valid_after(now + SERVER_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -143,7 +110,7 @@ def ensure_gateway_tls(directory: Path, server_name: str, extra_names: list[str]
             )
             .sign(ca_key, hashes.SHA256())
         )
-        write_private(key_path, _key_pem(key))
+        write_private(key_path, private_pem(key))
         chain = cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(
             serialization.Encoding.PEM
         )

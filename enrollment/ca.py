@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.errors import ConfigError, InvalidArgument
+from common.pki import BACKDATE, cert_pem, key_usage, private_pem, self_signed_ca
 from common.state_dir import write_private, write_public
 
 LEAF_LIFETIME = dt.timedelta(days=90)
@@ -96,43 +97,10 @@ class CollectorCA:
         cert_path, key_path = directory / "ca.pem", directory / "ca.key"
         if cert_path.exists() and key_path.exists():
             return cls.from_files(cert_path, key_path)
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Versus Collector CA")])
-        now = dt.datetime.now(dt.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + CA_LIFETIME)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256())
-        )
+        cert, key = self_signed_ca("Versus Collector CA", CA_LIFETIME, dt.datetime.now(dt.UTC))
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(
-            key_path,
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ),
-        )
-        write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+        write_private(key_path, private_pem(key))
+        write_public(cert_path, cert_pem(cert))
         return cls(cert, key)
 
     @classmethod
@@ -158,7 +126,7 @@ class CollectorCA:
 
     def issue(self, csr: CsrInfo, *, site_id: str, trust_domain: str, now: dt.datetime) -> x509.Certificate:
         """A 90-day client certificate binding ``csr.collector_id`` to ``site_id``."""
-        not_before = now - dt.timedelta(minutes=5)  # tolerate small clock differences
+        not_before = now - BACKDATE
         return (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, csr.collector_id)]))
@@ -168,20 +136,7 @@ class CollectorCA:
             .not_valid_before(not_before)
             .not_valid_after(not_before + LEAF_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(key_usage(digital_signature=True), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
             .add_extension(
                 x509.SubjectAlternativeName(
