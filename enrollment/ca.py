@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common.errors import ConfigError, InvalidArgument
-from common.pki import BACKDATE, cert_pem, key_usage, private_pem, self_signed_ca
+from common import pki
+from common.pki import BACKDATE, key_usage, private_pem, self_signed_ca
 from common.state_dir import write_private, write_public
 
 LEAF_LIFETIME = dt.timedelta(days=90)
@@ -100,7 +101,7 @@ class CollectorCA:
         cert, key = self_signed_ca("Versus Collector CA", CA_LIFETIME, dt.datetime.now(dt.UTC))
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_private(key_path, private_pem(key))
-        write_public(cert_path, cert_pem(cert))
+        write_public(cert_path, pki.cert_pem(cert))
         return cls(cert, key)
 
     @classmethod
