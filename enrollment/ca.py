@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.errors import ConfigError, InvalidArgument
 from common import pki
+from common.errors import ConfigError, InvalidArgument
 from common.pki import BACKDATE, key_usage, private_pem, self_signed_ca
 from common.state_dir import write_private, write_public
 
