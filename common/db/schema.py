@@ -122,3 +122,108 @@ collectors = Table(
     CheckConstraint("status IN ('pending', 'active', 'denied', 'revoked')", name="status"),
     Index(None, "site_id"),
 )
+
+# --- task router ----------------------------------------------------------------------------------
+# Logical operations submitted by platform modules. Owned by the router.
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("task_id", Text, primary_key=True),
+    Column("idempotency_key", Text, nullable=False, unique=True),
+    Column("request_sha256", LargeBinary, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("operation", Text, nullable=False),
+    Column("op_class", Text, nullable=False),
+    Column("target_ref", Text, nullable=False),
+    Column("site_id", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("params", LargeBinary, nullable=False),
+    Column("deadline", DateTime(timezone=True), nullable=False),
+    Column("requires_fips", Boolean, nullable=False),
+    Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("state", Text, nullable=False),
+    Column("condition", Text, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("current_dispatch_id", Text, nullable=True),
+    Column("result", LargeBinary, nullable=True),
+    Column("error_code", Text, nullable=True),
+    Column("evidence", Text, nullable=False, server_default=text("''")),
+    Column("resolved_by", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("op_class IN ('read', 'mutate_reconcilable', 'mutate_terminal')", name="op_class"),
+    Index(None, "state", "site_id", "created_at"),
+)
+
+# One attempt to run a task (or its reconcile-read) on one collector. The dispatch id is the
+# envelope's task_id, unique per attempt. Owned by the router.
+dispatches = Table(
+    "dispatches",
+    metadata,
+    Column("dispatch_id", Text, primary_key=True),
+    Column("task_id", Text, ForeignKey("tasks.task_id", ondelete="CASCADE"), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("collector_id", Text, nullable=False),
+    Column("site_id", Text, nullable=False),
+    Column("target_ref", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("operation", Text, nullable=False),
+    Column("op_class", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("lease_epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("envelope", LargeBinary, nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("handed_claim_seq", BigInteger, nullable=True),
+    Column("handed_at", DateTime(timezone=True), nullable=True),
+    Column("reported_at", DateTime(timezone=True), nullable=True),
+    Column("result", LargeBinary, nullable=True),
+    Column("error_code", Text, nullable=True),
+    Column("error_message", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("kind IN ('execute', 'reconcile')", name="kind"),
+    Index(None, "collector_id", "state", "created_at"),
+    Index(None, "state", "expires_at"),
+    Index(None, "task_id"),
+)
+
+# Every state change of every task, in order. Owned by the router.
+task_transitions = Table(
+    "task_transitions",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("task_id", Text, ForeignKey("tasks.task_id", ondelete="CASCADE"), nullable=False),
+    Column("dispatch_id", Text, nullable=True),
+    Column("from_state", Text, nullable=False),
+    Column("to_state", Text, nullable=False),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index(None, "task_id", "id"),
+)
+
+# Single-writer device leases. The row outlives its holder so the epoch only ever grows. Owned by the router.
+device_leases = Table(
+    "device_leases",
+    metadata,
+    Column("target_ref", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("holder_task_id", Text, nullable=True),
+    Column("holder_dispatch_id", Text, nullable=True),
+    Column("collector_id", Text, nullable=True),
+    Column("acquired_at", DateTime(timezone=True), nullable=True),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+)
+
+# What each collector can run and whether it takes new work. Owned by the router.
+collector_capabilities = Table(
+    "collector_capabilities",
+    metadata,
+    Column("collector_id", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False),
+    Column("manifest", JSONB, nullable=False),
+    Column("fips", Boolean, nullable=False, server_default=text("false")),
+    Column("agent_version", Text, nullable=False, server_default=text("''")),
+    Column("draining", Boolean, nullable=False, server_default=text("false")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

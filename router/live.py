@@ -1,0 +1,162 @@
+"""Redis side of the router: liveness, in-flight counters and wake-ups.
+
+Redis is never the source of truth. Liveness is the time of each collector's
+last claim; in-flight counters per collector and provider steer placement
+(the authoritative capacity check is made in PostgreSQL under a lock); they
+are rebuilt from PostgreSQL whenever their marker key is missing, so a Redis
+restart or FLUSHALL costs a rebuild, never an over-dispatch. Wake-ups are
+pub/sub messages that let a waiting claim return as soon as work is routed to
+its collector, without polling the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+
+from redis.asyncio import Redis
+
+from common.logs import get_logger
+
+LIVENESS_WINDOW_S = 180
+_LIVE = "versus:live"
+_INFLIGHT = "versus:inflight:"
+_BUILT = "versus:inflight:built"
+_WAKE = "versus:wake:"
+
+log = get_logger("versus.router.live")
+
+
+class Liveness:
+    def __init__(self, redis: Redis, window_s: int = LIVENESS_WINDOW_S):
+        self.redis = redis
+        self.window_s = window_s
+
+    async def touch(self, collector_id: str, now: float) -> bool:
+        """Record a claim; True when the collector was not live before (it just came back)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zscore(_LIVE, collector_id)
+        pipe.zadd(_LIVE, {collector_id: now})
+        previous, _ = await pipe.execute()
+        return previous is None or now - float(previous) > self.window_s
+
+    async def live(self, collector_ids: Iterable[str], now: float) -> set[str]:
+        ids = list(collector_ids)
+        if not ids:
+            return set()
+        scores = await self.redis.zmscore(_LIVE, ids)
+        return {
+            cid
+            for cid, score in zip(ids, scores, strict=True)
+            if score is not None and now - score <= self.window_s
+        }
+
+    async def last_seen(self, collector_id: str) -> float | None:
+        score = await self.redis.zscore(_LIVE, collector_id)
+        return None if score is None else float(score)
+
+
+class InFlight:
+    """Per-collector, per-provider counters of leased, dispatched and running work."""
+
+    def __init__(self, redis: Redis, load: Callable[[], Awaitable[Mapping[tuple[str, str], int]]]):
+        self.redis = redis
+        self._load = load
+        self._lock = asyncio.Lock()
+
+    async def ensure_built(self) -> None:
+        if await self.redis.exists(_BUILT):
+            return
+        async with self._lock:
+            if await self.redis.exists(_BUILT):
+                return
+            await self.rebuild()
+
+    async def rebuild(self) -> None:
+        counts = await self._load()
+        per_collector: dict[str, dict[str, int]] = defaultdict(dict)
+        for (collector_id, provider), n in counts.items():
+            per_collector[collector_id][provider] = n
+        pipe = self.redis.pipeline(transaction=True)
+        async for key in self.redis.scan_iter(match=f"{_INFLIGHT}*", count=500):
+            if key != _BUILT.encode():
+                pipe.delete(key)
+        for collector_id, providers in per_collector.items():
+            pipe.hset(_INFLIGHT + collector_id, mapping=dict(providers))  # type: ignore[arg-type]
+        pipe.set(_BUILT, "1")
+        await pipe.execute()
+        log.info("in-flight counters rebuilt from PostgreSQL", collectors=len(per_collector))
+
+    async def add(self, collector_id: str, provider: str, delta: int) -> None:
+        await self.ensure_built()
+        await self.redis.hincrby(_INFLIGHT + collector_id, provider, delta)
+
+    async def get(self, collector_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+        await self.ensure_built()
+        ids = list(collector_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in ids:
+            pipe.hgetall(_INFLIGHT + cid)
+        rows = await pipe.execute()
+        return {
+            cid: {k.decode(): max(int(v), 0) for k, v in row.items()}
+            for cid, row in zip(ids, rows, strict=True)
+        }
+
+
+class WakeHub:
+    """One pattern subscription per process, fanned out to local waiters by collector id."""
+
+    def __init__(self, redis: Redis):
+        self.redis = redis
+        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+
+    async def publish(self, collector_id: str) -> None:
+        await self.redis.publish(_WAKE + collector_id, b"1")
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._listen())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @contextlib.contextmanager
+    def listener(self, collector_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever work is routed to ``collector_id``.
+
+        Register before looking for work, so a wake-up between the look and the
+        wait is not lost.
+        """
+        event = asyncio.Event()
+        self._waiters[collector_id].add(event)
+        try:
+            yield event
+        finally:
+            self._waiters[collector_id].discard(event)
+            if not self._waiters[collector_id]:
+                del self._waiters[collector_id]
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                pubsub = self.redis.pubsub()
+                await pubsub.psubscribe(_WAKE + "*")
+                async for message in pubsub.listen():
+                    if message.get("type") != "pmessage":
+                        continue
+                    collector_id = message["channel"].decode().removeprefix(_WAKE)
+                    for event in self._waiters.get(collector_id, ()):
+                        event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Redis went away: waiters fall back to their timeout; resubscribe shortly
+                log.warning("wake-up subscription lost; retrying", exc_info=True)
+                await asyncio.sleep(1.0)

@@ -1,0 +1,132 @@
+"""Placement: which collector runs a task. Pure code, fed values in tests.
+
+1. **Eligibility** - a collector is a candidate when it is active, not draining,
+   live (claimed within the liveness window), serves the task's site and tenant,
+   advertises the provider and operation at the task's op_class, has spare
+   capacity for that provider (in_flight < max_concurrency) and reports FIPS
+   when the task requires it.
+2. **Pick** - deterministic: the lowest load (in_flight / max_concurrency) wins,
+   so work spreads across collectors; equal loads go to the highest rendezvous
+   hash of (target_ref, collector_id), so a device keeps landing on the same
+   collector while loads are level; the collector id breaks any remaining tie.
+3. **Class check** - when no collector is eligible but some advertise the
+   operation under another class, the request is refused: a module cannot call
+   a terminal mutation ``read`` to skip the device lease.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.envelope.canonical import OpClass
+from common.errors import FailedPrecondition
+
+
+@dataclass(frozen=True, slots=True)
+class OperationCap:
+    op_class: str
+    parallel_safe: bool = False
+    reconcile_operation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderCap:
+    max_concurrency: int
+    operations: Mapping[str, OperationCap]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    collector_id: str
+    site_id: str
+    tenant_id: str
+    active: bool
+    draining: bool
+    live: bool
+    fips: bool
+    providers: Mapping[str, ProviderCap]
+    in_flight: Mapping[str, int] = field(default_factory=dict)
+
+    def load(self, provider: str) -> float:
+        cap = self.providers[provider].max_concurrency
+        return self.in_flight.get(provider, 0) / cap if cap else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    provider: str
+    operation: str
+    op_class: str
+    site_id: str
+    tenant_id: str
+    target_ref: str
+    requires_fips: bool = False
+
+
+class OpClassMismatch(FailedPrecondition):
+    default_code = "op_class_mismatch"
+
+
+def _advertised(c: Candidate, req: PlacementRequest) -> OperationCap | None:
+    provider = c.providers.get(req.provider)
+    return provider.operations.get(req.operation) if provider else None
+
+
+def eligible(req: PlacementRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Every candidate that may run the request now; raises :class:`OpClassMismatch` (see module doc)."""
+    chosen: list[Candidate] = []
+    mismatched: set[str] = set()
+    for c in candidates:
+        if not (
+            c.active
+            and not c.draining
+            and c.live
+            and c.site_id == req.site_id
+            and c.tenant_id == req.tenant_id
+        ):
+            continue
+        if req.requires_fips and not c.fips:
+            continue
+        op = _advertised(c, req)
+        if op is None:
+            continue
+        if op.op_class != req.op_class:
+            mismatched.add(op.op_class)
+            continue
+        if c.in_flight.get(req.provider, 0) >= c.providers[req.provider].max_concurrency:
+            continue
+        chosen.append(c)
+    if not chosen and mismatched:
+        raise OpClassMismatch(
+            f"{req.provider}/{req.operation} is declared {', '.join(sorted(mismatched))} by the driver, "
+            f"not {req.op_class}"
+        )
+    return chosen
+
+
+def _rendezvous(target_ref: str, collector_id: str) -> int:
+    digest = hashlib.sha256(f"{target_ref}\x00{collector_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def pick(req: PlacementRequest, candidates: Sequence[Candidate]) -> Candidate | None:
+    """The deterministic choice among eligible candidates (None when there are none)."""
+    if not candidates:
+        return None
+    return min(
+        candidates,
+        key=lambda c: (c.load(req.provider), -_rendezvous(req.target_ref, c.collector_id), c.collector_id),
+    )
+
+
+def needs_lease(op_class: str, parallel_safe: bool) -> bool:
+    """Reads and operations the driver declares parallel-safe bypass the device lease."""
+    return op_class != OpClass.READ and not parallel_safe
+
+
+def operation_cap(candidate: Candidate, req: PlacementRequest) -> OperationCap:
+    op = _advertised(candidate, req)
+    assert op is not None
+    return op

@@ -1,0 +1,765 @@
+"""The Task Router: submit, place, hand out, collect results, walk the ladder, sweep.
+
+Each operation is one PostgreSQL transaction; Redis side effects (in-flight
+counters, wake-ups) run after it commits. Placement runs synchronously on
+submit, so a refusal (device leased, op_class mismatch) writes nothing, and
+again for queued work whenever a collector comes back, publishes
+capabilities or frees capacity, and on the sweeper's tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from common.envelope.canonical import OpClass
+from common.envelope.sign import EnvelopeDraft, sign
+from common.errors import Conflict, FailedPrecondition, NotFound, PermissionDenied
+from common.keys import SigningKey
+from common.logs import get_logger
+from router import ladder, placement, store
+from router.live import InFlight, Liveness, WakeHub
+from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
+from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
+from router.states import TERMINAL, State, cancellable, check_transition
+from router.submit import SubmitRequest, fingerprint, validate
+
+S = State
+log = get_logger("versus.router")
+
+# How long a leased dispatch waits to be claimed; its envelope expires then too.
+DISPATCH_TTL_S = 300
+MAX_CLAIM_WAIT_S = 30.0
+NO_ELIGIBLE = "no_eligible_collector"
+
+Effect = Callable[[], Awaitable[object]]
+
+
+class DeviceLeased(FailedPrecondition):
+    default_code = "device_leased"
+
+
+@dataclass
+class Effects:
+    """Redis updates to run once the transaction has committed."""
+
+    pending: list[Effect] = field(default_factory=list)
+
+    def add(self, effect: Effect) -> None:
+        self.pending.append(effect)
+
+    async def run(self) -> None:
+        for effect in self.pending:
+            try:
+                await effect()
+            except Exception:  # Redis is advisory: a lost update is repaired by the next rebuild
+                log.warning("post-commit redis update failed", exc_info=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    dispatch_id: str
+    envelope: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    duplicate: bool
+    state: State
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _task_values(req: SubmitRequest, digest: bytes) -> dict[str, Any]:
+    return {
+        "task_id": f"tsk-{secrets.token_hex(10)}",
+        "idempotency_key": req.idempotency_key,
+        "request_sha256": digest,
+        "provider": req.provider,
+        "operation": req.operation,
+        "op_class": req.op_class,
+        "target_ref": req.target_ref,
+        "site_id": req.site_id,
+        "tenant_id": req.tenant_id,
+        "params": req.params,
+        "deadline": req.deadline,
+        "requires_fips": req.requires_fips,
+        "labels": dict(req.labels),
+        "state": S.QUEUED.value,
+    }
+
+
+def _candidate(row: RowMapping, live: set[str], in_flight: Mapping[str, Mapping[str, int]]) -> Candidate:
+    manifest: Mapping[str, Any] = row["manifest"]
+    providers = {
+        name: ProviderCap(
+            max_concurrency=int(p.get("max_concurrency", 1)),
+            operations={
+                op["name"]: OperationCap(
+                    op_class=op["op_class"],
+                    parallel_safe=bool(op.get("parallel_safe", False)),
+                    reconcile_operation=str(op.get("reconcile_operation", "")),
+                )
+                for op in p.get("operations", [])
+            },
+        )
+        for name, p in manifest.get("providers", {}).items()
+    }
+    cid = row["collector_id"]
+    return Candidate(
+        collector_id=cid,
+        site_id=row["site_id"],
+        tenant_id=row["tenant_id"],
+        active=row["status"] == "active",
+        draining=bool(row["draining"]),
+        live=cid in live,
+        fips=bool(row["fips"]),
+        providers=providers,
+        in_flight=in_flight.get(cid, {}),
+    )
+
+
+class Router:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        redis: Redis,
+        signing_key: Callable[[], SigningKey],
+        *,
+        max_attempts: int = ladder.DEFAULT_MAX_ATTEMPTS,
+        dispatch_ttl_s: int = DISPATCH_TTL_S,
+    ):
+        self.engine = engine
+        self.signing_key = signing_key
+        self.max_attempts = max_attempts
+        self.dispatch_ttl_s = dispatch_ttl_s
+        self.liveness = Liveness(redis)
+        self.in_flight = InFlight(redis, self._load_in_flight)
+        self.wake = WakeHub(redis)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def _load_in_flight(self) -> Mapping[tuple[str, str], int]:
+        async with self.engine.connect() as conn:
+            return await store.all_in_flight(conn)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.wake.stop()
+
+    # --- submit and placement --------------------------------------------------------------------
+    async def submit(self, req: SubmitRequest) -> tuple[RowMapping, bool]:
+        """Create (or find, by idempotency key) a task and try to place it at once."""
+        now = _now()
+        validate(req, now)
+        digest = fingerprint(req)
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            existing = await store.task_by_key(conn, req.idempotency_key)
+            created = None
+            if existing is None:
+                created = await store.insert_task(conn, _task_values(req, digest))
+                # None: another submitter inserted the same key a moment ago.
+                existing = await store.task_by_key(conn, req.idempotency_key) if created is None else None
+            if existing is not None:
+                if existing["request_sha256"] != digest:
+                    raise Conflict(
+                        f"idempotency_key {req.idempotency_key!r} was used for a different request",
+                        code="idempotency_key_reused",
+                    )
+                return existing, True
+            assert created is not None
+            await store.transition(conn, created["task_id"], S.QUEUED, S.QUEUED, "submitted")
+            await self._place(conn, created, effects, refuse=True)
+            task = await store.get_task(conn, created["task_id"])
+        await effects.run()
+        assert task is not None
+        return task, False
+
+    async def _place(
+        self, conn: AsyncConnection, task: RowMapping, effects: Effects, *, refuse: bool
+    ) -> State:
+        """Run the placement pipeline for a locked queued task.
+
+        With ``refuse`` (at submit) a lease conflict or class mismatch raises, so
+        nothing is written; later re-placements fail the task with that code instead.
+        """
+        if task["deadline"] <= _now():
+            await store.transition(conn, task["task_id"], S.QUEUED, S.EXPIRED, "deadline passed while queued")
+            return S.EXPIRED
+        req = PlacementRequest(
+            provider=task["provider"],
+            operation=task["operation"],
+            op_class=task["op_class"],
+            site_id=task["site_id"],
+            tenant_id=task["tenant_id"],
+            target_ref=task["target_ref"],
+            requires_fips=task["requires_fips"],
+        )
+        rows = await store.candidates(conn, req.site_id, req.tenant_id)
+        ids = [r["collector_id"] for r in rows]
+        live = await self.liveness.live(ids, time.time())
+        loads = await self.in_flight.get(ids)
+        candidates = [_candidate(r, live, loads) for r in rows]
+        try:
+            eligible = placement.eligible(req, candidates)
+        except placement.OpClassMismatch as exc:
+            if refuse:
+                raise
+            await store.transition(conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code)
+            return S.FAILED
+        # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under a lock.
+        while eligible:
+            chosen = placement.pick(req, eligible)
+            assert chosen is not None
+            eligible.remove(chosen)
+            await store.lock_collector(conn, chosen.collector_id)
+            cap = chosen.providers[req.provider].max_concurrency
+            if await store.in_flight(conn, chosen.collector_id, req.provider) >= cap:
+                continue
+            return await self._lease_and_sign(
+                conn, task, chosen, placement.operation_cap(chosen, req), effects, refuse
+            )
+        NO_ELIGIBLE_TOTAL.inc()
+        if task["condition"] != NO_ELIGIBLE:
+            await store.transition(
+                conn, task["task_id"], S.QUEUED, S.QUEUED, NO_ELIGIBLE, condition=NO_ELIGIBLE
+            )
+        return S.QUEUED
+
+    async def _lease_and_sign(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        chosen: Candidate,
+        op: OperationCap,
+        effects: Effects,
+        refuse: bool,
+        *,
+        kind: str = "execute",
+        from_state: State = S.QUEUED,
+    ) -> State:
+        task_id = task["task_id"]
+        epoch = 0
+        if kind == "reconcile":
+            holder = await store.lease_holder(conn, task["target_ref"])
+            epoch = int(holder["epoch"]) if holder and holder["holder_task_id"] == task_id else 0
+        elif placement.needs_lease(task["op_class"], op.parallel_safe):
+            acquired = await store.acquire_lease(
+                conn, task["target_ref"], task_id, chosen.collector_id, task["deadline"]
+            )
+            if isinstance(acquired, store.LeaseHeld):
+                message = f"device {task['target_ref']!r} is leased by task {acquired.holder_task_id}"
+                if refuse:
+                    raise DeviceLeased(message, details={"holder_task_id": acquired.holder_task_id})
+                await store.transition(conn, task_id, S.QUEUED, S.FAILED, message, error_code="device_leased")
+                return S.FAILED
+            epoch = acquired
+        now = _now()
+        dispatch_id = f"dsp-{secrets.token_hex(10)}"
+        expires = min(task["deadline"], now + dt.timedelta(seconds=self.dispatch_ttl_s))
+        operation = op.reconcile_operation if kind == "reconcile" else task["operation"]
+        op_class = OpClass.READ.value if kind == "reconcile" else task["op_class"]
+        envelope = sign(
+            EnvelopeDraft(
+                task_id=dispatch_id,
+                collector_id=chosen.collector_id,
+                provider=task["provider"],
+                operation=operation,
+                op_class=op_class,
+                target_ref=task["target_ref"],
+                idempotency_key=task["idempotency_key"],
+                params=task["params"],
+                not_before=int(now.timestamp()),
+                expires_at=int(expires.timestamp()),
+                lease_epoch=epoch,
+            ),
+            self.signing_key(),
+        )
+        attempt = task["attempts"] + (1 if kind == "execute" else 0)
+        await store.insert_dispatch(
+            conn,
+            {
+                "dispatch_id": dispatch_id,
+                "task_id": task_id,
+                "kind": kind,
+                "attempt": attempt,
+                "collector_id": chosen.collector_id,
+                "site_id": task["site_id"],
+                "target_ref": task["target_ref"],
+                "provider": task["provider"],
+                "operation": operation,
+                "op_class": op_class,
+                "state": S.LEASED.value,
+                "lease_epoch": epoch,
+                "envelope": envelope,
+                "expires_at": expires,
+            },
+        )
+        if epoch and kind == "execute":
+            await store.set_lease_dispatch(conn, task["target_ref"], task_id, dispatch_id)
+        DISPATCH_STATES.labels(S.LEASED.value).inc()
+        if kind == "execute":
+            await store.transition(
+                conn, task_id, from_state, S.ROUTED, f"collector {chosen.collector_id}", dispatch_id
+            )
+            await store.transition(
+                conn,
+                task_id,
+                S.ROUTED,
+                S.LEASED,
+                f"lease epoch {epoch}" if epoch else "no lease needed",
+                dispatch_id,
+                attempts=attempt,
+                current_dispatch_id=dispatch_id,
+                condition=None,
+            )
+        else:
+            await store.transition(
+                conn,
+                task_id,
+                S.RECONCILING,
+                S.RECONCILING,
+                "reconcile-read dispatched",
+                dispatch_id,
+                current_dispatch_id=dispatch_id,
+            )
+        provider, collector = task["provider"], chosen.collector_id
+        effects.add(lambda: self.in_flight.add(collector, provider, 1))
+        effects.add(lambda: self.wake.publish(collector))
+        return S.LEASED
+
+    def _reevaluate_effect(self, site_id: str) -> Effect:
+        async def run() -> None:
+            await self.reevaluate(site_id)
+
+        return run
+
+    async def reevaluate(self, site_id: str | None = None, limit: int = 100) -> int:
+        """Try to place queued tasks again (each locked so replicas do not double-place)."""
+        placed = 0
+        async with self.engine.begin() as conn:
+            effects = Effects()
+            for task_id in await store.queued_tasks(conn, limit, site_id):
+                task = await store.get_task(conn, task_id)
+                assert task is not None
+                if await self._place(conn, task, effects, refuse=False) == S.LEASED:
+                    placed += 1
+        await effects.run()
+        return placed
+
+    # --- claim -------------------------------------------------------------------------------------
+    async def claim(
+        self, collector_id: str, *, claim_seq: int, held_task_ids: frozenset[str], wait_s: float
+    ) -> Claimed | None:
+        """Hand the collector its next leased dispatch, waiting up to ``wait_s`` for one to be routed."""
+        started = time.monotonic()
+        if await self.liveness.touch(collector_id, time.time()):
+            self._spawn(self._reevaluate_for(collector_id))
+        await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
+        deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
+        with self.wake.listener(collector_id) as woken:
+            while True:
+                woken.clear()
+                got = await self._take(collector_id, claim_seq)
+                if got is not None:
+                    CLAIM_WAIT.observe(time.monotonic() - started)
+                    return got
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    CLAIM_WAIT.observe(time.monotonic() - started)
+                    return None
+                try:
+                    async with asyncio.timeout(remaining):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+
+    async def _reevaluate_for(self, collector_id: str) -> None:
+        async with self.engine.connect() as conn:
+            site_id = await store.collector_site(conn, collector_id)
+        if site_id is not None:
+            await self.reevaluate(site_id)
+
+    async def _take(self, collector_id: str, claim_seq: int) -> Claimed | None:
+        async with self.engine.begin() as conn:
+            row = await store.take_leased(conn, collector_id)
+            if row is None:
+                return None
+            await store.update_dispatch(
+                conn,
+                row["dispatch_id"],
+                state=S.DISPATCHED.value,
+                handed_claim_seq=claim_seq,
+                handed_at=_now(),
+            )
+            if row["kind"] == "execute":
+                await store.transition(
+                    conn, row["task_id"], S.LEASED, S.DISPATCHED, "claimed", row["dispatch_id"]
+                )
+        DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
+        SUBMIT_TO_CLAIM.observe((_now() - row["created_at"]).total_seconds())
+        return Claimed(row["dispatch_id"], bytes(row["envelope"]))
+
+    async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:
+        if claim_seq <= 0:
+            return
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            for d in await store.handed_out(conn, collector_id, claim_seq):
+                hand_out = ladder.HandOut(int(d["handed_claim_seq"] or 0), d["reported_at"] is not None)
+                if not ladder.never_received(hand_out, claim_seq, held, d["dispatch_id"]):
+                    continue
+                task = await store.get_task(conn, d["task_id"], lock=True)
+                assert task is not None
+                await self._abandon(conn, d, effects, "expired")
+                if d["kind"] == "execute" and task["state"] == S.DISPATCHED.value:
+                    await store.release_lease(conn, task["target_ref"], task["task_id"])
+                    await store.transition(
+                        conn,
+                        task["task_id"],
+                        S.DISPATCHED,
+                        S.QUEUED,
+                        f"collector {collector_id} never received it (claim {claim_seq})",
+                        d["dispatch_id"],
+                    )
+                    effects.add(self._reevaluate_effect(task["site_id"]))
+        await effects.run()
+
+    async def _abandon(self, conn: AsyncConnection, d: RowMapping, effects: Effects, state: str) -> None:
+        """Retire a dispatch that will never run; it no longer counts against its collector."""
+        await store.update_dispatch(conn, d["dispatch_id"], state=state)
+        DISPATCH_STATES.labels(state).inc()
+        collector, provider = d["collector_id"], d["provider"]
+        effects.add(lambda: self.in_flight.add(collector, provider, -1))
+
+    # --- report ------------------------------------------------------------------------------------
+    async def report(
+        self,
+        collector_id: str,
+        dispatch_id: str,
+        outcome: State,
+        result: bytes = b"",
+        error_code: str = "",
+        error_message: str = "",
+    ) -> ReportResult:
+        """Record a collector's report on a dispatch it was given; see docs/router.md for the rules."""
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            found = await store.get_dispatch(conn, dispatch_id)
+            if found is None or found["collector_id"] != collector_id:
+                # The same answer for "unknown" and "someone else's": a collector learns nothing about others.
+                raise PermissionDenied(
+                    f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
+                )
+            task = await store.get_task(conn, found["task_id"], lock=True)
+            d = await store.get_dispatch(conn, dispatch_id, lock=True)
+            assert task is not None and d is not None
+            if d["reported_at"] is not None and d["state"] in (S.SUCCESS, S.FAILED, S.UNKNOWN):
+                same = d["state"] == outcome.value and bytes(d["result"] or b"") == result
+                if same:
+                    return ReportResult(True, State(task["state"]))
+                raise Conflict("a different terminal report was already recorded", code="conflicting_report")
+            if d["state"] not in (S.DISPATCHED, S.RUNNING):
+                raise FailedPrecondition(
+                    f"dispatch is {d['state']}; no report expected", code="report_not_expected"
+                )
+            state = await self._apply_report(
+                conn, task, d, outcome, result, error_code, error_message, effects
+            )
+        await effects.run()
+        return ReportResult(False, state)
+
+    async def _apply_report(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        outcome: State,
+        result: bytes,
+        error_code: str,
+        error_message: str,
+        effects: Effects,
+    ) -> State:
+        task_id, dispatch_id, current = task["task_id"], d["dispatch_id"], State(task["state"])
+        if outcome == S.RUNNING:
+            await store.update_dispatch(conn, dispatch_id, state=S.RUNNING.value)
+            if d["kind"] == "execute" and current == S.DISPATCHED:
+                await store.transition(
+                    conn, task_id, S.DISPATCHED, S.RUNNING, "collector started it", dispatch_id
+                )
+                return S.RUNNING
+            return current
+        await store.update_dispatch(
+            conn,
+            dispatch_id,
+            state=outcome.value,
+            reported_at=_now(),
+            result=result,
+            error_code=error_code or None,
+            error_message=error_message[:1000] or None,
+        )
+        DISPATCH_STATES.labels(outcome.value).inc()
+        collector, provider = d["collector_id"], d["provider"]
+        effects.add(lambda: self.in_flight.add(collector, provider, -1))
+        effects.add(self._reevaluate_effect(task["site_id"]))
+        if d["kind"] == "reconcile":
+            return await self._after_reconcile(conn, task, d, outcome, result, effects)
+        if current not in (S.DISPATCHED, S.RUNNING):
+            return current  # the task moved on (for instance cancelled or resolved); keep the report only
+        if outcome in (S.SUCCESS, S.FAILED):
+            check_transition(current, outcome)
+            await store.release_lease(conn, task["target_ref"], task_id)
+            await store.transition(
+                conn,
+                task_id,
+                current,
+                outcome,
+                error_code or outcome.value,
+                dispatch_id,
+                result=result,
+                error_code=error_code or None,
+            )
+            return outcome
+        evidence = f"collector {d['collector_id']} reported unknown: {error_code} {error_message}".strip()
+        await store.transition(
+            conn, task_id, current, S.UNKNOWN, "collector reported unknown", dispatch_id, evidence=evidence
+        )
+        return await self._climb(conn, task, evidence, effects)
+
+    async def _climb(self, conn: AsyncConnection, task: RowMapping, evidence: str, effects: Effects) -> State:
+        """Walk the ladder for a task now in ``unknown``."""
+        fresh = await store.get_task(conn, task["task_id"])
+        assert fresh is not None
+        step = ladder.on_unknown(fresh["op_class"], fresh["attempts"], self.max_attempts)
+        task_id = fresh["task_id"]
+        if step == ladder.Step.RECONCILE and fresh["deadline"] <= _now():
+            return await self._indeterminate(
+                conn, fresh, S.UNKNOWN, f"{evidence}; deadline passed before reconciling"
+            )
+        if step == ladder.Step.RETRY:
+            await store.release_lease(conn, fresh["target_ref"], task_id)
+            await store.transition(conn, task_id, S.UNKNOWN, S.QUEUED, "read retried with a new dispatch")
+            effects.add(self._reevaluate_effect(fresh["site_id"]))
+            return S.QUEUED
+        if step == ladder.Step.RECONCILE:
+            await store.transition(conn, task_id, S.UNKNOWN, S.RECONCILING, "reconcile-read before any retry")
+            return await self._dispatch_reconcile(conn, task_id, effects)
+        return await self._indeterminate(conn, fresh, S.UNKNOWN, evidence)
+
+    async def _indeterminate(
+        self, conn: AsyncConnection, task: RowMapping, current: State, evidence: str
+    ) -> State:
+        await store.release_lease(conn, task["target_ref"], task["task_id"])
+        await store.transition(
+            conn, task["task_id"], current, S.INDETERMINATE, "waiting for an operator", evidence=evidence
+        )
+        log.warning("task indeterminate", task_id=task["task_id"], target_ref=task["target_ref"])
+        return S.INDETERMINATE
+
+    async def _dispatch_reconcile(self, conn: AsyncConnection, task_id: str, effects: Effects) -> State:
+        task = await store.get_task(conn, task_id)
+        assert task is not None
+        req = PlacementRequest(
+            task["provider"],
+            task["operation"],
+            task["op_class"],
+            task["site_id"],
+            task["tenant_id"],
+            task["target_ref"],
+            task["requires_fips"],
+        )
+        rows = await store.candidates(conn, req.site_id, req.tenant_id)
+        ids = [r["collector_id"] for r in rows]
+        live = await self.liveness.live(ids, time.time())
+        cands = [c for c in (_candidate(r, live, {}) for r in rows) if c.live and not c.draining]
+        usable = [c for c in cands if (op := _op(c, req)) is not None and op.reconcile_operation]
+        chosen = placement.pick(req, usable)
+        if chosen is None:
+            return await self._indeterminate(
+                conn, task, S.RECONCILING, "no collector can run the reconcile-read"
+            )
+        await self._lease_and_sign(
+            conn, task, chosen, placement.operation_cap(chosen, req), effects, False, kind="reconcile"
+        )
+        return S.RECONCILING
+
+    async def _after_reconcile(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        outcome: State,
+        result: bytes,
+        effects: Effects,
+    ) -> State:
+        if task["state"] != S.RECONCILING:
+            return State(task["state"])
+        applied = True if outcome == S.SUCCESS else False if outcome == S.FAILED else None
+        step = ladder.after_reconcile(applied, task["attempts"], self.max_attempts)
+        task_id = task["task_id"]
+        if step is None:
+            await store.release_lease(conn, task["target_ref"], task_id)
+            await store.transition(
+                conn,
+                task_id,
+                S.RECONCILING,
+                S.SUCCESS,
+                "reconcile-read confirmed the change",
+                d["dispatch_id"],
+                result=result,
+                evidence="reconciled: applied",
+            )
+            return S.SUCCESS
+        if step == ladder.Step.RETRY:
+            await store.transition(
+                conn,
+                task_id,
+                S.RECONCILING,
+                S.QUEUED,
+                "reconcile-read: not applied; retrying",
+                d["dispatch_id"],
+            )
+            fresh = await store.get_task(conn, task_id)
+            assert fresh is not None
+            # The device lease is kept across the retry: the same task re-acquires it with a new epoch.
+            return await self._place(conn, fresh, effects, refuse=False)
+        return await self._indeterminate(conn, task, S.RECONCILING, "reconcile-read was inconclusive")
+
+    # --- cancel, resolve, read -----------------------------------------------------------------------
+    async def cancel(self, task_id: str, reason: str) -> RowMapping:
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            task = await store.get_task(conn, task_id, lock=True)
+            if task is None:
+                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            current = State(task["state"])
+            if current == S.CANCELLED:
+                return task
+            if not cancellable(current):
+                raise FailedPrecondition(
+                    f"a {current.value} task cannot be cancelled: it was handed to a collector or has finished",
+                    code="not_cancellable",
+                )
+            if task["current_dispatch_id"] and current == S.LEASED:
+                d = await store.get_dispatch(conn, task["current_dispatch_id"], lock=True)
+                if d is not None and d["state"] == S.LEASED:
+                    await self._abandon(conn, d, effects, S.CANCELLED.value)
+            await store.release_lease(conn, task["target_ref"], task_id)
+            await store.transition(conn, task_id, current, S.CANCELLED, reason or "cancelled by caller")
+            cancelled = await store.get_task(conn, task_id)
+        await effects.run()
+        assert cancelled is not None
+        return cancelled
+
+    async def resolve(self, task_id: str, outcome: State, note: str, actor: str) -> RowMapping:
+        if outcome not in (S.SUCCESS, S.FAILED):
+            raise FailedPrecondition("resolution must be success or failed", code="resolution_invalid")
+        async with self.engine.begin() as conn:
+            task = await store.get_task(conn, task_id, lock=True)
+            if task is None:
+                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            if task["state"] != S.INDETERMINATE:
+                raise FailedPrecondition(
+                    f"task is {task['state']}, not indeterminate", code="not_indeterminate"
+                )
+            await store.transition(
+                conn, task_id, S.INDETERMINATE, outcome, f"resolved by {actor}: {note}", resolved_by=actor
+            )
+            await store.audit(conn, actor, f"task.resolve.{outcome.value}", task_id, {"note": note})
+            resolved = await store.get_task(conn, task_id)
+        assert resolved is not None
+        return resolved
+
+    async def get(self, task_id: str) -> tuple[RowMapping, Sequence[RowMapping]]:
+        async with self.engine.connect() as conn:
+            task = await store.get_task(conn, task_id)
+            if task is None:
+                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            return task, await store.history(conn, task_id)
+
+    # --- capabilities ------------------------------------------------------------------------------
+    async def publish_capabilities(
+        self, collector_id: str, epoch: int, manifest: Mapping[str, Any], fips: bool, version: str
+    ) -> int:
+        async with self.engine.begin() as conn:
+            stored = await store.upsert_capabilities(conn, collector_id, epoch, manifest, fips, version)
+        if stored == epoch:
+            self._spawn(self._reevaluate_for(collector_id))
+        return stored
+
+    # --- sweeper ---------------------------------------------------------------------------------------
+    async def sweep(self, batch: int = 200) -> dict[str, int]:
+        """One pass: unclaimed leases, silent holders, blown deadlines, orphan device leases."""
+        counts = {"unclaimed": 0, "unknown": 0, "expired": 0, "leases": 0}
+        effects = Effects()
+        now_s = time.time()
+        async with self.engine.begin() as conn:
+            for d in await store.expired_leased_dispatches(conn, batch):
+                task = await store.get_task(conn, d["task_id"], lock=True, skip_locked=True)
+                if task is None:
+                    continue
+                await self._abandon(conn, d, effects, S.EXPIRED.value)
+                counts["unclaimed"] += 1
+                if d["kind"] == "execute" and task["state"] == S.LEASED.value:
+                    # Never handed out, so never executed: safe to place again.
+                    await store.release_lease(conn, task["target_ref"], task["task_id"])
+                    await store.transition(
+                        conn, task["task_id"], S.LEASED, S.QUEUED, "not claimed in time", d["dispatch_id"]
+                    )
+                elif d["kind"] == "reconcile" and task["state"] == S.RECONCILING.value:
+                    await self._indeterminate(conn, task, S.RECONCILING, "reconcile-read was not claimed")
+            in_flight = await store.in_flight_dispatches(conn, batch)
+            live = await self.liveness.live({d["collector_id"] for d in in_flight}, now_s)
+            for d in in_flight:
+                silent = d["collector_id"] not in live
+                overdue = d["deadline"] <= _now()
+                if not (silent or overdue):
+                    continue
+                task = await store.get_task(conn, d["task_id"], lock=True, skip_locked=True)
+                if task is None:
+                    continue
+                why = "holder stopped claiming" if silent else "deadline passed while in flight"
+                await self._abandon(conn, d, effects, S.UNKNOWN.value)
+                counts["unknown"] += 1
+                current = State(task["state"])
+                if d["kind"] == "reconcile":
+                    if current == S.RECONCILING:
+                        await self._indeterminate(conn, task, current, f"reconcile-read lost: {why}")
+                    continue
+                if current in (S.DISPATCHED, S.RUNNING):
+                    await store.transition(
+                        conn, task["task_id"], current, S.UNKNOWN, why, d["dispatch_id"], evidence=why
+                    )
+                    await self._climb(conn, task, why, effects)
+            for task_id in await store.overdue_queued(conn, batch):
+                await store.transition(conn, task_id, S.QUEUED, S.EXPIRED, "deadline passed while queued")
+                counts["expired"] += 1
+            counts["leases"] = await store.orphan_leases(conn)
+        await effects.run()
+        return counts
+
+
+def _op(candidate: Candidate, req: PlacementRequest) -> OperationCap | None:
+    provider = candidate.providers.get(req.provider)
+    return provider.operations.get(req.operation) if provider else None
+
+
+__all__ = ["TERMINAL", "Claimed", "DeviceLeased", "ReportResult", "Router", "SubmitRequest"]

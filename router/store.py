@@ -1,0 +1,415 @@
+"""All of the router's SQL, in one place.
+
+Hot paths and why they are safe with several router replicas:
+
+* **claim** - ``SELECT ... FOR UPDATE SKIP LOCKED`` on the collector's leased
+  dispatches: two concurrent claims never receive the same dispatch.
+* **lease acquire** - one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` on the
+  device's lease row: it succeeds only when nobody holds the device (or the
+  holder's lease expired), and bumps the epoch, which therefore only grows.
+* **capacity** - the collector's capabilities row is locked ``FOR UPDATE``
+  while its in-flight work is counted and a dispatch added.
+* **sweeps and re-placement** - tasks are locked ``FOR UPDATE SKIP LOCKED``, so
+  replicas sweeping at once each take different rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import RowMapping, and_, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from common.db.schema import (
+    audit_events,
+    collector_capabilities,
+    collectors,
+    device_leases,
+    dispatches,
+    task_transitions,
+    tasks,
+)
+from router.states import IN_FLIGHT, State
+
+_IN_FLIGHT = [s.value for s in IN_FLIGHT]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseHeld:
+    holder_task_id: str
+
+
+async def transition(
+    conn: AsyncConnection,
+    task_id: str,
+    from_state: State,
+    to_state: State,
+    reason: str = "",
+    dispatch_id: str | None = None,
+    **values: Any,
+) -> None:
+    """Move a locked task to ``to_state`` (the caller has checked legality) and record it."""
+    await conn.execute(
+        update(tasks)
+        .where(tasks.c.task_id == task_id)
+        .values(state=to_state.value, updated_at=func.now(), **values)
+    )
+    await conn.execute(
+        insert(task_transitions).values(
+            task_id=task_id,
+            dispatch_id=dispatch_id,
+            from_state=from_state.value,
+            to_state=to_state.value,
+            reason=reason,
+        )
+    )
+
+
+async def insert_task(conn: AsyncConnection, values: Mapping[str, Any]) -> RowMapping | None:
+    """Insert a new task; None when the idempotency key already exists."""
+    row = (
+        (
+            await conn.execute(
+                pg_insert(tasks)
+                .values(**values)
+                .on_conflict_do_nothing(index_elements=["idempotency_key"])
+                .returning(*tasks.c)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return row
+
+
+async def task_by_key(conn: AsyncConnection, idempotency_key: str) -> RowMapping | None:
+    return (
+        (await conn.execute(select(*tasks.c).where(tasks.c.idempotency_key == idempotency_key)))
+        .mappings()
+        .first()
+    )
+
+
+async def get_task(
+    conn: AsyncConnection, task_id: str, *, lock: bool = False, skip_locked: bool = False
+) -> RowMapping | None:
+    query = select(*tasks.c).where(tasks.c.task_id == task_id)
+    if lock:
+        query = query.with_for_update(skip_locked=skip_locked)
+    return (await conn.execute(query)).mappings().first()
+
+
+async def history(conn: AsyncConnection, task_id: str) -> Sequence[RowMapping]:
+    query = (
+        select(*task_transitions.c)
+        .where(task_transitions.c.task_id == task_id)
+        .order_by(task_transitions.c.id)
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
+async def candidates(conn: AsyncConnection, site_id: str, tenant_id: str) -> Sequence[RowMapping]:
+    """Active, unexpired collectors of the site and tenant that published a manifest."""
+    query = (
+        select(
+            collectors.c.collector_id,
+            collectors.c.site_id,
+            collectors.c.tenant_id,
+            collectors.c.status,
+            collector_capabilities.c.manifest,
+            collector_capabilities.c.fips,
+            collector_capabilities.c.draining,
+        )
+        .join(collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id)
+        .where(
+            collectors.c.site_id == site_id,
+            collectors.c.tenant_id == tenant_id,
+            collectors.c.status == "active",
+            collectors.c.cert_not_after > func.now(),
+        )
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
+async def lock_collector(conn: AsyncConnection, collector_id: str) -> bool:
+    row = await conn.execute(
+        select(collector_capabilities.c.collector_id)
+        .where(collector_capabilities.c.collector_id == collector_id)
+        .with_for_update()
+    )
+    return row.first() is not None
+
+
+async def in_flight(conn: AsyncConnection, collector_id: str, provider: str) -> int:
+    result = await conn.execute(
+        select(func.count())
+        .select_from(dispatches)
+        .where(
+            dispatches.c.collector_id == collector_id,
+            dispatches.c.provider == provider,
+            dispatches.c.state.in_(_IN_FLIGHT),
+        )
+    )
+    return int(result.scalar_one())
+
+
+async def all_in_flight(conn: AsyncConnection) -> dict[tuple[str, str], int]:
+    result = await conn.execute(
+        select(dispatches.c.collector_id, dispatches.c.provider, func.count())
+        .where(dispatches.c.state.in_(_IN_FLIGHT))
+        .group_by(dispatches.c.collector_id, dispatches.c.provider)
+    )
+    return {(row[0], row[1]): int(row[2]) for row in result}
+
+
+async def acquire_lease(
+    conn: AsyncConnection, target_ref: str, task_id: str, collector_id: str, expires_at: dt.datetime
+) -> int | LeaseHeld:
+    """The new epoch, or who holds the device. Re-acquiring by the same task keeps working."""
+    stmt = (
+        pg_insert(device_leases)
+        .values(
+            target_ref=target_ref, epoch=1, holder_task_id=task_id, collector_id=collector_id,
+            acquired_at=func.now(), expires_at=expires_at,
+        )
+        .on_conflict_do_update(
+            index_elements=["target_ref"],
+            set_={
+                "epoch": device_leases.c.epoch + 1,
+                "holder_task_id": task_id,
+                "holder_dispatch_id": None,
+                "collector_id": collector_id,
+                "acquired_at": func.now(),
+                "expires_at": expires_at,
+            },
+            where=or_(
+                device_leases.c.holder_task_id.is_(None),
+                device_leases.c.holder_task_id == task_id,
+                device_leases.c.expires_at < func.now(),
+            ),
+        )
+        .returning(device_leases.c.epoch)
+    )  # fmt: skip
+    epoch = (await conn.execute(stmt)).scalar_one_or_none()
+    if epoch is not None:
+        return int(epoch)
+    holder = await conn.execute(
+        select(device_leases.c.holder_task_id).where(device_leases.c.target_ref == target_ref)
+    )
+    return LeaseHeld(str(holder.scalar_one()))
+
+
+async def set_lease_dispatch(conn: AsyncConnection, target_ref: str, task_id: str, dispatch_id: str) -> None:
+    await conn.execute(
+        update(device_leases)
+        .where(device_leases.c.target_ref == target_ref, device_leases.c.holder_task_id == task_id)
+        .values(holder_dispatch_id=dispatch_id)
+    )
+
+
+async def release_lease(conn: AsyncConnection, target_ref: str, task_id: str) -> None:
+    """Release the device if this task holds it; the row (and its epoch) stays."""
+    await conn.execute(
+        update(device_leases)
+        .where(device_leases.c.target_ref == target_ref, device_leases.c.holder_task_id == task_id)
+        .values(holder_task_id=None, holder_dispatch_id=None, collector_id=None, expires_at=None)
+    )
+
+
+async def lease_holder(conn: AsyncConnection, target_ref: str) -> RowMapping | None:
+    query = select(*device_leases.c).where(device_leases.c.target_ref == target_ref)
+    return (await conn.execute(query)).mappings().first()
+
+
+async def insert_dispatch(conn: AsyncConnection, values: Mapping[str, Any]) -> None:
+    await conn.execute(insert(dispatches).values(**values))
+
+
+async def get_dispatch(conn: AsyncConnection, dispatch_id: str, *, lock: bool = False) -> RowMapping | None:
+    query = select(*dispatches.c).where(dispatches.c.dispatch_id == dispatch_id)
+    if lock:
+        query = query.with_for_update()
+    return (await conn.execute(query)).mappings().first()
+
+
+async def update_dispatch(conn: AsyncConnection, dispatch_id: str, **values: Any) -> None:
+    await conn.execute(
+        update(dispatches)
+        .where(dispatches.c.dispatch_id == dispatch_id)
+        .values(updated_at=func.now(), **values)
+    )
+
+
+async def take_leased(conn: AsyncConnection, collector_id: str) -> RowMapping | None:
+    """The oldest unexpired leased dispatch of this collector and its task, both locked.
+
+    SKIP LOCKED: concurrent claims (and a concurrent cancel) never wait on each other here.
+    """
+    query = (
+        select(*dispatches.c, tasks.c.state.label("task_state"))
+        .join(tasks, tasks.c.task_id == dispatches.c.task_id)
+        .where(
+            dispatches.c.collector_id == collector_id,
+            dispatches.c.state == State.LEASED.value,
+            dispatches.c.expires_at > func.now(),
+        )
+        .order_by(dispatches.c.created_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().first()
+
+
+async def handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq: int) -> Sequence[RowMapping]:
+    """Dispatched, unreported dispatches handed out in an earlier numbered claim, locked (skip locked)."""
+    query = (
+        select(*dispatches.c)
+        .where(
+            dispatches.c.collector_id == collector_id,
+            dispatches.c.state == State.DISPATCHED.value,
+            dispatches.c.reported_at.is_(None),
+            dispatches.c.handed_claim_seq > 0,
+            dispatches.c.handed_claim_seq < before_claim_seq,
+        )
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
+async def queued_tasks(conn: AsyncConnection, limit: int, site_id: str | None = None) -> Sequence[str]:
+    """Ids of queued tasks, oldest first, locked so another replica skips them."""
+    query = select(tasks.c.task_id).where(tasks.c.state == State.QUEUED.value)
+    if site_id is not None:
+        query = query.where(tasks.c.site_id == site_id)
+    query = query.order_by(tasks.c.created_at).limit(limit).with_for_update(skip_locked=True)
+    return list((await conn.execute(query)).scalars())
+
+
+async def expired_leased_dispatches(conn: AsyncConnection, limit: int) -> Sequence[RowMapping]:
+    query = (
+        select(*dispatches.c)
+        .where(dispatches.c.state == State.LEASED.value, dispatches.c.expires_at <= func.now())
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
+async def in_flight_dispatches(conn: AsyncConnection, limit: int) -> Sequence[RowMapping]:
+    """Handed-out dispatches with their task's deadline, for the liveness and deadline sweep."""
+    query = (
+        select(*dispatches.c, tasks.c.deadline)
+        .join(tasks, tasks.c.task_id == dispatches.c.task_id)
+        .where(dispatches.c.state.in_([State.DISPATCHED.value, State.RUNNING.value]))
+        .limit(limit)
+        .with_for_update(of=dispatches, skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
+async def overdue_queued(conn: AsyncConnection, limit: int) -> Sequence[str]:
+    query = (
+        select(tasks.c.task_id)
+        .where(tasks.c.state == State.QUEUED.value, tasks.c.deadline <= func.now())
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return list((await conn.execute(query)).scalars())
+
+
+async def orphan_leases(conn: AsyncConnection) -> int:
+    """Release leases whose holder task is no longer in flight or whose time ran out."""
+    live_holders = select(tasks.c.task_id).where(
+        tasks.c.state.in_([*_IN_FLIGHT, State.ROUTED.value, State.UNKNOWN.value, State.RECONCILING.value])
+    )
+    result = await conn.execute(
+        update(device_leases)
+        .where(
+            device_leases.c.holder_task_id.is_not(None),
+            or_(
+                device_leases.c.holder_task_id.not_in(live_holders), device_leases.c.expires_at <= func.now()
+            ),
+        )
+        .values(holder_task_id=None, holder_dispatch_id=None, collector_id=None, expires_at=None)
+    )
+    return int(result.rowcount or 0)
+
+
+async def list_dispatches(
+    conn: AsyncConnection,
+    *,
+    states: Sequence[str],
+    site_id: str,
+    collector_id: str,
+    target_ref: str,
+    after: tuple[dt.datetime, str] | None,
+    limit: int,
+) -> Sequence[RowMapping]:
+    query = select(*dispatches.c)
+    if states:
+        query = query.where(dispatches.c.state.in_(list(states)))
+    if site_id:
+        query = query.where(dispatches.c.site_id == site_id)
+    if collector_id:
+        query = query.where(dispatches.c.collector_id == collector_id)
+    if target_ref:
+        query = query.where(dispatches.c.target_ref == target_ref)
+    if after is not None:
+        created, dispatch_id = after
+        query = query.where(
+            or_(
+                dispatches.c.created_at < created,
+                and_(dispatches.c.created_at == created, dispatches.c.dispatch_id < dispatch_id),
+            )
+        )
+    query = query.order_by(dispatches.c.created_at.desc(), dispatches.c.dispatch_id.desc()).limit(limit)
+    return (await conn.execute(query)).mappings().all()
+
+
+async def upsert_capabilities(
+    conn: AsyncConnection,
+    collector_id: str,
+    epoch: int,
+    manifest: Mapping[str, Any],
+    fips: bool,
+    version: str,
+) -> int:
+    """Store the manifest unless a newer epoch is already recorded; returns the recorded epoch."""
+    values = {"epoch": epoch, "manifest": dict(manifest), "fips": fips, "agent_version": version}
+    stmt = (
+        pg_insert(collector_capabilities)
+        .values(collector_id=collector_id, **values)
+        .on_conflict_do_update(
+            index_elements=["collector_id"],
+            set_={**values, "updated_at": func.now()},
+            where=collector_capabilities.c.epoch <= epoch,
+        )
+        .returning(collector_capabilities.c.epoch)
+    )  # fmt: skip
+    stored = (await conn.execute(stmt)).scalar_one_or_none()
+    if stored is not None:
+        return int(stored)
+    current = await conn.execute(
+        select(collector_capabilities.c.epoch).where(collector_capabilities.c.collector_id == collector_id)
+    )
+    return int(current.scalar_one())
+
+
+async def collector_site(conn: AsyncConnection, collector_id: str) -> str | None:
+    result = await conn.execute(select(collectors.c.site_id).where(collectors.c.collector_id == collector_id))
+    return result.scalar_one_or_none()
+
+
+async def audit(
+    conn: AsyncConnection, actor: str, action: str, task_id: str, details: Mapping[str, Any]
+) -> None:
+    await conn.execute(
+        insert(audit_events).values(
+            service="router", actor=actor, action=action, subject_type="task", subject_id=task_id,
+            details=dict(details),
+        )
+    )  # fmt: skip

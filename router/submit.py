@@ -1,0 +1,83 @@
+"""Validation of SubmitTask requests and the fingerprint that detects idempotency-key reuse. Pure code."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from common.envelope.canonical import MAX_PARAMS_BYTES, MAX_TEXT_BYTES, OpClass
+from common.errors import InvalidArgument, PayloadTooLarge
+
+MAX_DEADLINE = dt.timedelta(days=7)
+MAX_LABELS = 32
+MAX_LABEL_CHARS = 256
+_OP_CLASSES = frozenset(c.value for c in OpClass)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    provider: str
+    operation: str
+    op_class: str
+    target_ref: str
+    site_id: str
+    tenant_id: str
+    params: bytes
+    idempotency_key: str
+    deadline: dt.datetime
+    requires_fips: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def _text(name: str, value: str) -> None:
+    if not value:
+        raise InvalidArgument(f"{name} is required", code=f"{name}_missing")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES or not value.isprintable():
+        raise InvalidArgument(
+            f"{name} must be printable and at most {MAX_TEXT_BYTES} bytes", code=f"{name}_invalid"
+        )
+
+
+def validate(req: SubmitRequest, now: dt.datetime) -> None:
+    """Refuse a request before anything is written (INVALID_ARGUMENT with a stable code)."""
+    for name in ("provider", "operation", "target_ref", "site_id", "tenant_id", "idempotency_key"):
+        _text(name, getattr(req, name))
+    if req.op_class not in _OP_CLASSES:
+        raise InvalidArgument(
+            "op_class must be read, mutate_reconcilable or mutate_terminal", code="op_class_invalid"
+        )
+    if len(req.params) > MAX_PARAMS_BYTES:
+        raise PayloadTooLarge(f"params exceed {MAX_PARAMS_BYTES} bytes", code="params_too_large")
+    if req.deadline <= now:
+        raise InvalidArgument("deadline is in the past", code="deadline_past")
+    if req.deadline > now + MAX_DEADLINE:
+        raise InvalidArgument(f"deadline is more than {MAX_DEADLINE.days} days away", code="deadline_too_far")
+    if len(req.labels) > MAX_LABELS or any(
+        len(k) > MAX_LABEL_CHARS or len(v) > MAX_LABEL_CHARS for k, v in req.labels.items()
+    ):
+        raise InvalidArgument(
+            f"at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters", code="labels_invalid"
+        )
+
+
+def fingerprint(req: SubmitRequest) -> bytes:
+    """What makes two submissions "the same request" for an idempotency key.
+
+    The deadline is left out: a caller retrying a submission naturally computes
+    a new one.
+    """
+    doc = {
+        "provider": req.provider,
+        "operation": req.operation,
+        "op_class": req.op_class,
+        "target_ref": req.target_ref,
+        "site_id": req.site_id,
+        "tenant_id": req.tenant_id,
+        "params_sha256": hashlib.sha256(req.params).hexdigest(),
+        "requires_fips": req.requires_fips,
+        "labels": dict(sorted(req.labels.items())),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
