@@ -655,7 +655,7 @@ class Router:
                 return task
             if not cancellable(current):
                 raise FailedPrecondition(
-                    f"a {current.value} task cannot be cancelled: it was handed to a collector or has finished",
+                    f"a {current.value} task cannot be cancelled: it is with a collector or finished",
                     code="not_cancellable",
                 )
             if task["current_dispatch_id"] and current == S.LEASED:
