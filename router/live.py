@@ -72,6 +72,7 @@ class InFlight:
         async with self._lock:
             if await self.redis.exists(_BUILT):
                 return
+            log.info("in-flight counters missing from Redis; rebuilding from PostgreSQL")
             await self.rebuild()
 
     async def rebuild(self) -> None:
@@ -87,7 +88,7 @@ class InFlight:
             pipe.hset(_INFLIGHT + collector_id, mapping=dict(providers))  # type: ignore[arg-type]
         pipe.set(_BUILT, "1")
         await pipe.execute()
-        log.info("in-flight counters rebuilt from PostgreSQL", collectors=len(per_collector))
+        log.debug("in-flight counters rebuilt from PostgreSQL", collectors=len(per_collector))
 
     async def add(self, collector_id: str, provider: str, delta: int) -> None:
         await self.ensure_built()
@@ -147,14 +148,14 @@ class WakeHub:
     async def _listen(self) -> None:
         while True:
             try:
-                pubsub = self.redis.pubsub()
-                await pubsub.psubscribe(_WAKE + "*")
-                async for message in pubsub.listen():
-                    if message.get("type") != "pmessage":
-                        continue
-                    collector_id = message["channel"].decode().removeprefix(_WAKE)
-                    for event in self._waiters.get(collector_id, ()):
-                        event.set()
+                async with self.redis.pubsub() as pubsub:
+                    await pubsub.psubscribe(_WAKE + "*")
+                    async for message in pubsub.listen():
+                        if message.get("type") != "pmessage":
+                            continue
+                        collector_id = message["channel"].decode().removeprefix(_WAKE)
+                        for event in self._waiters.get(collector_id, ()):
+                            event.set()
             except asyncio.CancelledError:
                 raise
             except Exception:  # Redis went away: waiters fall back to their timeout; resubscribe shortly

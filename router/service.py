@@ -141,6 +141,7 @@ class Router:
         dispatch_ttl_s: int = DISPATCH_TTL_S,
     ):
         self.engine = engine
+        self.redis = redis
         self.signing_key = signing_key
         self.max_attempts = max_attempts
         self.dispatch_ttl_s = dispatch_ttl_s
@@ -163,6 +164,12 @@ class Router:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         await self.wake.stop()
+
+    async def aclose(self) -> None:
+        """Stop background work and close the connections this router was given."""
+        await self.close()
+        await self.redis.aclose()
+        await self.engine.dispose()
 
     # --- submit and placement --------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> tuple[RowMapping, bool]:
@@ -202,6 +209,7 @@ class Router:
         nothing is written; later re-placements fail the task with that code instead.
         """
         if task["deadline"] <= _now():
+            await store.release_lease(conn, task["target_ref"], task["task_id"])
             await store.transition(conn, task["task_id"], S.QUEUED, S.EXPIRED, "deadline passed while queued")
             return S.EXPIRED
         req = PlacementRequest(
@@ -226,11 +234,11 @@ class Router:
             await store.transition(conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code)
             return S.FAILED
         # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under a lock.
+        await store.lock_collectors(conn, [c.collector_id for c in eligible])
         while eligible:
             chosen = placement.pick(req, eligible)
             assert chosen is not None
             eligible.remove(chosen)
-            await store.lock_collector(conn, chosen.collector_id)
             cap = chosen.providers[req.provider].max_concurrency
             if await store.in_flight(conn, chosen.collector_id, req.provider) >= cap:
                 continue
@@ -238,6 +246,20 @@ class Router:
                 conn, task, chosen, placement.operation_cap(chosen, req), effects, refuse
             )
         NO_ELIGIBLE_TOTAL.inc()
+        if placement.needs_lease(task["op_class"], _declared_parallel_safe(candidates, req)):
+            # A mutation holds its device from the moment it is accepted, queued or not, so a
+            # second mutation of the same device is refused now rather than queued behind it.
+            acquired = await store.acquire_lease(
+                conn, task["target_ref"], task["task_id"], None, task["deadline"]
+            )
+            if isinstance(acquired, store.LeaseHeld):
+                message = f"device {task['target_ref']!r} is leased by task {acquired.holder_task_id}"
+                if refuse:
+                    raise DeviceLeased(message, details={"holder_task_id": acquired.holder_task_id})
+                await store.transition(
+                    conn, task["task_id"], S.QUEUED, S.FAILED, message, error_code="device_leased"
+                )
+                return S.FAILED
         if task["condition"] != NO_ELIGIBLE:
             await store.transition(
                 conn, task["task_id"], S.QUEUED, S.QUEUED, NO_ELIGIBLE, condition=NO_ELIGIBLE
@@ -355,14 +377,18 @@ class Router:
     async def reevaluate(self, site_id: str | None = None, limit: int = 100) -> int:
         """Try to place queued tasks again (each locked so replicas do not double-place)."""
         placed = 0
-        async with self.engine.begin() as conn:
+        async with self.engine.connect() as conn:
+            queued = await store.queued_task_ids(conn, limit, site_id)
+        # One task per transaction: each placement holds its locks only briefly.
+        for task_id in queued:
             effects = Effects()
-            for task_id in await store.queued_tasks(conn, limit, site_id):
-                task = await store.get_task(conn, task_id)
-                assert task is not None
+            async with self.engine.begin() as conn:
+                task = await store.get_task(conn, task_id, lock=True, skip_locked=True)
+                if task is None or task["state"] != S.QUEUED:
+                    continue  # another replica has it, or it moved on
                 if await self._place(conn, task, effects, refuse=False) == S.LEASED:
                     placed += 1
-        await effects.run()
+            await effects.run()
         return placed
 
     # --- claim -------------------------------------------------------------------------------------
@@ -431,7 +457,7 @@ class Router:
                 assert task is not None
                 await self._abandon(conn, d, effects, "expired")
                 if d["kind"] == "execute" and task["state"] == S.DISPATCHED.value:
-                    await store.release_lease(conn, task["target_ref"], task["task_id"])
+                    # The task keeps its device lease while it waits to be placed again.
                     await store.transition(
                         conn,
                         task["task_id"],
@@ -719,8 +745,7 @@ class Router:
                 await self._abandon(conn, d, effects, S.EXPIRED.value)
                 counts["unclaimed"] += 1
                 if d["kind"] == "execute" and task["state"] == S.LEASED.value:
-                    # Never handed out, so never executed: safe to place again.
-                    await store.release_lease(conn, task["target_ref"], task["task_id"])
+                    # Never handed out, so never executed: safe to place again (the lease is kept).
                     await store.transition(
                         conn, task["task_id"], S.LEASED, S.QUEUED, "not claimed in time", d["dispatch_id"]
                     )
@@ -754,7 +779,16 @@ class Router:
                 counts["expired"] += 1
             counts["leases"] = await store.orphan_leases(conn)
         await effects.run()
+        # Counter updates race with a rebuild after a Redis flush (a change committed before the
+        # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
+        await self.in_flight.rebuild()
         return counts
+
+
+def _declared_parallel_safe(candidates: Sequence[Candidate], req: PlacementRequest) -> bool:
+    """Whether the drivers that advertise the operation declare it parallel-safe (no driver: not)."""
+    declared = [op for c in candidates if (op := _op(c, req)) is not None]
+    return bool(declared) and all(op.parallel_safe for op in declared)
 
 
 def _op(candidate: Candidate, req: PlacementRequest) -> OperationCap | None:

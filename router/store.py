@@ -135,13 +135,15 @@ async def candidates(conn: AsyncConnection, site_id: str, tenant_id: str) -> Seq
     return (await conn.execute(query)).mappings().all()
 
 
-async def lock_collector(conn: AsyncConnection, collector_id: str) -> bool:
-    row = await conn.execute(
-        select(collector_capabilities.c.collector_id)
-        .where(collector_capabilities.c.collector_id == collector_id)
-        .with_for_update()
-    )
-    return row.first() is not None
+async def lock_collectors(conn: AsyncConnection, collector_ids: Sequence[str]) -> None:
+    """Lock these collectors' rows, always in id order, so concurrent placements cannot deadlock."""
+    if collector_ids:
+        await conn.execute(
+            select(collector_capabilities.c.collector_id)
+            .where(collector_capabilities.c.collector_id.in_(sorted(collector_ids)))
+            .order_by(collector_capabilities.c.collector_id)
+            .with_for_update()
+        )
 
 
 async def in_flight(conn: AsyncConnection, collector_id: str, provider: str) -> int:
@@ -167,7 +169,7 @@ async def all_in_flight(conn: AsyncConnection) -> dict[tuple[str, str], int]:
 
 
 async def acquire_lease(
-    conn: AsyncConnection, target_ref: str, task_id: str, collector_id: str, expires_at: dt.datetime
+    conn: AsyncConnection, target_ref: str, task_id: str, collector_id: str | None, expires_at: dt.datetime
 ) -> int | LeaseHeld:
     """The new epoch, or who holds the device. Re-acquiring by the same task keeps working."""
     stmt = (
@@ -280,12 +282,12 @@ async def handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq:
     return (await conn.execute(query)).mappings().all()
 
 
-async def queued_tasks(conn: AsyncConnection, limit: int, site_id: str | None = None) -> Sequence[str]:
-    """Ids of queued tasks, oldest first, locked so another replica skips them."""
+async def queued_task_ids(conn: AsyncConnection, limit: int, site_id: str | None = None) -> Sequence[str]:
+    """Ids of queued tasks, oldest first (the caller locks each one as it places it)."""
     query = select(tasks.c.task_id).where(tasks.c.state == State.QUEUED.value)
     if site_id is not None:
         query = query.where(tasks.c.site_id == site_id)
-    query = query.order_by(tasks.c.created_at).limit(limit).with_for_update(skip_locked=True)
+    query = query.order_by(tasks.c.created_at).limit(limit)
     return list((await conn.execute(query)).scalars())
 
 
@@ -324,7 +326,15 @@ async def overdue_queued(conn: AsyncConnection, limit: int) -> Sequence[str]:
 async def orphan_leases(conn: AsyncConnection) -> int:
     """Release leases whose holder task is no longer in flight or whose time ran out."""
     live_holders = select(tasks.c.task_id).where(
-        tasks.c.state.in_([*_IN_FLIGHT, State.ROUTED.value, State.UNKNOWN.value, State.RECONCILING.value])
+        tasks.c.state.in_(
+            [
+                *_IN_FLIGHT,
+                State.QUEUED.value,
+                State.ROUTED.value,
+                State.UNKNOWN.value,
+                State.RECONCILING.value,
+            ]
+        )
     )
     result = await conn.execute(
         update(device_leases)

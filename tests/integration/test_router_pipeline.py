@@ -1,0 +1,323 @@
+"""The Task Router pipeline on real PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import func, select, update
+
+from common.db.schema import device_leases, dispatches, tasks
+from common.errors import Conflict, FailedPrecondition, InvalidArgument, PayloadTooLarge, PermissionDenied
+from router.placement import OpClassMismatch
+from router.service import DeviceLeased
+from router.states import State
+from tests.support.router_env import RouterEnv, make_router, open_envelope
+
+pytestmark = pytest.mark.timeout(60)
+S = State
+
+
+@pytest.fixture
+async def env(database_url: str, redis_url: str) -> AsyncIterator[RouterEnv]:
+    router = make_router(database_url, redis_url)
+    yield RouterEnv(router)
+    await router.aclose()
+
+
+async def _state(env: RouterEnv, task_id: str) -> str:
+    task, _ = await env.router.get(task_id)
+    return str(task["state"])
+
+
+async def _settle(env: RouterEnv) -> None:
+    """Let post-commit background work (re-placement) finish."""
+    for _ in range(50):
+        if not env.router._background:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_read_is_placed_claimed_and_verifies(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task, existing = await env.router.submit(env.request("echo"))
+    assert not existing and task["state"] == "leased"
+    got = await env.router.claim("col-a", claim_seq=1, held_task_ids=frozenset(), wait_s=0)
+    assert got is not None
+    envelope = open_envelope(got.envelope, "col-a")
+    assert envelope["task_id"] == got.dispatch_id
+    assert envelope["idempotency_key"] == task["idempotency_key"]
+    assert envelope["lease_epoch"] == 0  # reads take no lease
+    assert await env.history(task["task_id"]) == [
+        ("queued", "queued"), ("queued", "routed"), ("routed", "leased"), ("leased", "dispatched"),
+    ]  # fmt: skip
+    result = await env.router.report("col-a", got.dispatch_id, S.SUCCESS, b"ok")
+    assert (result.duplicate, result.state) == (False, S.SUCCESS)
+    again = await env.router.report("col-a", got.dispatch_id, S.SUCCESS, b"ok")
+    assert again.duplicate
+    with pytest.raises(Conflict, match="different terminal report"):
+        await env.router.report("col-a", got.dispatch_id, S.FAILED, b"no")
+    with pytest.raises(PermissionDenied):
+        await env.router.report("col-other", got.dispatch_id, S.SUCCESS, b"ok")
+
+
+async def test_no_eligible_collector_waits_and_is_placed_when_one_appears(env: RouterEnv) -> None:
+    task, _ = await env.router.submit(env.request("echo"))
+    assert (task["state"], task["condition"]) == ("queued", "no_eligible_collector")
+    await env.add_collector("col-late")
+    await _settle(env)
+    assert await _state(env, task["task_id"]) == "leased"
+
+
+async def test_claim_returns_within_milliseconds_of_routing(env: RouterEnv) -> None:
+    await env.add_collector("col-w")
+    waiting = asyncio.create_task(env.router.claim("col-w", claim_seq=1, held_task_ids=frozenset(), wait_s=5))
+    await asyncio.sleep(0.2)
+    started = asyncio.get_running_loop().time()
+    await env.router.submit(env.request("echo"))
+    got = await waiting
+    assert got is not None
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_idempotent_submit(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    first, _ = await env.router.submit(env.request("echo", key="k-1"))
+    same, existing = await env.router.submit(env.request("echo", key="k-1"))
+    assert existing and same["task_id"] == first["task_id"]
+    with pytest.raises(Conflict) as info:
+        await env.router.submit(env.request("echo", key="k-1", target_ref="dev-9"))
+    assert info.value.code == "idempotency_key_reused"
+
+
+async def test_op_class_lie_is_refused_and_writes_nothing(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    with pytest.raises(OpClassMismatch):
+        await env.router.submit(env.request("set", op_class="read", key="lie"))
+    async with env.router.engine.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(tasks))).scalar_one() == 0
+
+
+async def test_device_lease_refuses_a_second_mutation(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    first, _ = await env.router.submit(env.request("set", target="sw-1"))
+    with pytest.raises(DeviceLeased) as info:
+        await env.router.submit(env.request("set", target="sw-1"))
+    assert first["task_id"] in info.value.message
+    # Reads and parallel-safe operations bypass the lease; other devices are unaffected.
+    assert (await env.router.submit(env.request("echo", target="sw-1")))[0]["state"] == "leased"
+    assert (await env.router.submit(env.request("tag", target="sw-1")))[0]["state"] == "leased"
+    assert (await env.router.submit(env.request("set", target="sw-2")))[0]["state"] == "leased"
+    async with env.router.engine.connect() as conn:
+        count = await conn.execute(
+            select(func.count()).select_from(tasks).where(tasks.c.target_ref == "sw-1")
+        )
+        assert count.scalar_one() == 3  # the refused one was never written
+
+
+async def test_lease_epoch_only_grows(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    epochs = []
+    for _ in range(3):
+        await env.router.submit(env.request("set", target="sw-e"))
+        got = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+        assert got is not None
+        epochs.append(open_envelope(got.envelope, "col-a")["lease_epoch"])
+        await env.router.report("col-a", got.dispatch_id, S.SUCCESS, b"")
+    assert epochs == [1, 2, 3]
+
+
+async def test_capacity_is_respected_and_freed_work_is_placed(env: RouterEnv) -> None:
+    await env.add_collector("col-1", max_concurrency=1)
+    first, _ = await env.router.submit(env.request("echo", target="a"))
+    second, _ = await env.router.submit(env.request("echo", target="b"))
+    assert (first["state"], second["state"]) == ("leased", "queued")
+    got = await env.router.claim("col-1", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert got is not None
+    await env.router.report("col-1", got.dispatch_id, S.SUCCESS, b"")
+    await _settle(env)
+    assert await _state(env, second["task_id"]) == "leased"
+
+
+async def _dispatch(env: RouterEnv, op: str, target: str) -> tuple[str, str]:
+    task, _ = await env.router.submit(env.request(op, target=target))
+    got = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert got is not None
+    return task["task_id"], got.dispatch_id
+
+
+async def test_unknown_read_is_retried_with_the_same_key(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task_id, dispatch_id = await _dispatch(env, "echo", "dev-r")
+    await env.router.report("col-a", dispatch_id, S.UNKNOWN, error_code="timeout")
+    assert await _state(env, task_id) in ("queued", "leased")
+    await _settle(env)
+    retry = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert retry is not None and retry.dispatch_id != dispatch_id
+    first_key = open_envelope(retry.envelope, "col-a")["idempotency_key"]
+    task, _ = await env.router.get(task_id)
+    assert first_key == task["idempotency_key"]
+    assert task["attempts"] == 2
+
+
+async def test_unknown_terminal_mutation_goes_to_the_operator(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task_id, dispatch_id = await _dispatch(env, "set", "dev-t")
+    result = await env.router.report("col-a", dispatch_id, S.UNKNOWN, error_code="conn_reset")
+    assert result.state == S.INDETERMINATE
+    async with env.router.engine.connect() as conn:
+        holder = await conn.execute(
+            select(device_leases.c.holder_task_id).where(device_leases.c.target_ref == "dev-t")
+        )
+        assert holder.scalar_one() is None  # the lease is released
+    with pytest.raises(FailedPrecondition):
+        await env.router.resolve(task_id, S.QUEUED, "x", "alice")
+    resolved = await env.router.resolve(task_id, S.SUCCESS, "checked on the device", "alice")
+    assert (resolved["state"], resolved["resolved_by"]) == ("success", "alice")
+
+
+async def test_unknown_reconcilable_mutation_reconciles(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task_id, dispatch_id = await _dispatch(env, "apply", "dev-c")
+    assert (await env.router.report("col-a", dispatch_id, S.UNKNOWN)).state == S.RECONCILING
+    check = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert check is not None
+    envelope = open_envelope(check.envelope, "col-a")
+    assert (envelope["operation"], envelope["op_class"]) == ("apply.check", "read")
+    # Not applied: retried as a new execution attempt, still holding the device.
+    assert (await env.router.report("col-a", check.dispatch_id, S.FAILED)).state == S.LEASED
+    retry = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert retry is not None and open_envelope(retry.envelope, "col-a")["operation"] == "apply"
+    assert (await env.router.report("col-a", retry.dispatch_id, S.UNKNOWN)).state == S.RECONCILING
+    check = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert check is not None
+    # Applied: the task succeeded without running it again.
+    assert (await env.router.report("col-a", check.dispatch_id, S.SUCCESS, b"present")).state == S.SUCCESS
+    assert (await env.router.get(task_id))[0]["evidence"] == "reconciled: applied"
+
+
+async def test_reconcile_gives_up_after_max_attempts(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task_id, dispatch_id = await _dispatch(env, "apply", "dev-m")
+    for _ in range(3):
+        await env.router.report("col-a", dispatch_id, S.UNKNOWN)
+        check = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+        assert check is not None
+        state = (await env.router.report("col-a", check.dispatch_id, S.FAILED)).state
+        if state == S.INDETERMINATE:
+            break
+        retry = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+        assert retry is not None
+        dispatch_id = retry.dispatch_id
+    assert await _state(env, task_id) == "indeterminate"
+    assert (await env.router.get(task_id))[0]["attempts"] == 3
+
+
+@pytest.mark.parametrize("stage", ["queued", "leased", "dispatched", "running", "success"])
+async def test_cancel_at_each_state(env: RouterEnv, stage: str) -> None:
+    if stage != "queued":
+        await env.add_collector("col-a")
+    task, _ = await env.router.submit(env.request("set", target=f"dev-{stage}"))
+    if stage in ("dispatched", "running", "success"):
+        got = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+        assert got is not None
+        if stage != "dispatched":
+            await env.router.report("col-a", got.dispatch_id, S.RUNNING if stage == "running" else S.SUCCESS)
+    assert await _state(env, task["task_id"]) == stage
+    if stage in ("queued", "leased"):
+        cancelled = await env.router.cancel(task["task_id"], "no longer needed")
+        assert cancelled["state"] == "cancelled"
+        assert await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0) is None
+        async with env.router.engine.connect() as conn:
+            held = await conn.execute(
+                select(device_leases.c.holder_task_id).where(device_leases.c.target_ref == f"dev-{stage}")
+            )
+            assert held.scalar_one_or_none() is None
+    else:
+        with pytest.raises(FailedPrecondition) as info:
+            await env.router.cancel(task["task_id"], "too late")
+        assert info.value.code == "not_cancellable"
+
+
+async def test_never_received_dispatch_is_rerouted_even_when_terminal(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task, _ = await env.router.submit(env.request("set", target="dev-nr"))
+    lost = await env.router.claim("col-a", claim_seq=7, held_task_ids=frozenset(), wait_s=0)
+    assert lost is not None
+    # The collector's next claim does not list the dispatch: it never got it.
+    again = await env.router.claim("col-a", claim_seq=8, held_task_ids=frozenset(), wait_s=0)
+    assert again is not None and again.dispatch_id != lost.dispatch_id
+    assert open_envelope(again.envelope, "col-a")["lease_epoch"] == 2
+    history = await env.history(task["task_id"])
+    assert ("dispatched", "queued") in history
+
+
+async def test_held_dispatch_is_not_rerouted(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task, _ = await env.router.submit(env.request("set", target="dev-h"))
+    got = await env.router.claim("col-a", claim_seq=3, held_task_ids=frozenset(), wait_s=0)
+    assert got is not None
+    assert (
+        await env.router.claim("col-a", claim_seq=4, held_task_ids=frozenset({got.dispatch_id}), wait_s=0)
+        is None
+    )
+    assert await _state(env, task["task_id"]) == "dispatched"
+    # Unnumbered claims prove nothing either.
+    assert await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0) is None
+    assert await _state(env, task["task_id"]) == "dispatched"
+
+
+async def test_sweeper(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    handed, _ = await env.router.submit(env.request("set", target="dev-s"))
+    assert await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0) is not None
+    unclaimed, _ = await env.router.submit(env.request("set", target="dev-u"))
+    async with env.router.engine.begin() as conn:
+        # dev-u's envelope runs out before anyone claims it ...
+        await conn.execute(
+            update(dispatches).where(dispatches.c.target_ref == "dev-u").values(expires_at=func.now())
+        )
+    # ... dev-s's holder stops claiming ...
+    await env.router.redis.zrem("versus:live", "col-a")
+    counts = await env.router.sweep()
+    assert counts["unclaimed"] == 1
+    assert counts["unknown"] == 1
+    assert await _state(env, handed["task_id"]) == "indeterminate"  # a terminal mutation nobody can confirm
+    assert await _state(env, unclaimed["task_id"]) == "queued"  # never handed out: placed again later
+    async with env.router.engine.connect() as conn:
+        leases = await conn.execute(select(device_leases.c.target_ref, device_leases.c.holder_task_id))
+        # The indeterminate task let go of its device; the re-queued one keeps its own.
+        assert dict(leases.all()) == {"dev-s": None, "dev-u": unclaimed["task_id"]}
+
+
+async def test_sweeper_expires_overdue_queued_tasks(env: RouterEnv) -> None:
+    task, _ = await env.router.submit(
+        env.request("echo", deadline=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
+    )
+    assert task["state"] == "queued"
+    await asyncio.sleep(1.1)
+    assert (await env.router.sweep())["expired"] == 1
+    assert await _state(env, task["task_id"]) == "expired"
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "code"),
+    [
+        ({"op_class": "write"}, InvalidArgument, "op_class_invalid"),
+        ({"provider": ""}, InvalidArgument, "provider_missing"),
+        ({"deadline": dt.datetime(2020, 1, 1, tzinfo=dt.UTC)}, InvalidArgument, "deadline_past"),
+        ({"params": b"x" * (1024 * 1024 + 1)}, PayloadTooLarge, "params_too_large"),
+        ({"idempotency_key": ""}, InvalidArgument, "idempotency_key_missing"),
+        ({"labels": {str(i): "v" for i in range(40)}}, InvalidArgument, "labels_invalid"),
+    ],
+)
+async def test_bad_submissions_write_nothing(
+    env: RouterEnv, change: dict[str, object], error: type[Exception], code: str
+) -> None:
+    with pytest.raises(error) as info:
+        await env.router.submit(env.request("echo", **change))  # type: ignore[arg-type]
+    assert info.value.code == code  # type: ignore[attr-defined]
+    async with env.router.engine.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(tasks))).scalar_one() == 0
