@@ -1,7 +1,10 @@
 """The router process: TaskRouterService (platform-facing), CollectorBridgeService
-(gateway-facing) and FleetService (operators) on one gRPC port."""
+(gateway-facing) and FleetService (operators) on one gRPC port, plus the sweeper."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from versus.router.v1 import (
@@ -11,22 +14,36 @@ from versus.router.v1 import (
     task_router_pb2_grpc,
 )
 
+from common.db import engine as db_engine
 from common.grpc_server import ServiceRegistration, placeholder
-from common.runtime import serve_grpc_service
+from common.keys import KeyPurpose
+from common.keystore import KeyStore, ReloadingKeySet
+from common.logs import get_logger
+from common.redis_client import create_async as create_redis
+from common.runtime import require_backends, serve_grpc_service
 from common.settings import Settings
+from common.state_dir import ensure_writable
+from router import store
+from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
+from router.metrics import QUEUE_DEPTH
+from router.service import Router
+
+SWEEP_INTERVAL_S = 5.0
+
+log = get_logger("versus.router")
 
 
-def registrations() -> list[ServiceRegistration]:
-    """Services served by the router. RPCs not built yet answer UNIMPLEMENTED."""
+def registrations(router: Router) -> list[ServiceRegistration]:
+    """Services served by the router. FleetService RPCs arrive with fleet management."""
     return [
         ServiceRegistration(
             task_router_pb2.DESCRIPTOR.services_by_name["TaskRouterService"].full_name,
-            placeholder(task_router_pb2_grpc.TaskRouterServiceServicer),
+            TaskRouterServicer(router),
             task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
         ),
         ServiceRegistration(
             collector_bridge_pb2.DESCRIPTOR.services_by_name["CollectorBridgeService"].full_name,
-            placeholder(collector_bridge_pb2_grpc.CollectorBridgeServiceServicer),
+            CollectorBridgeServicer(router),
             collector_bridge_pb2_grpc.add_CollectorBridgeServiceServicer_to_server,
         ),
         ServiceRegistration(
@@ -37,12 +54,42 @@ def registrations() -> list[ServiceRegistration]:
     ]
 
 
+async def sweep_forever(router: Router, interval_s: float = SWEEP_INTERVAL_S) -> None:
+    """Sweep and re-place queued work on a timer; errors are logged and the loop goes on."""
+    while True:
+        try:
+            counts = await router.sweep()
+            await router.reevaluate()
+            async with router.engine.connect() as conn:
+                QUEUE_DEPTH.set(await store.queued_count(conn))
+            if any(counts.values()):
+                log.info("sweep", **counts)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("sweep failed; retrying next interval")
+        await asyncio.sleep(interval_s)
+
+
 async def serve(settings: Settings) -> None:
-    await serve_grpc_service(
-        settings,
-        "router",
-        host=settings.router_host,
-        port=settings.router_port,
-        metrics_port=settings.router_metrics_port,
-        registrations=registrations(),
-    )
+    database_url, redis_url = require_backends(settings, "router")
+    state = ensure_writable(settings.state_dir)
+    keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))
+    engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20)
+    router = Router(engine, create_redis(redis_url), lambda: keys.get().current)
+    router.wake.start()
+    sweeper = asyncio.create_task(sweep_forever(router))
+    try:
+        await serve_grpc_service(
+            settings,
+            "router",
+            host=settings.router_host,
+            port=settings.router_port,
+            metrics_port=settings.router_metrics_port,
+            registrations=registrations(router),
+        )
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        await router.aclose()

@@ -423,3 +423,10 @@ async def audit(
             details=dict(details),
         )
     )  # fmt: skip
+
+
+async def queued_count(conn: AsyncConnection) -> int:
+    result = await conn.execute(
+        select(func.count()).select_from(tasks).where(tasks.c.state == State.QUEUED.value)
+    )
+    return int(result.scalar_one())

@@ -75,9 +75,13 @@ class ClaimRequest(_message.Message):
     DRAINING_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
+    CLAIM_SEQ_FIELD_NUMBER: _builtins.int
+    HELD_TASK_IDS_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
+    claim_seq: _builtins.int
+    """Claims are numbered 1, 2, 3, ... and sent one at a time; 0 means unnumbered."""
     @_builtins.property
     def free_slots(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Free concurrency per provider as the collector sees it."""
@@ -85,6 +89,12 @@ class ClaimRequest(_message.Message):
     @_builtins.property
     def wait(self) -> _duration_pb2.Duration:
         """Longest the router may hold the request before answering with no task."""
+
+    @_builtins.property
+    def held_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Dispatch (envelope task) ids the collector has received and not yet reported,
+        from its durable journal. A handed-out dispatch missing here was never received.
+        """
 
     def __init__(
         self,
@@ -94,10 +104,12 @@ class ClaimRequest(_message.Message):
         draining: _builtins.bool = ...,
         agent_version: _builtins.str = ...,
         wait: _duration_pb2.Duration | None = ...,
+        claim_seq: _builtins.int = ...,
+        held_task_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -130,6 +142,9 @@ class ClaimResponse(_message.Message):
 
     ENVELOPE_FIELD_NUMBER: _builtins.int
     SERVER_TIME_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.str
+    """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope:
         """Unset when no task became available within the wait."""
@@ -143,10 +158,11 @@ class ClaimResponse(_message.Message):
         *,
         envelope: Global___SignedEnvelope | None = ...,
         server_time: _timestamp_pb2.Timestamp | None = ...,
+        dispatch_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -166,6 +182,7 @@ class ReportRequest(_message.Message):
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     task_id: _builtins.str
+    """The envelope's task_id: the dispatch being reported."""
     outcome: Global___ReportOutcome.ValueType
     result: _builtins.bytes
     error_code: _builtins.str
@@ -226,9 +243,12 @@ class OperationCapability(_message.Message):
     OP_CLASS_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     PARALLEL_SAFE_FIELD_NUMBER: _builtins.int
+    RECONCILE_OPERATION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     op_class: _task_pb2.OpClass.ValueType
     parallel_safe: _builtins.bool
+    reconcile_operation: _builtins.str
+    """For mutate_reconcilable operations: the read operation that answers "did it land?"."""
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration: ...
     def __init__(
@@ -238,10 +258,11 @@ class OperationCapability(_message.Message):
         op_class: _task_pb2.OpClass.ValueType = ...,
         timeout: _duration_pb2.Duration | None = ...,
         parallel_safe: _builtins.bool = ...,
+        reconcile_operation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "op_class", b"op_class", "parallel_safe", b"parallel_safe", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "op_class", b"op_class", "parallel_safe", b"parallel_safe", "reconcile_operation", b"reconcile_operation", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,284 @@
+"""gRPC adapters: TaskRouterService (platform modules) and CollectorBridgeService (the gateway).
+
+Conversion only; the rules live in :mod:`router.service`. The collector id in
+every CollectorBridgeService request was taken by the gateway from a verified
+bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime as dt
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from sqlalchemy import RowMapping
+from versus.router.v1 import collector_bridge_pb2 as bridge_pb
+from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
+from versus.router.v1 import task_router_pb2 as pb
+
+from common.errors import InvalidArgument
+from common.grpc_server import Context
+from router import store
+from router.service import Router
+from router.states import TERMINAL, State
+from router.submit import SubmitRequest
+
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 50
+WATCH_POLL_S = 0.25
+
+OP_CLASS_FROM_PB = {
+    task_pb2.OP_CLASS_READ: "read",
+    task_pb2.OP_CLASS_MUTATE_RECONCILABLE: "mutate_reconcilable",
+    task_pb2.OP_CLASS_MUTATE_TERMINAL: "mutate_terminal",
+}
+OP_CLASS_TO_PB = {v: k for k, v in OP_CLASS_FROM_PB.items()}
+STATE_TO_PB = {State(name.removeprefix("TASK_STATE_").lower()): value
+               for name, value in task_pb2.TaskState.items() if value}  # fmt: skip
+STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
+OUTCOME_FROM_PB = {
+    bridge_pb.REPORT_OUTCOME_RUNNING: State.RUNNING,
+    bridge_pb.REPORT_OUTCOME_SUCCESS: State.SUCCESS,
+    bridge_pb.REPORT_OUTCOME_FAILED: State.FAILED,
+    bridge_pb.REPORT_OUTCOME_UNKNOWN: State.UNKNOWN,
+    # The collector refused the envelope, so it did not execute it.
+    bridge_pb.REPORT_OUTCOME_REFUSED: State.FAILED,
+}
+
+
+def ts(value: dt.datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    out = Timestamp()
+    out.FromDatetime(value)
+    return out
+
+
+def task_pb(task: RowMapping, history: Sequence[RowMapping] = ()) -> task_pb2.Task:
+    return task_pb2.Task(
+        task_id=task["task_id"],
+        provider=task["provider"],
+        operation=task["operation"],
+        op_class=OP_CLASS_TO_PB[task["op_class"]],
+        target_ref=task["target_ref"],
+        site_id=task["site_id"],
+        tenant_id=task["tenant_id"],
+        idempotency_key=task["idempotency_key"],
+        deadline=ts(task["deadline"]),
+        requires_fips=task["requires_fips"],
+        labels=dict(task["labels"]),
+        state=STATE_TO_PB[State(task["state"])],
+        attempts=task["attempts"],
+        history=[
+            task_pb2.Transition(
+                from_state=STATE_TO_PB[State(h["from_state"])],
+                to_state=STATE_TO_PB[State(h["to_state"])],
+                at=ts(h["at"]),
+                reason=h["reason"],
+                dispatch_id=h["dispatch_id"] or "",
+            )
+            for h in history
+        ],
+        result=bytes(task["result"] or b""),
+        evidence=task["evidence"],
+        condition=task["condition"] or "",
+        created_at=ts(task["created_at"]),
+        updated_at=ts(task["updated_at"]),
+    )
+
+
+def dispatch_pb(d: RowMapping) -> task_pb2.Dispatch:
+    return task_pb2.Dispatch(
+        dispatch_id=d["dispatch_id"],
+        task_id=d["task_id"],
+        collector_id=d["collector_id"],
+        site_id=d["site_id"],
+        target_ref=d["target_ref"],
+        provider=d["provider"],
+        operation=d["operation"],
+        op_class=OP_CLASS_TO_PB[d["op_class"]],
+        state=STATE_TO_PB[State(d["state"])],
+        attempt=d["attempt"],
+        lease_epoch=d["lease_epoch"],
+        created_at=ts(d["created_at"]),
+        updated_at=ts(d["updated_at"]),
+        expires_at=ts(d["expires_at"]),
+    )
+
+
+def encode_page_token(created_at: dt.datetime, dispatch_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{dispatch_id}".encode()).decode()
+
+
+def decode_page_token(token: str) -> tuple[dt.datetime, str] | None:
+    if not token:
+        return None
+    try:
+        created, _, dispatch_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
+        when = dt.datetime.fromisoformat(created)
+        if not dispatch_id or when.tzinfo is None:
+            raise ValueError("incomplete")
+        return when, dispatch_id
+    except (ValueError, UnicodeError, binascii.Error):
+        raise InvalidArgument(
+            "page_token is not one this service issued", code="page_token_invalid"
+        ) from None
+
+
+class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
+    def __init__(self, router: Router):
+        self.router = router
+
+    async def SubmitTask(self, request: pb.SubmitTaskRequest, context: Context) -> pb.SubmitTaskResponse:
+        if not request.HasField("deadline"):
+            raise InvalidArgument("deadline is required", code="deadline_missing")
+        submitted = SubmitRequest(
+            provider=request.provider,
+            operation=request.operation,
+            op_class=OP_CLASS_FROM_PB.get(request.op_class, ""),
+            target_ref=request.target_ref,
+            site_id=request.site_id,
+            tenant_id=request.tenant_id,
+            params=request.params,
+            idempotency_key=request.idempotency_key,
+            deadline=request.deadline.ToDatetime(tzinfo=dt.UTC),
+            requires_fips=request.requires_fips,
+            labels=dict(request.labels),
+        )
+        task, existing = await self.router.submit(submitted)
+        return pb.SubmitTaskResponse(task=task_pb(task), existing=existing)
+
+    async def GetTask(self, request: pb.GetTaskRequest, context: Context) -> pb.GetTaskResponse:
+        task, history = await self.router.get(request.task_id)
+        return pb.GetTaskResponse(task=task_pb(task, history))
+
+    async def WatchTask(
+        self, request: pb.WatchTaskRequest, context: Context
+    ) -> AsyncIterator[pb.WatchTaskResponse]:
+        seen: Any = None
+        while True:
+            task, history = await self.router.get(request.task_id)
+            marker = (task["state"], task["updated_at"], len(history))
+            if marker != seen:
+                seen = marker
+                yield pb.WatchTaskResponse(task=task_pb(task, history))
+            if State(task["state"]) in TERMINAL:
+                return
+            await asyncio.sleep(WATCH_POLL_S)
+
+    async def CancelTask(self, request: pb.CancelTaskRequest, context: Context) -> pb.CancelTaskResponse:
+        return pb.CancelTaskResponse(task=task_pb(await self.router.cancel(request.task_id, request.reason)))
+
+    async def ListDispatches(
+        self, request: pb.ListDispatchesRequest, context: Context
+    ) -> pb.ListDispatchesResponse:
+        size = request.page_size or DEFAULT_PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size must be at most {MAX_PAGE_SIZE}", code="page_size_too_large")
+        states = []
+        for value in request.states:
+            if value not in STATE_FROM_PB:
+                raise InvalidArgument("unknown state in the filter", code="state_invalid")
+            states.append(STATE_FROM_PB[value].value)
+        async with self.router.engine.connect() as conn:
+            rows = await store.list_dispatches(
+                conn,
+                states=states,
+                site_id=request.site_id,
+                collector_id=request.collector_id,
+                target_ref=request.target_ref,
+                after=decode_page_token(request.page_token),
+                limit=size + 1,
+            )
+        page = rows[:size]
+        token = encode_page_token(page[-1]["created_at"], page[-1]["dispatch_id"]) if len(rows) > size else ""
+        return pb.ListDispatchesResponse(dispatches=[dispatch_pb(d) for d in page], next_page_token=token)
+
+    async def ResolveIndeterminate(
+        self, request: pb.ResolveIndeterminateRequest, context: Context
+    ) -> pb.ResolveIndeterminateResponse:
+        outcome = {pb.RESOLUTION_SUCCESS: State.SUCCESS, pb.RESOLUTION_FAILED: State.FAILED}.get(
+            request.resolution
+        )
+        if outcome is None:
+            raise InvalidArgument(
+                "resolution must be RESOLUTION_SUCCESS or RESOLUTION_FAILED", code="resolution_invalid"
+            )
+        if not request.actor:
+            raise InvalidArgument("actor is required for the audit log", code="actor_missing")
+        task = await self.router.resolve(request.task_id, outcome, request.note, request.actor)
+        return pb.ResolveIndeterminateResponse(task=task_pb(task))
+
+
+def manifest_from_pb(providers: Sequence[bridge_pb.ProviderCapability]) -> Mapping[str, Any]:
+    """The stored manifest; refuses incomplete entries rather than guessing."""
+    out: dict[str, Any] = {}
+    for p in providers:
+        if not p.provider or p.max_concurrency == 0:
+            raise InvalidArgument(
+                "every provider needs a name and max_concurrency >= 1", code="manifest_invalid"
+            )
+        ops = []
+        for op in p.operations:
+            if not op.name or op.op_class not in OP_CLASS_FROM_PB:
+                raise InvalidArgument("every operation needs a name and an op_class", code="manifest_invalid")
+            ops.append(
+                {
+                    "name": op.name,
+                    "op_class": OP_CLASS_FROM_PB[op.op_class],
+                    "parallel_safe": op.parallel_safe,
+                    "reconcile_operation": op.reconcile_operation,
+                    "timeout_s": op.timeout.seconds,
+                }
+            )
+        out[p.provider] = {"max_concurrency": p.max_concurrency, "operations": ops}
+    return {"providers": out}
+
+
+class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceServicer):
+    def __init__(self, router: Router):
+        self.router = router
+
+    async def Claim(self, request: bridge_pb.ClaimRequest, context: Context) -> bridge_pb.ClaimResponse:
+        if not request.collector_id:
+            raise InvalidArgument("collector_id is required", code="collector_id_missing")
+        wait = request.wait.seconds + request.wait.nanos / 1e9
+        claimed = await self.router.claim(
+            request.collector_id,
+            claim_seq=request.claim_seq,
+            held_task_ids=frozenset(request.held_task_ids),
+            wait_s=wait,
+        )
+        now = ts(dt.datetime.now(dt.UTC))
+        if claimed is None:
+            return bridge_pb.ClaimResponse(server_time=now)
+        return bridge_pb.ClaimResponse(
+            envelope=bridge_pb.SignedEnvelope(envelope_json=claimed.envelope),
+            server_time=now,
+            dispatch_id=claimed.dispatch_id,
+        )
+
+    async def Report(self, request: bridge_pb.ReportRequest, context: Context) -> bridge_pb.ReportResponse:
+        outcome = OUTCOME_FROM_PB.get(request.outcome)
+        if outcome is None:
+            raise InvalidArgument("outcome is required", code="outcome_invalid")
+        error_code = request.error_code
+        if request.outcome == bridge_pb.REPORT_OUTCOME_REFUSED:
+            error_code = f"envelope_refused:{request.error_code}"
+        result = await self.router.report(
+            request.collector_id, request.task_id, outcome, request.result, error_code, request.error_message
+        )
+        return bridge_pb.ReportResponse(duplicate=result.duplicate, state=STATE_TO_PB[result.state])
+
+    async def PublishCapabilities(
+        self, request: bridge_pb.PublishCapabilitiesRequest, context: Context
+    ) -> bridge_pb.PublishCapabilitiesResponse:
+        manifest = manifest_from_pb(request.providers)
+        epoch = await self.router.publish_capabilities(
+            request.collector_id, request.capability_epoch, manifest, request.fips, request.agent_version
+        )
+        return bridge_pb.PublishCapabilitiesResponse(capability_epoch=epoch)
