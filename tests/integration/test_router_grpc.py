@@ -11,6 +11,7 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import REGISTRY
 from sqlalchemy import func, select
 from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
@@ -95,7 +96,13 @@ async def _publish(api: Api, collector_id: str) -> None:
     assert reply.capability_epoch == 2
 
 
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_full_flow_over_grpc(api: Api) -> None:
+    successes = _metric("versus_router_dispatch_transitions_total", state="success")
+    claim_waits = _metric("versus_router_claim_wait_seconds_count")
     await _publish(api, "col-g")
     # The first claim makes the collector live; nothing is waiting yet.
     empty = await api.bridge.Claim(
@@ -127,6 +134,9 @@ async def test_full_flow_over_grpc(api: Api) -> None:
     assert task.result == b"done"
     listed = await api.tasks.ListDispatches(pb.ListDispatchesRequest(states=[task_pb2.TASK_STATE_SUCCESS]))
     assert [d.dispatch_id for d in listed.dispatches] == [claimed.dispatch_id]
+    assert _metric("versus_router_dispatch_transitions_total", state="success") == successes + 1
+    assert _metric("versus_router_claim_wait_seconds_count") == claim_waits + 2
+    assert _metric("versus_router_submit_to_claim_seconds_count") >= 1
 
 
 async def test_list_dispatches_paginates(api: Api) -> None:
