@@ -4,7 +4,8 @@ The collector signs with the private key of its enrolled certificate; the
 gateway verifies with the public key on record for the ``sub`` claim. Identity
 comes only from a verified token. Claims:
 
-    sub  collector id           aud  "versus-collector-gateway"
+    iss  collector id           sub  collector id (the same)
+    aud  "versus-collector-gateway"
     iat  issued at (Unix s)     exp  expiry, at most MAX_LIFETIME_S after iat
     jti  unique token id
 
@@ -47,6 +48,7 @@ def mint(
     key: ec.EllipticCurvePrivateKey, collector_id: str, now: int, lifetime_s: int = DEFAULT_LIFETIME_S
 ) -> str:
     claims = {
+        "iss": collector_id,
         "sub": collector_id,
         "aud": AUDIENCE,
         "iat": now,
@@ -94,6 +96,8 @@ def verify(token: str, public_key: ec.EllipticCurvePublicKey, now: int) -> Beare
         raise BearerError("bearer token signature does not verify", code="bearer_bad_signature") from None
     except jwt.PyJWTError as exc:
         raise BearerError(f"bearer token rejected: {exc}", code="bearer_malformed") from None
+    if claims["iss"] != claims["sub"]:
+        raise BearerError("iss and sub must both be the collector id", code="bearer_malformed")
     iat, exp = claims["iat"], claims["exp"]
     if not (isinstance(iat, int) and isinstance(exp, int)):
         raise BearerError("iat and exp must be integers", code="bearer_malformed")

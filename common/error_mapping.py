@@ -34,6 +34,7 @@ _BY_KIND: dict[type[errors.VersusError], TransportStatus] = {
     errors.Conflict: TransportStatus(409, grpc.StatusCode.ALREADY_EXISTS),
     errors.FailedPrecondition: TransportStatus(412, grpc.StatusCode.FAILED_PRECONDITION),
     errors.PayloadTooLarge: TransportStatus(413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    errors.UnsupportedMediaType: TransportStatus(415, grpc.StatusCode.INVALID_ARGUMENT),
     errors.ResourceExhausted: TransportStatus(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     errors.Unavailable: TransportStatus(503, grpc.StatusCode.UNAVAILABLE),
     errors.DeadlineExceeded: TransportStatus(504, grpc.StatusCode.DEADLINE_EXCEEDED),

@@ -67,6 +67,12 @@ class PermissionDenied(VersusError):
     default_code = "permission_denied"
 
 
+class UnsupportedMediaType(VersusError):
+    """The request body is not in a format the endpoint accepts."""
+
+    default_code = "unsupported_media_type"
+
+
 class ResourceExhausted(VersusError):
     """A queue, quota or capacity limit was reached."""
 

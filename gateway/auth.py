@@ -26,8 +26,10 @@ ANY_ENROLLED = frozenset({"pending", "active", "denied"})
 async def authenticate(
     request: Request, store: GatewayStore, allowed: frozenset[str] = ACTIVE_ONLY
 ) -> tuple[BearerClaims, CollectorAuthRecord]:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    headers = request.headers.getlist("authorization")
+    if len(headers) > 1:
+        raise BearerError("exactly one Authorization header is allowed", code="bearer_duplicated")
+    scheme, _, token = (headers[0] if headers else "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise BearerError("an Authorization: Bearer token is required", code="bearer_missing")
     collector_id = collector_jwt.unverified_subject(token.strip())

@@ -11,10 +11,18 @@ import asyncio
 
 from starlette.requests import ClientDisconnect, Request
 
-from common.errors import InvalidArgument, PayloadTooLarge, RequestTimeout
+from common.errors import InvalidArgument, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 
 # Defaults for collector API bodies (docs/gateway.md lists every limit).
 BODY_DEADLINE_S = 10.0
+
+
+async def read_json_body(request: Request, limit: int) -> bytes:
+    """:func:`read_body` for endpoints that take JSON: anything but ``application/json`` is 415."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise UnsupportedMediaType("the body must be application/json", code="unsupported_media_type")
+    return await read_body(request, limit)
 
 
 async def read_body(request: Request, limit: int) -> bytes:

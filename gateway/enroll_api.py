@@ -17,7 +17,7 @@ from versus.enrollment.v1 import enrollment_pb2 as pb
 
 from common.errors import InvalidArgument, NotFound
 from gateway.auth import ANY_ENROLLED, authenticate
-from gateway.body import read_body
+from gateway.body import read_json_body
 from gateway.clients import call
 
 # Body limits (docs/gateway.md): a CSR is ~500 bytes; these leave generous room and no more.
@@ -135,7 +135,7 @@ async def trust(request: Request) -> TrustOut:
 @router.post("/enroll", response_model=EnrollOut)
 async def enroll(request: Request) -> EnrollOut:
     """Redeem an enrollment token and a CSR for a certificate and the trust bootstrap."""
-    body = _parse(EnrollBody, await read_body(request, MAX_ENROLL_BODY))
+    body = _parse(EnrollBody, await read_json_body(request, MAX_ENROLL_BODY))
     c = body.collector
     reply = await call(
         request.app.state.backends.enrollment.Enroll,
@@ -184,7 +184,7 @@ async def enrollment_status(request: Request) -> StatusOut:
 async def renew(request: Request) -> RenewOut:
     """A new 90-day certificate for the calling collector (same or new P-256 key, same id)."""
     claims, _ = await authenticate(request, request.app.state.store)
-    body = _parse(RenewBody, await read_body(request, MAX_RENEW_BODY))
+    body = _parse(RenewBody, await read_json_body(request, MAX_RENEW_BODY))
     reply = await call(
         request.app.state.backends.enrollment.RenewCertificate,
         pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),

@@ -252,6 +252,8 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             claim_seq=request.claim_seq,
             held_task_ids=frozenset(request.held_task_ids),
             wait_s=wait,
+            draining=request.draining,
+            agent_version=request.agent_version,
         )
         now = ts(dt.datetime.now(dt.UTC))
         if claimed is None:

@@ -22,6 +22,9 @@ from common.logs import get_logger
 
 LIVENESS_WINDOW_S = 180
 _LIVE = "versus:live"
+_SESSION = "versus:session:"
+# Session details outlive the liveness window long enough for operators to see a dead session.
+SESSION_TTL_S = 24 * 3600
 _INFLIGHT = "versus:inflight:"
 _BUILT = "versus:inflight:built"
 _WAKE = "versus:wake:"
@@ -34,13 +37,30 @@ class Liveness:
         self.redis = redis
         self.window_s = window_s
 
-    async def touch(self, collector_id: str, now: float) -> bool:
-        """Record a claim; True when the collector was not live before (it just came back)."""
+    async def touch(self, collector_id: str, now: float, session: Mapping[str, str] | None = None) -> bool:
+        """Record a claim (and what the collector said about itself); True when it just came back."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.zscore(_LIVE, collector_id)
         pipe.zadd(_LIVE, {collector_id: now})
-        previous, _ = await pipe.execute()
+        if session:
+            fields: dict[str | bytes, str] = {"last_claim": str(now)}
+            for key, value in session.items():
+                fields[key] = value
+            pipe.hset(_SESSION + collector_id, mapping=fields)  # type: ignore[arg-type]
+            pipe.expire(_SESSION + collector_id, SESSION_TTL_S)
+        previous = (await pipe.execute())[0]
         return previous is None or now - float(previous) > self.window_s
+
+    async def self_draining(self, collector_ids: Iterable[str]) -> set[str]:
+        """Collectors that said on their last claim that they are draining (e.g. before an upgrade)."""
+        ids = list(collector_ids)
+        if not ids:
+            return set()
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in ids:
+            pipe.hget(_SESSION + cid, "draining")
+        flags = await pipe.execute()
+        return {cid for cid, flag in zip(ids, flags, strict=True) if flag == b"1"}
 
     async def live(self, collector_ids: Iterable[str], now: float) -> set[str]:
         ids = list(collector_ids)

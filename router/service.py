@@ -14,6 +14,7 @@ import datetime as dt
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,12 @@ def _task_values(req: SubmitRequest, digest: bytes) -> dict[str, Any]:
     }
 
 
-def _candidate(row: RowMapping, live: set[str], in_flight: Mapping[str, Mapping[str, int]]) -> Candidate:
+def _candidate(
+    row: RowMapping,
+    live: set[str],
+    in_flight: Mapping[str, Mapping[str, int]],
+    draining: AbstractSet[str] = frozenset(),
+) -> Candidate:
     manifest: Mapping[str, Any] = row["manifest"]
     providers = {
         name: ProviderCap(
@@ -122,7 +128,7 @@ def _candidate(row: RowMapping, live: set[str], in_flight: Mapping[str, Mapping[
         site_id=row["site_id"],
         tenant_id=row["tenant_id"],
         active=row["status"] == "active",
-        draining=bool(row["draining"]),
+        draining=bool(row["draining"]) or row["collector_id"] in draining,
         live=cid in live,
         fips=bool(row["fips"]),
         providers=providers,
@@ -225,7 +231,8 @@ class Router:
         ids = [r["collector_id"] for r in rows]
         live = await self.liveness.live(ids, time.time())
         loads = await self.in_flight.get(ids)
-        candidates = [_candidate(r, live, loads) for r in rows]
+        draining = await self.liveness.self_draining(ids)
+        candidates = [_candidate(r, live, loads, draining) for r in rows]
         try:
             eligible = placement.eligible(req, candidates)
         except placement.OpClassMismatch as exc:
@@ -393,11 +400,27 @@ class Router:
 
     # --- claim -------------------------------------------------------------------------------------
     async def claim(
-        self, collector_id: str, *, claim_seq: int, held_task_ids: frozenset[str], wait_s: float
+        self,
+        collector_id: str,
+        *,
+        claim_seq: int,
+        held_task_ids: frozenset[str],
+        wait_s: float,
+        draining: bool = False,
+        agent_version: str = "",
     ) -> Claimed | None:
-        """Hand the collector its next leased dispatch, waiting up to ``wait_s`` for one to be routed."""
+        """Hand the collector its next leased dispatch, waiting up to ``wait_s`` for one to be routed.
+
+        The claim is the collector's heartbeat: it refreshes liveness and the
+        session details (drain state, agent version) in Redis.
+        """
         started = time.monotonic()
-        if await self.liveness.touch(collector_id, time.time()):
+        session = {
+            "draining": "1" if draining else "0",
+            "agent_version": agent_version,
+            "claim_seq": str(claim_seq),
+        }
+        if await self.liveness.touch(collector_id, time.time(), session):
             self._spawn(self._reevaluate_for(collector_id))
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
@@ -490,11 +513,22 @@ class Router:
         effects = Effects()
         async with self.engine.begin() as conn:
             found = await store.get_dispatch(conn, dispatch_id)
-            if found is None or found["collector_id"] != collector_id:
-                # The same answer for "unknown" and "someone else's": a collector learns nothing about others.
-                raise PermissionDenied(
-                    f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
+            if found is not None and found["collector_id"] != collector_id:
+                # Speaking about another collector's work is recorded: it may be an attack.
+                await store.audit(
+                    conn,
+                    collector_id,
+                    "report.foreign_dispatch",
+                    str(found["task_id"]),
+                    {"dispatch_id": dispatch_id},
                 )
+                log.warning("report for another collector's dispatch", collector_id=collector_id)
+        if found is None or found["collector_id"] != collector_id:
+            # The same answer for "unknown" and "someone else's": a collector learns nothing about others.
+            raise PermissionDenied(
+                f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
+            )
+        async with self.engine.begin() as conn:
             task = await store.get_task(conn, found["task_id"], lock=True)
             d = await store.get_dispatch(conn, dispatch_id, lock=True)
             assert task is not None and d is not None

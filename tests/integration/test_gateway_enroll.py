@@ -156,8 +156,18 @@ async def test_collision_and_malformed_bodies(stack: Stack) -> None:
     ).is_success
     clash = await _post(stack, "/api/collector/v1/enroll", {"token": token, "csr_pem": csr_pem(p256(), "c")})
     assert (clash.status_code, clash.json()["error"]["code"]) == (409, "collector_id_taken")
-    not_json = await _post(stack, "/api/collector/v1/enroll", None, content=b"{nope")
+    not_json = await _post(
+        stack,
+        "/api/collector/v1/enroll",
+        None,
+        content=b"{nope",
+        headers={"content-type": "application/json"},
+    )
     assert (not_json.status_code, not_json.json()["error"]["code"]) == (400, "invalid_body")
+    wrong_type = await _post(
+        stack, "/api/collector/v1/enroll", None, content=b"{}", headers={"content-type": "text/plain"}
+    )
+    assert (wrong_type.status_code, wrong_type.json()["error"]["code"]) == (415, "unsupported_media_type")
     missing = await _post(stack, "/api/collector/v1/enroll", {"token": token})
     assert (missing.status_code, missing.json()["error"]["code"]) == (400, "invalid_body")
     assert await _uses(stack, token_id) == 1
@@ -174,7 +184,9 @@ async def test_oversized_body_is_refused(stack: Stack) -> None:
             yield b"x" * 4096
 
     async with httpx.AsyncClient(base_url=stack.url) as client:
-        streamed = await client.post("/api/collector/v1/enroll", content=chunks())
+        streamed = await client.post(
+            "/api/collector/v1/enroll", content=chunks(), headers={"content-type": "application/json"}
+        )
     assert (streamed.status_code, streamed.json()["error"]["code"]) == (413, "body_too_large")
     assert await _uses(stack, token_id) == 0
 

@@ -17,6 +17,7 @@ from common import error_mapping, errors
         (errors.FailedPrecondition("x"), 412, grpc.StatusCode.FAILED_PRECONDITION),
         (errors.RequestTimeout("x"), 408, grpc.StatusCode.DEADLINE_EXCEEDED),
         (errors.PayloadTooLarge("x"), 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (errors.UnsupportedMediaType("x"), 415, grpc.StatusCode.INVALID_ARGUMENT),
         (errors.ResourceExhausted("x"), 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
         (errors.Unavailable("x"), 503, grpc.StatusCode.UNAVAILABLE),
         (errors.DeadlineExceeded("x"), 504, grpc.StatusCode.DEADLINE_EXCEEDED),
