@@ -109,6 +109,9 @@ class Settings(BaseSettings):
         default="localhost", description="Name collectors verify on the gateway."
     )
 
+    claim_hold_s: float = Field(
+        default=25.0, gt=0, le=55, description="Longest the gateway holds a claim waiting for work (seconds)."
+    )
     gateway_public_url: str | None = Field(
         default=None,
         description="URL collectors use to reach the gateway (enroll commands, trust bootstrap). "

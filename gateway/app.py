@@ -28,7 +28,7 @@ from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
-from gateway import enroll_api
+from gateway import collector_api, enroll_api
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
@@ -47,10 +47,13 @@ class GatewayConfig:
     database_url: str
     redis_url: str
     enrollment_address: str
+    router_address: str = ""
     # PEM and SPKI pin of the gateway's internal CA, when it has one (served at /trust).
     gateway_ca: tuple[str, str] | None = None
     # A request body must arrive completely within this many seconds.
     body_deadline_s: float = BODY_DEADLINE_S
+    # Longest a claim is held waiting for work before answering 204.
+    claim_hold_s: float = 25.0
 
 
 @dataclass
@@ -113,7 +116,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.connections = Connections.connect(config.database_url, config.redis_url)
         app.state.store = GatewayStore(app.state.connections.engine)
-        app.state.backends = Backends(config.enrollment_address)
+        app.state.backends = Backends(config.enrollment_address, config.router_address)
+        app.state.claim_hold_s = config.claim_hold_s
         app.state.gateway_ca = config.gateway_ca
         app.state.body_deadline_s = config.body_deadline_s
         try:
@@ -180,6 +184,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
     app.include_router(enroll_api.router)
+    app.include_router(collector_api.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from common import collector_jwt
 from common.collector_jwt import BearerClaims, BearerError
 from common.errors import PermissionDenied
+from gateway.metrics import AUTH_FAILURES
 from gateway.store import CollectorAuthRecord, GatewayStore
 
 ACTIVE_ONLY = frozenset({"active"})
@@ -25,6 +26,17 @@ ANY_ENROLLED = frozenset({"pending", "active", "denied"})
 
 async def authenticate(
     request: Request, store: GatewayStore, allowed: frozenset[str] = ACTIVE_ONLY
+) -> tuple[BearerClaims, CollectorAuthRecord]:
+    """The verified claims and collector record; every refusal is counted by code."""
+    try:
+        return await _authenticate(request, store, allowed)
+    except (BearerError, PermissionDenied) as exc:
+        AUTH_FAILURES.labels(exc.code).inc()
+        raise
+
+
+async def _authenticate(
+    request: Request, store: GatewayStore, allowed: frozenset[str]
 ) -> tuple[BearerClaims, CollectorAuthRecord]:
     headers = request.headers.getlist("authorization")
     if len(headers) > 1:

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import grpc
 from versus.enrollment.v1 import enrollment_pb2_grpc
+from versus.router.v1 import collector_bridge_pb2_grpc
 
 from common import error_mapping
 from common.errors import Unavailable, VersusError
@@ -19,21 +20,29 @@ T = TypeVar("T")
 
 
 class Backends:
-    """Channels to the enrollment service (and, later, the router)."""
+    """Channels to the enrollment service and the router."""
 
-    def __init__(self, enrollment_address: str):
+    def __init__(self, enrollment_address: str, router_address: str):
         self._enrollment_channel = grpc.aio.insecure_channel(enrollment_address)
+        self._router_channel = grpc.aio.insecure_channel(router_address)
         self.enrollment = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)
+        self.bridge = collector_bridge_pb2_grpc.CollectorBridgeServiceStub(self._router_channel)
 
     async def close(self) -> None:
         await self._enrollment_channel.close(None)
+        await self._router_channel.close(None)
 
 
-async def call(method: Callable[..., Awaitable[T]], request: Any, request_id: str | None = None) -> T:
+async def call(
+    method: Callable[..., Awaitable[T]],
+    request: Any,
+    request_id: str | None = None,
+    timeout_s: float = CALL_TIMEOUT_S,
+) -> T:
     """Invoke a unary RPC; a failure comes back as the domain error the service raised."""
     metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
     try:
-        return await method(request, timeout=CALL_TIMEOUT_S, metadata=metadata)
+        return await method(request, timeout=timeout_s, metadata=metadata)
     except grpc.aio.AioRpcError as exc:
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

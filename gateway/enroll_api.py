@@ -102,7 +102,8 @@ class RenewOut(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
-def _parse(model: type[M], body: bytes) -> M:
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate a JSON body against its model; any problem is 400 ``invalid_body`` naming the field."""
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -135,7 +136,7 @@ async def trust(request: Request) -> TrustOut:
 @router.post("/enroll", response_model=EnrollOut)
 async def enroll(request: Request) -> EnrollOut:
     """Redeem an enrollment token and a CSR for a certificate and the trust bootstrap."""
-    body = _parse(EnrollBody, await read_json_body(request, MAX_ENROLL_BODY))
+    body = parse_body(EnrollBody, await read_json_body(request, MAX_ENROLL_BODY))
     c = body.collector
     reply = await call(
         request.app.state.backends.enrollment.Enroll,
@@ -184,7 +185,7 @@ async def enrollment_status(request: Request) -> StatusOut:
 async def renew(request: Request) -> RenewOut:
     """A new 90-day certificate for the calling collector (same or new P-256 key, same id)."""
     claims, _ = await authenticate(request, request.app.state.store)
-    body = _parse(RenewBody, await read_json_body(request, MAX_RENEW_BODY))
+    body = parse_body(RenewBody, await read_json_body(request, MAX_RENEW_BODY))
     reply = await call(
         request.app.state.backends.enrollment.RenewCertificate,
         pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),

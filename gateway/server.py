@@ -90,6 +90,8 @@ async def serve(settings: Settings) -> None:
             database_url=database_url,
             redis_url=redis_url,
             enrollment_address=settings.enrollment_address,
+            router_address=settings.router_address,
+            claim_hold_s=settings.claim_hold_s,
             gateway_ca=internal_ca(settings, tls),
         )
     )

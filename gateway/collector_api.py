@@ -1,0 +1,229 @@
+"""The collector control channel over per-call HTTPS: claim, report, capabilities.
+
+    POST /api/collector/v1/claim         long-poll for the next task (200 with a task, or 204)
+    POST /api/collector/v1/report        the result of one task
+    POST /api/collector/v1/capabilities  the driver manifest
+
+Every call needs a bearer token of an active collector; the collector id is
+taken from the verified token and nothing else. Each call is translated into a
+CollectorBridgeService RPC on the router.
+"""
+
+from __future__ import annotations
+
+import binascii
+import datetime as dt
+import json
+from typing import Literal
+
+from fastapi import APIRouter, Request, Response
+from google.protobuf.duration_pb2 import Duration
+from pydantic import BaseModel, Field
+from versus.router.v1 import collector_bridge_pb2 as bpb
+from versus.router.v1 import task_pb2
+
+from common.errors import InvalidArgument
+from gateway.auth import authenticate
+from gateway.body import read_json_body
+from gateway.clients import CALL_TIMEOUT_S, call
+from gateway.enroll_api import parse_body
+from gateway.metrics import CLAIM_OUTCOMES, CLAIMS_HELD, REPORT_OUTCOMES
+
+router = APIRouter(prefix="/api/collector/v1", tags=["collector"])
+
+# Limits (docs/gateway.md).
+MAX_CLAIM_BODY = 64 * 1024
+MAX_HELD_TASK_IDS = 1000
+MAX_RESULT_BYTES = 1024 * 1024
+MAX_REPORT_BODY = 2 * 1024 * 1024
+MAX_CAPABILITIES_BODY = 256 * 1024
+MAX_ERROR_MESSAGE = 4096
+
+_ID = Field(min_length=1, max_length=128)
+_OUTCOMES = {
+    "running": bpb.REPORT_OUTCOME_RUNNING,
+    "success": bpb.REPORT_OUTCOME_SUCCESS,
+    "failed": bpb.REPORT_OUTCOME_FAILED,
+    "unknown": bpb.REPORT_OUTCOME_UNKNOWN,
+    "refused": bpb.REPORT_OUTCOME_REFUSED,
+}
+_OP_CLASSES = {
+    "read": task_pb2.OP_CLASS_READ,
+    "mutate_reconcilable": task_pb2.OP_CLASS_MUTATE_RECONCILABLE,
+    "mutate_terminal": task_pb2.OP_CLASS_MUTATE_TERMINAL,
+}
+
+
+class ClaimBody(BaseModel):
+    claim_seq: int = Field(default=0, ge=0, description="1, 2, 3, ... for sequential claims; 0 = unnumbered")
+    held_task_ids: list[str] = Field(default_factory=list, max_length=MAX_HELD_TASK_IDS)
+    capacity: dict[str, int] = Field(
+        default_factory=dict, max_length=64, description="free slots per provider"
+    )
+    draining: bool = False
+    agent_version: str = Field(default="", max_length=64)
+    wait_s: float | None = Field(default=None, ge=0, description="ask for a shorter hold than the server's")
+
+
+class ReportBody(BaseModel):
+    task_id: str = _ID
+    outcome: Literal["running", "success", "failed", "unknown", "refused"]
+    result_b64: str = Field(default="", max_length=(MAX_RESULT_BYTES + 2) // 3 * 4)
+    error_code: str = Field(default="", max_length=128)
+    error_message: str = Field(default="", max_length=MAX_ERROR_MESSAGE)
+
+
+class ReportOut(BaseModel):
+    duplicate: bool
+    state: str
+
+
+class OperationIn(BaseModel):
+    name: str = _ID
+    op_class: Literal["read", "mutate_reconcilable", "mutate_terminal"]
+    timeout_s: int = Field(default=60, ge=1, le=86_400)
+    parallel_safe: bool = False
+    reconcile_operation: str = Field(default="", max_length=128)
+
+
+class ProviderIn(BaseModel):
+    provider: str = _ID
+    max_concurrency: int = Field(ge=1, le=1024)
+    operations: list[OperationIn] = Field(max_length=256)
+
+
+class CapabilitiesBody(BaseModel):
+    capability_epoch: int = Field(ge=0)
+    fips: bool = False
+    agent_version: str = Field(default="", max_length=64)
+    providers: list[ProviderIn] = Field(max_length=64)
+
+
+class CapabilitiesOut(BaseModel):
+    capability_epoch: int
+    accepted: bool
+
+
+_TASK_DOC = (
+    "A task: dispatch_id, envelope (the signed wire JSON, docs/envelope.md), server_time, server_time_ms, "
+    "hold_s, and offers (reserved for tunnels, upgrades and vault-mode changes)"
+)
+
+
+def _server_time() -> tuple[str, int]:
+    now = dt.datetime.now(dt.UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), int(now.timestamp() * 1000)
+
+
+@router.post(
+    "/claim",
+    responses={
+        200: {"description": _TASK_DOC},
+        204: {"description": "No task within the hold; headers X-Versus-Server-Time and X-Versus-Claim-Hold"},
+    },
+)
+async def claim(request: Request) -> Response:
+    """Long-poll for the next task. Doubles as the collector's heartbeat (there is no other)."""
+    claims, _ = await authenticate(request, request.app.state.store)
+    body = parse_body(ClaimBody, await read_json_body(request, MAX_CLAIM_BODY))
+    if any(len(t) > 128 for t in body.held_task_ids):
+        raise InvalidArgument("held_task_ids entries are at most 128 characters", code="invalid_body")
+    max_hold: float = request.app.state.claim_hold_s
+    hold = max_hold if body.wait_s is None else min(body.wait_s, max_hold)
+    seconds = int(hold)
+    CLAIMS_HELD.inc()
+    try:
+        reply = await call(
+            request.app.state.backends.bridge.Claim,
+            bpb.ClaimRequest(
+                collector_id=claims.collector_id,
+                free_slots={k: max(v, 0) for k, v in body.capacity.items()},
+                draining=body.draining,
+                agent_version=body.agent_version,
+                wait=Duration(seconds=seconds, nanos=int((hold - seconds) * 1e9)),
+                claim_seq=body.claim_seq,
+                held_task_ids=body.held_task_ids,
+            ),
+            request.state.request_id,
+            timeout_s=hold + CALL_TIMEOUT_S,
+        )
+    finally:
+        CLAIMS_HELD.dec()
+    stamp, stamp_ms = _server_time()
+    if not reply.HasField("envelope"):
+        CLAIM_OUTCOMES.labels("empty").inc()
+        return Response(
+            status_code=204, headers={"X-Versus-Server-Time": stamp, "X-Versus-Claim-Hold": f"{max_hold:g}"}
+        )
+    CLAIM_OUTCOMES.labels("task").inc()
+    # The envelope is embedded byte for byte: the gateway never re-serialises signed material.
+    fields = {"dispatch_id": reply.dispatch_id, "server_time": stamp, "server_time_ms": stamp_ms}
+    head = json.dumps({**fields, "hold_s": max_hold, "offers": []}, separators=(",", ":"))
+    payload = head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json + b"}"
+    return Response(content=payload, media_type="application/json")
+
+
+@router.post("/report", response_model=ReportOut)
+async def report(request: Request) -> ReportOut:
+    """The result of one task that was dispatched to this collector."""
+    claims, _ = await authenticate(request, request.app.state.store)
+    body = parse_body(ReportBody, await read_json_body(request, MAX_REPORT_BODY))
+    try:
+        result = binascii.a2b_base64(body.result_b64, strict_mode=True)
+    except binascii.Error:
+        raise InvalidArgument("result_b64 is not valid base64", code="invalid_body") from None
+    reply = await call(
+        request.app.state.backends.bridge.Report,
+        bpb.ReportRequest(
+            collector_id=claims.collector_id,
+            task_id=body.task_id,
+            outcome=_OUTCOMES[body.outcome],
+            result=result,
+            error_code=body.error_code,
+            error_message=body.error_message,
+        ),
+        request.state.request_id,
+    )
+    REPORT_OUTCOMES.labels(body.outcome).inc()
+    state = task_pb2.TaskState.Name(reply.state).removeprefix("TASK_STATE_").lower()
+    return ReportOut(duplicate=reply.duplicate, state=state)
+
+
+@router.post("/capabilities", response_model=CapabilitiesOut)
+async def capabilities(request: Request) -> CapabilitiesOut:
+    """Publish the driver manifest; queued work is re-evaluated against it at once."""
+    claims, _ = await authenticate(request, request.app.state.store)
+    body = parse_body(CapabilitiesBody, await read_json_body(request, MAX_CAPABILITIES_BODY))
+    names = [p.provider for p in body.providers]
+    if len(names) != len(set(names)):
+        raise InvalidArgument("each provider may appear once", code="invalid_body")
+    reply = await call(
+        request.app.state.backends.bridge.PublishCapabilities,
+        bpb.PublishCapabilitiesRequest(
+            collector_id=claims.collector_id,
+            capability_epoch=body.capability_epoch,
+            fips=body.fips,
+            agent_version=body.agent_version,
+            providers=[
+                bpb.ProviderCapability(
+                    provider=p.provider,
+                    max_concurrency=p.max_concurrency,
+                    operations=[
+                        bpb.OperationCapability(
+                            name=o.name,
+                            op_class=_OP_CLASSES[o.op_class],
+                            timeout=Duration(seconds=o.timeout_s),
+                            parallel_safe=o.parallel_safe,
+                            reconcile_operation=o.reconcile_operation,
+                        )
+                        for o in p.operations
+                    ],
+                )
+                for p in body.providers
+            ],
+        ),
+        request.state.request_id,
+    )
+    return CapabilitiesOut(
+        capability_epoch=reply.capability_epoch, accepted=reply.capability_epoch == body.capability_epoch
+    )

@@ -1,0 +1,12 @@
+"""Gateway metrics for the collector API (exposed on the gateway's /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+CLAIMS_HELD = Gauge("versus_gateway_claims_held", "Claims currently held open waiting for work.")
+CLAIM_OUTCOMES = Counter("versus_gateway_claims_total", "Claims answered, by outcome.", ["outcome"])
+AUTH_FAILURES = Counter(
+    "versus_gateway_auth_failures_total", "Refused bearer tokens, by error code.", ["code"]
+)
+REPORT_OUTCOMES = Counter("versus_gateway_reports_total", "Reports accepted, by outcome.", ["outcome"])

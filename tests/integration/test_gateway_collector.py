@@ -1,0 +1,396 @@
+"""The collector control channel over real sockets: enrollment, router and gateway, real databases."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+import uvicorn
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from google.protobuf.timestamp_pb2 import Timestamp
+from sqlalchemy import func, select, update
+from versus.router.v1 import task_pb2, task_router_pb2_grpc
+from versus.router.v1 import task_router_pb2 as pb
+
+from common import collector_jwt
+from common.db.schema import audit_events, collectors, dispatches
+from common.embedded.process import free_port
+from common.envelope.verify import VerifyContext, verify
+from common.grpc_server import GrpcServer
+from common.keys import PublicKey
+from enrollment.ca import CollectorCA
+from enrollment.server import registrations as enrollment_registrations
+from enrollment.service import EnrollmentConfig, EnrollmentService
+from enrollment.store import EnrollmentStore
+from gateway.app import GatewayConfig, create_app
+from router.server import registrations as router_registrations
+from tests.support.pki import csr_pem, p256
+from tests.support.router_env import KEYS, make_router
+
+pytestmark = pytest.mark.timeout(90)
+HOLD_S = 3.0
+API = "/api/collector/v1"
+
+
+@dataclass
+class Collector:
+    collector_id: str
+    key: ec.EllipticCurvePrivateKey
+    dispatch_keys: dict[str, PublicKey]
+
+    def bearer(self, **overrides: Any) -> dict[str, str]:
+        return {
+            "Authorization": "Bearer " + collector_jwt.mint(self.key, self.collector_id, int(time.time()))
+        }
+
+
+@dataclass
+class Stack:
+    url: str
+    service: EnrollmentService
+    tasks: task_router_pb2_grpc.TaskRouterServiceAsyncStub
+    site_id: str
+    redis: Any
+
+    async def post(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
+    ) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
+            return await client.post(API + path, json=body, headers=headers, **kw)
+
+    async def enroll(self, name: str) -> Collector:
+        issued = await self.service.issue_token(
+            self.site_id, max_uses=1, ttl_seconds=600, approval_mode="auto"
+        )
+        key = p256()
+        reply = await self.post("/enroll", {"token": issued.plaintext, "csr_pem": csr_pem(key, name)})
+        assert reply.status_code == 200, reply.text
+        keys = {k["kid"]: PublicKey.from_json(k) for k in reply.json()["dispatch_keys"]}
+        return Collector(name, key, keys)
+
+    async def publish(self, c: Collector, max_concurrency: int = 4) -> httpx.Response:
+        manifest = {
+            "capability_epoch": 1,
+            "agent_version": "1.0.0",
+            "providers": [
+                {
+                    "provider": "stub",
+                    "max_concurrency": max_concurrency,
+                    "operations": [
+                        {"name": "echo", "op_class": "read", "timeout_s": 30},
+                        {"name": "set", "op_class": "mutate_terminal"},
+                    ],
+                }
+            ],
+        }
+        return await self.post("/capabilities", manifest, c.bearer())
+
+    async def submit(self, key: str, operation: str = "echo") -> pb.SubmitTaskResponse:
+        deadline = Timestamp()
+        deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
+        op_class = task_pb2.OP_CLASS_READ if operation == "echo" else task_pb2.OP_CLASS_MUTATE_TERMINAL
+        return await self.tasks.SubmitTask(
+            pb.SubmitTaskRequest(
+                provider="stub",
+                operation=operation,
+                op_class=op_class,
+                target_ref="dev-1",
+                site_id=self.site_id,
+                tenant_id="tenant-g",
+                params=b'{"q":1}',
+                idempotency_key=key,
+                deadline=deadline,
+            )
+        )
+
+
+@pytest.fixture
+async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterator[Stack]:
+    router = make_router(database_url, redis_url)
+    service = EnrollmentService(
+        EnrollmentStore(router.engine),
+        CollectorCA.load_or_create(tmp_path / "ca"),
+        lambda: KEYS,
+        lambda: KEYS,
+        EnrollmentConfig("gw.versus", "https://gw:8443", ("gw:8443",), "gw", None, None),
+    )
+    grpc_server = GrpcServer(
+        "backends",
+        "127.0.0.1",
+        free_port(),
+        [*enrollment_registrations(service), *router_registrations(router)],
+    )
+    await grpc_server.start()
+    config = GatewayConfig(
+        database_url, redis_url, grpc_server.address, grpc_server.address, claim_hold_s=HOLD_S
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_config=None))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only this flag
+        await asyncio.sleep(0.01)
+    site = await service.create_site("gw-site", "tenant-g", "manual", None)
+    channel = grpc.aio.insecure_channel(grpc_server.address)
+    yield Stack(
+        f"http://127.0.0.1:{port}",
+        service,
+        task_router_pb2_grpc.TaskRouterServiceStub(channel),
+        site.site_id,
+        router.redis,
+    )
+    await channel.close(None)
+    server.should_exit = True
+    await task
+    await grpc_server.stop(0)
+    await router.aclose()
+
+
+async def test_claim_report_and_the_platform_sees_success(stack: Stack) -> None:
+    c = await stack.enroll("col-1")
+    published = await stack.publish(c)
+    assert published.json() == {"capability_epoch": 1, "accepted": True}
+    assert (await stack.post("/claim", {"wait_s": 0}, c.bearer())).status_code == 204  # now live
+    submitted = await stack.submit("t-1")
+    claimed = await stack.post("/claim", {"claim_seq": 1, "held_task_ids": []}, c.bearer())
+    assert claimed.status_code == 200, claimed.text
+    body = claimed.json()
+    assert set(body) == {"dispatch_id", "server_time", "server_time_ms", "hold_s", "offers", "envelope"}
+    assert body["offers"] == [] and body["hold_s"] == HOLD_S
+    raw = claimed.content[claimed.content.index(b'"envelope":') + len(b'"envelope":') : -1]
+    accepted = verify(raw, VerifyContext("col-1", int(time.time()), c.dispatch_keys, set(), _NoJournal()))
+    assert accepted.envelope.params == b'{"q":1}'
+    watch = stack.tasks.WatchTask(pb.WatchTaskRequest(task_id=submitted.task.task_id))
+    reported = await stack.post(
+        "/report",
+        {
+            "task_id": body["dispatch_id"],
+            "outcome": "success",
+            "result_b64": base64.b64encode(b"ok").decode(),
+        },
+        c.bearer(),
+    )
+    assert reported.json() == {"duplicate": False, "state": "success"}
+    states = [update.task.state async for update in watch]
+    assert states[-1] == task_pb2.TASK_STATE_SUCCESS
+    again = await stack.post(
+        "/report",
+        {
+            "task_id": body["dispatch_id"],
+            "outcome": "success",
+            "result_b64": base64.b64encode(b"ok").decode(),
+        },
+        c.bearer(),
+    )
+    assert again.json() == {"duplicate": True, "state": "success"}
+    conflict = await stack.post("/report", {"task_id": body["dispatch_id"], "outcome": "failed"}, c.bearer())
+    assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "conflicting_report")
+
+
+class _NoJournal:
+    def lookup(self, idempotency_key: str) -> None:
+        return None
+
+
+async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -> None:
+    c = await stack.enroll("col-2")
+    await stack.publish(c)
+    started = time.monotonic()
+    empty = await stack.post("/claim", {}, c.bearer())
+    held = time.monotonic() - started
+    assert empty.status_code == 204
+    assert empty.headers["X-Versus-Claim-Hold"] == "3"
+    assert empty.headers["X-Versus-Server-Time"].endswith("Z")
+    assert HOLD_S - 0.2 <= held < HOLD_S + 1.5
+    waiting = asyncio.create_task(stack.post("/claim", {}, c.bearer()))
+    await asyncio.sleep(0.5)
+    submitted_at = time.monotonic()
+    await stack.submit("t-wake")
+    reply = await waiting
+    assert reply.status_code == 200
+    assert time.monotonic() - submitted_at < 1.0  # well before the 3 s hold
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _token(header: dict[str, Any], claims: dict[str, Any], signature: bytes) -> str:
+    head = _b64url(json.dumps(header).encode()) + "." + _b64url(json.dumps(claims).encode())
+    return head + "." + _b64url(signature)
+
+
+def _claims(sub: str, **overrides: Any) -> dict[str, Any]:
+    now = int(time.time())
+    claims = {
+        "iss": sub,
+        "sub": sub,
+        "aud": "versus-collector-gateway",
+        "iat": now,
+        "exp": now + 60,
+        "jti": "j",
+    }
+    claims.update(overrides)
+    return claims
+
+
+def _es(
+    key: ec.EllipticCurvePrivateKey, header: dict[str, Any], claims: dict[str, Any], *, raw: bool = True
+) -> str:
+    signing_input = (
+        _b64url(json.dumps(header).encode()) + "." + _b64url(json.dumps(claims).encode())
+    ).encode()
+    algorithm = {"secp256r1": hashes.SHA256(), "secp384r1": hashes.SHA384(), "secp521r1": hashes.SHA512()}
+    der = key.sign(signing_input, ec.ECDSA(algorithm[key.curve.name]))
+    if not raw:
+        return signing_input.decode() + "." + _b64url(der)
+    r, s = decode_dss_signature(der)
+    size = (key.curve.key_size + 7) // 8
+    return signing_input.decode() + "." + _b64url(r.to_bytes(size, "big") + s.to_bytes(size, "big"))
+
+
+def _raw_rs(key: ec.EllipticCurvePrivateKey, claims: dict[str, Any], r: int, s: int) -> str:
+    return _token({"alg": "ES256", "typ": "JWT"}, claims, r.to_bytes(32, "big") + s.to_bytes(32, "big"))
+
+
+async def test_forged_and_broken_tokens_are_refused_and_change_nothing(stack: Stack) -> None:
+    a = await stack.enroll("col-a")
+    b = await stack.enroll("col-b")
+    pem = a.key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    es256 = {"alg": "ES256", "typ": "JWT"}
+    now = int(time.time())
+    hs_input = _b64url(b'{"alg":"HS256","typ":"JWT"}') + "." + _b64url(json.dumps(_claims("col-a")).encode())
+    forged = {
+        "alg none": _token({"alg": "none"}, _claims("col-a"), b""),
+        "HS256 with the public key": hs_input
+        + "."
+        + _b64url(hmac.new(pem, hs_input.encode(), hashlib.sha256).digest()),
+        "ES384": _es(ec.generate_private_key(ec.SECP384R1()), {"alg": "ES384"}, _claims("col-a")),
+        "ES512": _es(ec.generate_private_key(ec.SECP521R1()), {"alg": "ES512"}, _claims("col-a")),
+        "RS256": _rs256(_claims("col-a")),
+        "r zero": _raw_rs(a.key, _claims("col-a"), 0, 5),
+        "s zero": _raw_rs(a.key, _claims("col-a"), 5, 0),
+        "r out of range": _raw_rs(a.key, _claims("col-a"), 2**256 - 1, 5),
+        "DER signature": _es(a.key, es256, _claims("col-a"), raw=False),
+        "expired": _es(a.key, es256, _claims("col-a", iat=now - 1000, exp=now - 600)),
+        "issued in the future": _es(a.key, es256, _claims("col-a", iat=now + 600, exp=now + 660)),
+        "lifetime too long": _es(a.key, es256, _claims("col-a", exp=now + 3600)),
+        "wrong audience": _es(a.key, es256, _claims("col-a", aud="someone-else")),
+        "A signed by B": _es(b.key, es256, _claims("col-a")),
+        "iss differs": _es(a.key, es256, _claims("col-a", iss="col-b")),
+    }
+    async with httpx.AsyncClient(base_url=stack.url) as client:
+        for name, token in forged.items():
+            reply = await client.post(API + "/claim", json={}, headers={"Authorization": f"Bearer {token}"})
+            assert reply.status_code == 401, (name, reply.text)
+        assert (await client.post(API + "/claim", json={})).json()["error"]["code"] == "bearer_missing"
+        duplicated = await client.post(
+            API + "/claim", json={}, headers=[("authorization", a.bearer()["Authorization"])] * 2
+        )
+        assert (duplicated.status_code, duplicated.json()["error"]["code"]) == (401, "bearer_duplicated")
+    # None of them counted as a claim: the collector never became live.
+    assert await stack.redis.zscore("versus:live", "col-a") is None
+    # Revocation bites on the very next request.
+    assert (await stack.post("/claim", {"wait_s": 0}, a.bearer())).status_code == 204
+    async with stack.service.store.engine.begin() as conn:
+        await conn.execute(
+            update(collectors).where(collectors.c.collector_id == "col-a").values(status="revoked")
+        )
+    revoked = await stack.post("/claim", {"wait_s": 0}, a.bearer())
+    assert (revoked.status_code, revoked.json()["error"]["code"]) == (401, "collector_revoked")
+
+
+def _rs256(claims: dict[str, Any]) -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    import jwt
+
+    return jwt.encode(claims, key, algorithm="RS256")
+
+
+async def test_bad_requests_are_4xx_and_write_nothing(stack: Stack) -> None:
+    a = await stack.enroll("col-x")
+    b = await stack.enroll("col-y")
+    await stack.publish(a)
+    await stack.post("/claim", {"wait_s": 0}, a.bearer())
+    await stack.submit("t-x")
+    claimed = (await stack.post("/claim", {}, a.bearer())).json()
+    cases: list[tuple[str, dict[str, Any], int]] = [
+        (
+            "/claim",
+            {"content": b"{not json", "headers": {**a.bearer(), "content-type": "application/json"}},
+            400,
+        ),
+        ("/claim", {"content": b"{}", "headers": {**a.bearer(), "content-type": "text/plain"}}, 415),
+        ("/report", {"content": b"{}", "headers": {**a.bearer(), "content-type": "application/json"}}, 400),
+        (
+            "/report",
+            {
+                "json": {"task_id": "x", "outcome": "success", "result_b64": "A" * (2 * 1024 * 1024)},
+                "headers": a.bearer(),
+            },
+            413,
+        ),
+        ("/report", {"json": {"task_id": "dsp-unknown", "outcome": "success"}, "headers": a.bearer()}, 403),
+        (
+            "/report",
+            {"json": {"task_id": claimed["dispatch_id"], "outcome": "success"}, "headers": b.bearer()},
+            403,
+        ),
+        (
+            "/report",
+            {"json": {"task_id": claimed["dispatch_id"], "outcome": "done"}, "headers": a.bearer()},
+            400,
+        ),
+        (
+            "/capabilities",
+            {
+                "json": {
+                    "capability_epoch": 2,
+                    "providers": [{"provider": "p", "max_concurrency": 0, "operations": []}],
+                },
+                "headers": a.bearer(),
+            },
+            400,
+        ),
+    ]
+    async with httpx.AsyncClient(base_url=stack.url) as client:
+        for path, kwargs, status in cases:
+            reply = await client.post(API + path, **kwargs)
+            assert reply.status_code == status, (path, kwargs.get("json"), reply.text)
+            assert "error" in reply.json() and reply.json()["error"]["code"]
+    async with stack.service.store.engine.connect() as conn:
+        state = await conn.execute(
+            select(dispatches.c.state).where(dispatches.c.dispatch_id == claimed["dispatch_id"])
+        )
+        assert state.scalar_one() == "dispatched"  # nothing was written by the refused reports
+        foreign = await conn.execute(
+            select(func.count())
+            .select_from(audit_events)
+            .where(audit_events.c.action == "report.foreign_dispatch")
+        )
+        assert foreign.scalar_one() == 1
+
+
+async def test_pending_collectors_cannot_claim(stack: Stack) -> None:
+    issued = await stack.service.issue_token(
+        stack.site_id, max_uses=1, ttl_seconds=600, approval_mode="manual"
+    )
+    key = p256()
+    await stack.post("/enroll", {"token": issued.plaintext, "csr_pem": csr_pem(key, "col-pending")})
+    token = collector_jwt.mint(key, "col-pending", int(time.time()))
+    reply = await stack.post("/claim", {}, {"Authorization": f"Bearer {token}"})
+    assert (reply.status_code, reply.json()["error"]["code"]) == (403, "collector_pending")
