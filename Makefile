@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check unit integration e2e bench bench-envelope clean
+.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-envelope clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -14,6 +14,7 @@ help:
 	@echo "make protos   - regenerate gen/ from protos/"
 	@echo "make lint     - ruff and mypy --strict on hand-written code"
 	@echo "make vectors  - regenerate vectors/envelope/ from tools/gen_envelope_vectors.py"
+	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 
 venv: $(STAMP)
@@ -52,6 +53,9 @@ vectors: $(STAMP)
 
 vectors-check: $(STAMP)
 	$(BIN)/python -m tools.gen_envelope_vectors --check
+
+openapi: $(STAMP)
+	$(BIN)/python -m tools.openapi
 
 bench: bench-envelope
 

@@ -28,7 +28,7 @@ from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
-from gateway import collector_api, enroll_api
+from gateway import collector_api, enroll_api, openapi_bodies
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
@@ -185,6 +185,16 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app.include_router(enroll_api.router)
     app.include_router(collector_api.router)
+    openapi_bodies.install(
+        app,
+        {
+            "/api/collector/v1/enroll": enroll_api.EnrollBody,
+            "/api/collector/v1/renew": enroll_api.RenewBody,
+            "/api/collector/v1/claim": collector_api.ClaimBody,
+            "/api/collector/v1/report": collector_api.ReportBody,
+            "/api/collector/v1/capabilities": collector_api.CapabilitiesBody,
+        },
+    )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

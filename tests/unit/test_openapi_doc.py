@@ -1,0 +1,27 @@
+"""docs/openapi.json is the published collector API; it must match what the gateway serves."""
+
+from __future__ import annotations
+
+from tools import openapi
+
+
+def test_published_document_is_current() -> None:
+    assert openapi.OUT.read_text() == openapi.render(), (
+        "run `python -m tools.openapi` and commit docs/openapi.json"
+    )
+
+
+def test_collector_api_is_documented() -> None:
+    paths = openapi.document()["paths"]
+    for path in ("claim", "report", "capabilities", "enroll", "renew", "enrollment", "trust"):
+        assert f"/api/collector/v1/{path}" in paths
+
+
+def test_request_bodies_are_documented() -> None:
+    doc = openapi.document()
+    body = doc["paths"]["/api/collector/v1/claim"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]
+    assert body == {"$ref": "#/components/schemas/ClaimBody"}
+    assert "held_task_ids" in doc["components"]["schemas"]["ClaimBody"]["properties"]
+    assert "OperationIn" in doc["components"]["schemas"]  # nested models are registered too
