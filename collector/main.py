@@ -1,6 +1,7 @@
 """`versus-collector`: the reference collector's command line.
 
     versus-collector enroll --url URL --token TOKEN [--ca-pin sha256/...] [--state-dir DIR]
+    versus-collector run [--state-dir DIR] [--config FILE] [--claim-wait S] [--grace S] [--drivers a,b]
     versus-collector status [--state-dir DIR]
 
 Expected failures are one line on stderr (``code: message``) and exit status 1.
@@ -9,18 +10,22 @@ Expected failures are one line on stderr (``code: message``) and exit status 1.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from collector import __version__
+from collector.agent import Agent, CollectorError, summary
+from collector.config import default_state_dir, resolve
 from collector.enroll import EnrollError, EnrollOptions, enroll, status
+from common.logs import configure_logging
 
 
-def default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(os.environ.get("VERSUS_COLLECTOR_STATE_DIR", Path(base) / "versus-collector"))
+def _state_dir() -> Path:
+    return Path(os.environ.get("VERSUS_COLLECTOR_STATE_DIR", default_state_dir()))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,10 +38,33 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--ca-pin", help="sha256/... pin of the gateway's internal CA")
     e.add_argument("--collector-id", help="choose the collector id (default: generated)")
     e.add_argument("--force", action="store_true", help="enroll again over an existing identity")
-    s = sub.add_parser("status", help="Show this collector's enrollment status.")
-    for p in (e, s):
-        p.add_argument("--state-dir", type=Path, default=default_state_dir())
+    e.add_argument("--state-dir", type=Path, default=_state_dir())
+    r = sub.add_parser("run", help="Claim, verify, execute and report tasks until SIGTERM.")
+    r.add_argument("--state-dir", type=Path)
+    r.add_argument("--config", type=Path, help="TOML file with run settings")
+    r.add_argument("--claim-wait", type=float, dest="claim_wait_s")
+    r.add_argument("--grace", type=float, dest="grace_s")
+    r.add_argument("--max-backoff", type=float, dest="max_backoff_s")
+    r.add_argument("--drivers", help="comma-separated driver names to load (default: all installed)")
+    r.add_argument("--log-format", choices=["console", "json"])
+    s = sub.add_parser("status", help="Show identity, enrollment status, last claim and journal size.")
+    s.add_argument("--state-dir", type=Path, default=_state_dir())
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    flags = {
+        k: getattr(args, k)
+        for k in ("state_dir", "claim_wait_s", "grace_s", "max_backoff_s", "drivers", "log_format")
+    }
+    options, log_format = resolve(flags, args.config)
+    configure_logging(fmt=log_format, service="collector")
+
+    async def main() -> None:
+        await Agent(options).run()
+
+    asyncio.run(main())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,11 +81,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             if identity["status"] == "pending":
                 print("waiting for an operator to approve it; check with `versus-collector status`")
-        else:
-            result = status(args.state_dir)
-            until = result["cert_not_after"]
-            print(f"{result['collector_id']}: {result['status']} (certificate valid until {until})")
-    except EnrollError as exc:
+            return 0
+        if args.command == "run":
+            return _run(args)
+        result = status(args.state_dir)
+        local = summary(args.state_dir)
+        until = result["cert_not_after"]
+        print(f"{result['collector_id']}: {result['status']} (certificate valid until {until})")
+        print(f"gateway: {local['gateway_url']}")
+        last = local["last_claim_at"]
+        print(f"last claim: {f'{time.time() - last:.0f}s ago' if last else 'never'}")
+        journal = local["journal"]
+        print(f"journal: {journal['received']} tasks received, {journal['held']} in flight or unreported")
+        return 0
+    except (EnrollError, CollectorError) as exc:
         print(f"versus-collector: error: {exc}", file=sys.stderr)
         return 1
-    return 0

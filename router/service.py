@@ -490,6 +490,9 @@ class Router:
                         d["dispatch_id"],
                     )
                     effects.add(self._reevaluate_effect(task["site_id"]))
+                elif d["kind"] == "reconcile" and task["state"] == S.RECONCILING.value:
+                    # The reconcile-read was lost on the way: ask again with a new dispatch.
+                    await self._dispatch_reconcile(conn, task["task_id"], effects)
         await effects.run()
 
     async def _abandon(self, conn: AsyncConnection, d: RowMapping, effects: Effects, state: str) -> None:

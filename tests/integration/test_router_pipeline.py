@@ -321,3 +321,17 @@ async def test_bad_submissions_write_nothing(
     assert info.value.code == code  # type: ignore[attr-defined]
     async with env.router.engine.connect() as conn:
         assert (await conn.execute(select(func.count()).select_from(tasks))).scalar_one() == 0
+
+
+async def test_a_lost_reconcile_read_is_dispatched_again(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task_id, dispatch_id = await _dispatch(env, "apply", "dev-lost")
+    await env.router.report("col-a", dispatch_id, S.UNKNOWN)
+    lost = await env.router.claim("col-a", claim_seq=10, held_task_ids=frozenset(), wait_s=0)
+    assert lost is not None
+    # The next numbered claim does not hold it: the reconcile-read is sent again.
+    again = await env.router.claim("col-a", claim_seq=11, held_task_ids=frozenset(), wait_s=0)
+    assert again is not None and again.dispatch_id != lost.dispatch_id
+    assert open_envelope(again.envelope, "col-a")["operation"] == "apply.check"
+    assert (await env.router.report("col-a", again.dispatch_id, S.SUCCESS)).state == S.SUCCESS
+    assert await _state(env, task_id) == "success"

@@ -1,0 +1,351 @@
+"""`versus-collector run`: claim, verify, execute, journal, report - until SIGTERM.
+
+The loop claims one task at a time (claims are numbered and carry the task ids
+the journal holds), verifies every envelope in the documented order, journals
+receipt before executing and the result before reporting, and retries each
+report until the gateway acknowledges it. See collector/journal.py for the
+crash windows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import random
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
+from collector.drivers import registry
+from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task
+from collector.journal import AlreadyReceived, Journal, Result
+from collector.state import StatePaths, load_key, read_json, write_json
+from common.envelope.codes import EnvelopeError, Rejection
+from common.envelope.verify import ServerClock, VerifyContext, verify
+from common.keys import PublicKey
+from common.logs import get_logger
+
+log = get_logger("versus.collector")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    state_dir: Path
+    claim_wait_s: float = 25.0
+    grace_s: float = 30.0
+    max_backoff_s: float = 60.0
+    drivers: tuple[str, ...] | None = None
+
+
+class CollectorError(Exception):
+    """A problem that stops the collector from starting; reported as one line."""
+
+
+def backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
+    """Exponential backoff with ±25 % jitter, so a fleet does not reconnect in lockstep."""
+    return float(min(cap, base * 2**attempt) * random.uniform(0.75, 1.25))  # noqa: S311 - jitter, not crypto
+
+
+def check_key_permissions(path: Path) -> None:
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise CollectorError(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
+
+
+class Agent:
+    def __init__(self, options: RunOptions):
+        self.options = options
+        self.paths = StatePaths(options.state_dir)
+        if not self.paths.identity.exists():
+            raise CollectorError(f"no identity in {options.state_dir}; run `versus-collector enroll` first")
+        check_key_permissions(self.paths.key)
+        self.identity = read_json(self.paths.identity)
+        self.collector_id: str = self.identity["collector_id"]
+        keys = read_json(self.paths.keys)
+        self.trusted = {k["kid"]: PublicKey.from_json(k) for k in keys["dispatch"]}
+        credentials_path = options.state_dir / "credentials.json"
+        credentials = read_json(credentials_path) if credentials_path.exists() else {}
+        if credentials_path.exists():
+            check_key_permissions(credentials_path)
+        self.drivers: dict[str, Driver] = registry.load(
+            DriverContext(options.state_dir, credentials), options.drivers
+        )
+        self.slots = {name: asyncio.Semaphore(d.max_concurrency) for name, d in self.drivers.items()}
+        self.in_flight: dict[str, int] = dict.fromkeys(self.drivers, 0)
+        self.journal = Journal(options.state_dir / "journal.sqlite3")
+        self.clock = ServerClock()
+        self.client = GatewayClient(
+            self.identity["gateway_url"],
+            ssl_context(self.paths.ca_bundle),
+            load_key(self.paths.key),
+            self.collector_id,
+        )
+        self.stopping = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        try:
+            await self._recover()
+            await self._publish_capabilities()
+            await self._claim_loop()
+        finally:
+            await self._drain()
+            await self.client.close()
+            self.journal.close()
+
+    async def _drain(self) -> None:
+        if self.tasks:
+            log.info("draining", in_flight=len(self.tasks), grace_s=self.options.grace_s)
+            _, late = await asyncio.wait(self.tasks, timeout=self.options.grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _recover(self) -> None:
+        """Finish what a previous run left: interrupted tasks are reported unknown, results re-reported."""
+        for task_id, key in self.journal.unfinished():
+            log.warning("task interrupted by a restart; reporting unknown", task_id=task_id)
+            self.journal.record_result(
+                task_id, key, Result("unknown", b"", "collector_restarted", "interrupted")
+            )
+        for pending in self.journal.pending_reports():
+            self._spawn(self._report(pending.task_id, pending.result))
+        self.journal.prune()
+
+    async def _publish_capabilities(self) -> None:
+        providers = registry.manifest(self.drivers)
+        state = self.options.state_dir / "capabilities.json"
+        previous = tuple(read_json(state)) if state.exists() else None
+        epoch, digest = registry.epoch(providers, previous)
+        body = {"capability_epoch": epoch, "fips": False, "agent_version": _version(), "providers": providers}
+        attempt = 0
+        while not self.stopping.is_set():
+            try:
+                await self.client.capabilities(body)
+                write_json(state, [epoch, digest])
+                log.info("capabilities published", epoch=epoch, providers=[p["provider"] for p in providers])
+                return
+            except GatewayUnavailable as exc:
+                await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), f"capabilities: {exc}")
+                attempt += 1
+
+    # --- claiming -------------------------------------------------------------------------------
+    def _free(self) -> dict[str, int]:
+        return {name: d.max_concurrency - self.in_flight[name] for name, d in self.drivers.items()}
+
+    async def _claim_loop(self) -> None:
+        attempt = 0
+        while not self.stopping.is_set():
+            if not any(v > 0 for v in self._free().values()):
+                await asyncio.sleep(0.05)
+                continue
+            body = {
+                "claim_seq": self.journal.next_claim_seq(),
+                "held_task_ids": self.journal.held_task_ids(),
+                "capacity": self._free(),
+                "agent_version": _version(),
+                "wait_s": self.options.claim_wait_s,
+            }
+            claim = asyncio.ensure_future(self.client.claim(body, self.options.claim_wait_s))
+            stop = asyncio.ensure_future(self.stopping.wait())
+            done, _ = await asyncio.wait([claim, stop], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if claim not in done:
+                claim.cancel()
+                with contextlib.suppress(asyncio.CancelledError, GatewayUnavailable, GatewayRefused):
+                    await claim
+                return
+            try:
+                reply = claim.result()
+            except GatewayUnavailable as exc:
+                await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), f"claim: {exc}")
+                attempt += 1
+                continue
+            except GatewayRefused as exc:
+                log.error("claim refused", code=exc.code, status=exc.status)
+                await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), exc.code)
+                attempt += 1
+                continue
+            attempt = 0
+            if reply.server_time_ms is not None:
+                self.clock = ServerClock.observe(reply.server_time_ms / 1000, time.time())
+            self._write_runtime()
+            if reply.envelope is not None and reply.dispatch_id is not None:
+                await self._accept(reply.dispatch_id, reply.envelope)
+
+    def _write_runtime(self) -> None:
+        write_json(
+            self.paths.root / "runtime.json",
+            {"last_claim_at": time.time(), "clock_offset_s": self.clock.offset_s},
+        )
+
+    async def _sleep(self, seconds: float, why: str) -> None:
+        log.warning("gateway unavailable; backing off", seconds=round(seconds, 2), reason=why)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # --- one task ---------------------------------------------------------------------------------
+    async def _accept(self, dispatch_id: str, raw: bytes) -> None:
+        """Verify and journal the receipt before anything runs; execution continues in the background."""
+        ctx = VerifyContext(
+            collector_id=self.collector_id,
+            now=self.clock.now(time.time()),
+            trusted_keys=self.trusted,
+            seen=self.journal,
+            journal=self.journal,
+        )
+        try:
+            accepted = verify(raw, ctx)
+        except EnvelopeError as exc:
+            if exc.code == Rejection.WRONG_COLLECTOR:
+                log.error("envelope addressed to another collector: possible attack", dispatch_id=dispatch_id)
+            else:
+                log.warning("envelope refused", dispatch_id=dispatch_id, code=exc.code.value)
+            self._spawn(self._report_refusal(dispatch_id, exc.code.value, exc.message))
+            return
+        f = accepted.envelope.fields
+        try:
+            self.journal.record_receipt(f.task_id, f.idempotency_key, f.provider)
+        except AlreadyReceived:
+            return
+        if accepted.journaled is not None:
+            known = self.journal.result(f.idempotency_key)
+            assert known is not None
+            log.info("idempotency key already journaled; answering from the journal", task_id=f.task_id)
+            self.journal.record_result(f.task_id, f.idempotency_key, known)
+            self._spawn(self._report(f.task_id, known))
+            return
+        task = Task(
+            f.task_id, f.operation, f.target_ref, f.idempotency_key, accepted.envelope.params, f.lease_epoch
+        )
+        self.in_flight[f.provider] = self.in_flight.get(f.provider, 0) + 1
+        self._spawn(self._execute(f.provider, task))
+
+    async def _execute(self, provider: str, task: Task) -> None:
+        try:
+            outcome = await self._run_driver(provider, task)
+            if outcome.status == "unknown":
+                outcome = await self._reconcile_locally(provider, task, outcome)
+        finally:
+            self.in_flight[provider] -= 1
+        result = Result(outcome.status, outcome.result, outcome.error_code, outcome.error_message)
+        self.journal.record_result(task.task_id, task.idempotency_key, result)
+        await self._report(task.task_id, result)
+
+    async def _run_driver(self, provider: str, task: Task) -> Outcome:
+        driver = self.drivers.get(provider)
+        op = driver.operations.get(task.operation) if driver else None
+        if driver is None or op is None:
+            return Outcome(
+                "failed", b"", "operation_not_supported", f"{provider}/{task.operation} is not installed"
+            )
+        async with self.slots[provider]:
+            try:
+                return await asyncio.wait_for(driver.execute(task), op.timeout_s)
+            except TimeoutError:
+                return Outcome("unknown", b"", "timeout", f"no answer within {op.timeout_s}s")
+            except DriverError as exc:
+                return Outcome("failed", b"", exc.code, str(exc))
+
+    async def _reconcile_locally(self, provider: str, task: Task, unclear: Outcome) -> Outcome:
+        """For a reconcilable mutation, ask the driver's reconcile-read before giving up as unknown."""
+        driver = self.drivers[provider]
+        op = driver.operations.get(task.operation)
+        if op is None or op.op_class != "mutate_reconcilable" or not op.reconcile_operation:
+            return unclear
+        check = Task(
+            task.task_id, op.reconcile_operation, task.target_ref, task.idempotency_key, task.params, 0
+        )
+        answer = await self._run_driver(provider, check)
+        if answer.status == "success":
+            return Outcome("success", answer.result, "", "reconciled locally: applied")
+        if answer.status == "failed" and answer.error_code == "":
+            return Outcome("failed", b"", "not_applied", "reconciled locally: the change did not land")
+        return unclear
+
+    # --- reporting ----------------------------------------------------------------------------------
+    async def _report(self, task_id: str, result: Result) -> None:
+        body = {
+            "task_id": task_id,
+            "outcome": result.outcome,
+            "result_b64": base64.b64encode(result.result).decode(),
+            "error_code": result.error_code,
+            "error_message": result.error_message[:4000],
+        }
+        await self._send_report(task_id, body)
+
+    async def _report_refusal(self, task_id: str, code: str, message: str) -> None:
+        body = {"task_id": task_id, "outcome": "refused", "error_code": code, "error_message": message[:4000]}
+        await self._send_report(task_id, body, journaled=False)
+
+    async def _send_report(self, task_id: str, body: Mapping[str, Any], journaled: bool = True) -> None:
+        """Resend the same report until acknowledged; never re-execute. A duplicate ack counts as success."""
+        attempt = 0
+        deadline = None
+        while True:
+            try:
+                await self.client.report(dict(body))
+                break
+            except GatewayRefused as exc:
+                # 403/409: the control plane will never accept this report; the journal keeps the evidence.
+                log.error("report refused", task_id=task_id, code=exc.code)
+                break
+            except GatewayUnavailable as exc:
+                if self.stopping.is_set():
+                    deadline = deadline or time.monotonic() + self.options.grace_s
+                    if time.monotonic() > deadline:
+                        log.warning(
+                            "giving up on a report for now; it is re-sent on the next start", task_id=task_id
+                        )
+                        return
+                delay = backoff(attempt, base=0.5, cap=self.options.max_backoff_s)
+                log.warning(
+                    "report not delivered; retrying",
+                    task_id=task_id,
+                    seconds=round(delay, 2),
+                    reason=str(exc),
+                )
+                await asyncio.sleep(delay)
+                attempt += 1
+        if journaled:
+            self.journal.mark_reported(task_id)
+
+
+def _version() -> str:
+    from collector import __version__
+
+    return __version__
+
+
+def summary(state_dir: Path) -> dict[str, Any]:
+    """Local facts for `versus-collector status`: journal size, in-flight work, last claim."""
+    paths = StatePaths(state_dir)
+    runtime_path = paths.root / "runtime.json"
+    runtime = read_json(runtime_path) if runtime_path.exists() else {}
+    journal_path = state_dir / "journal.sqlite3"
+    counts = {"received": 0, "results": 0, "held": 0}
+    if journal_path.exists():
+        journal = Journal(journal_path)
+        counts = journal.counts()
+        journal.close()
+    identity = read_json(paths.identity) if paths.identity.exists() else {}
+    return {
+        "gateway_url": identity.get("gateway_url", ""),
+        "journal": counts,
+        "last_claim_at": runtime.get("last_claim_at"),
+        "clock_offset_s": runtime.get("clock_offset_s"),
+    }

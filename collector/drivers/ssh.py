@@ -1,0 +1,67 @@
+"""``ssh`` - runs a command on a device over SSH (asyncssh).
+
+    show     read             a command the operator declares read-only
+    command  mutate_terminal  any command
+
+Params (JSON): ``{"command": "uname -a"}``. Host, port, user, password or key
+and the pinned host key come from the collector's local credentials, keyed by
+target_ref, so credentials never leave the customer's network::
+
+    {"ssh": {"<target_ref>": {"host": "10.0.0.7", "port": 22, "username": "ops",
+                               "password": "...", "client_key": "/path", "host_key": "ssh-ed25519 AAAA..."}}}
+
+Without a pinned ``host_key`` the connection is refused rather than trusting the device blindly.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import asyncssh
+
+from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Task
+
+MAX_OUTPUT_BYTES = 512 * 1024
+
+
+class SshDriver:
+    provider: ClassVar[str] = "ssh"
+    max_concurrency: ClassVar[int] = 4
+    operations: ClassVar[dict[str, Operation]] = {
+        "show": Operation("read", timeout_s=60),
+        "command": Operation("mutate_terminal", timeout_s=300),
+    }
+
+    def __init__(self, ctx: DriverContext):
+        self.targets: dict[str, Any] = ctx.credentials.get("ssh", {})
+
+    async def execute(self, task: Task) -> Outcome:
+        target = self.targets.get(task.target_ref)
+        if target is None:
+            raise DriverError("no_credentials", f"no local ssh settings for {task.target_ref!r}")
+        if not target.get("host_key"):
+            raise DriverError("host_key_missing", f"no pinned host key for {task.target_ref!r}")
+        command = str(json.loads(task.params or b"{}").get("command", ""))
+        if not command:
+            raise DriverError("bad_params", "params.command is required")
+        known_hosts = asyncssh.import_known_hosts(
+            f"[{target['host']}]:{target.get('port', 22)} {target['host_key']}\n"
+        )
+        options: dict[str, Any] = {"known_hosts": known_hosts, "username": target["username"]}
+        if target.get("password"):
+            options["password"] = target["password"]
+        if target.get("client_key"):
+            options["client_keys"] = [target["client_key"]]
+        try:
+            async with asyncssh.connect(target["host"], port=int(target.get("port", 22)), **options) as conn:
+                completed = await conn.run(command, check=False)
+        except (OSError, asyncssh.Error) as exc:
+            return Outcome("failed", b"", "ssh_unreachable", str(exc)[:200])
+        stdout = str(completed.stdout or "")[:MAX_OUTPUT_BYTES]
+        stderr = str(completed.stderr or "")[:MAX_OUTPUT_BYTES]
+        result = json.dumps(
+            {"exit_status": completed.exit_status, "stdout": stdout, "stderr": stderr}
+        ).encode()
+        ok = completed.exit_status == 0
+        return Outcome("success" if ok else "failed", result, "" if ok else "ssh_exit_status")

@@ -1,0 +1,65 @@
+"""``stub`` - a driver for tests and demos with a file-backed "device".
+
+    echo          read                 returns its params
+    append        mutate_reconcilable  appends the idempotency key to the device file; check: append.check
+    append.check  read                 success if the key is in the device file, failed if not
+    apply_once    mutate_terminal      appends to the device file, not safely repeatable
+
+Each device is a file ``<state>/stub-devices/<target_ref>``, so tests can count
+exactly how often each mutation was applied. Params may ask for a delay
+(``{"sleep": seconds}``, after the change; echo honours it too) to leave time
+to kill the collector mid-task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import ClassVar
+
+from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Task
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class StubDriver:
+    provider: ClassVar[str] = "stub"
+    max_concurrency: ClassVar[int] = 8
+    operations: ClassVar[dict[str, Operation]] = {
+        "echo": Operation("read", timeout_s=30),
+        "append": Operation("mutate_reconcilable", timeout_s=60, reconcile_operation="append.check"),
+        "append.check": Operation("read", timeout_s=30),
+        "apply_once": Operation("mutate_terminal", timeout_s=60),
+    }
+
+    def __init__(self, ctx: DriverContext):
+        self.devices = ctx.state_dir / "stub-devices"
+        self.devices.mkdir(parents=True, exist_ok=True)
+
+    def device(self, target_ref: str) -> Path:
+        return self.devices / _SAFE.sub("_", target_ref)
+
+    async def execute(self, task: Task) -> Outcome:
+        params = json.loads(task.params or b"{}") if task.params.strip().startswith(b"{") else {}
+        if task.operation == "echo":
+            if params.get("sleep"):
+                await asyncio.sleep(float(params["sleep"]))
+            return Outcome("success", task.params)
+        path = self.device(task.target_ref)
+        if task.operation == "append.check":
+            lines = path.read_text().splitlines() if path.exists() else []
+            return Outcome("success" if task.idempotency_key in lines else "failed", b"")
+        if task.operation in ("append", "apply_once"):
+            with path.open("a") as fh:
+                fh.write(task.idempotency_key + "\n")
+            delay = float(params.get("sleep", 0))
+            if delay:
+                await asyncio.sleep(delay)
+            if params.get("fail"):
+                return Outcome("failed", b"", "stub_failed", "asked to fail")
+            if params.get("unclear"):
+                return Outcome("unknown", b"", "stub_unclear", "the device did not confirm")
+            return Outcome("success", b"applied")
+        raise DriverError("unknown_operation", f"stub has no operation {task.operation!r}")

@@ -1,0 +1,124 @@
+"""Drive a real `versus-collector` against a real `versus-cp up`, and submit work over gRPC."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from versus.router.v1 import task_pb2, task_router_pb2_grpc
+from versus.router.v1 import task_router_pb2 as pb
+
+from tests.e2e.harness import ControlPlane, run_cli
+
+OP_CLASSES = {
+    "read": task_pb2.OP_CLASS_READ,
+    "mutate_reconcilable": task_pb2.OP_CLASS_MUTATE_RECONCILABLE,
+    "mutate_terminal": task_pb2.OP_CLASS_MUTATE_TERMINAL,
+}
+
+
+def cli_json(args: list[str], env: dict[str, str]) -> Any:
+    done = run_cli([*args, "--json"], env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@dataclass
+class Collector:
+    cp: ControlPlane
+    state: Path
+    log_path: Path
+    site_id: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def enroll(self) -> str:
+        self.site_id = cli_json(
+            ["sites", "create", f"site-{self.state.name}", "--tenant", "acme"], self.cp.env
+        )["site"]["site_id"]
+        command = cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)["enroll_command"]
+        argv = [*shlex.split(command)[1:], "--state-dir", str(self.state)]
+        done = subprocess.run([sys.executable, "-m", "collector", *argv], env=self.cp.env, capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return str(json.loads((self.state / "identity.json").read_text())["collector_id"])
+
+    def start(self, *extra: str) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "collector", "run", "--state-dir", str(self.state), "--claim-wait", "2",
+             "--grace", "10", "--max-backoff", "1", *extra],
+            env=self.cp.env, stdout=self._log, stderr=self._log,
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(30)
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def device(self, target: str) -> list[str]:
+        path = self.state / "stub-devices" / target
+        return path.read_text().splitlines() if path.exists() else []
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class Platform:
+    """A platform module: submits tasks and watches them over the router's gRPC API."""
+
+    def __init__(self, cp: ControlPlane):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{cp.port('router')}")
+        self.stub = task_router_pb2_grpc.TaskRouterServiceStub(self.channel)
+
+    def submit(self, site_id: str, operation: str, op_class: str, target: str, params: dict[str, Any],
+               key: str, provider: str = "stub") -> str:  # fmt: skip
+        deadline = Timestamp()
+        deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
+        reply = self.stub.SubmitTask(pb.SubmitTaskRequest(
+            provider=provider, operation=operation, op_class=OP_CLASSES[op_class], target_ref=target,
+            site_id=site_id, tenant_id="acme", params=json.dumps(params).encode(), idempotency_key=key,
+            deadline=deadline,
+        ), timeout=10)  # fmt: skip
+        return str(reply.task.task_id)
+
+    def task(self, task_id: str) -> pb.GetTaskResponse:
+        return self.stub.GetTask(pb.GetTaskRequest(task_id=task_id), timeout=10)
+
+    def wait_state(self, task_id: str, states: set[str], timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            task = self.task(task_id).task
+            name = task_pb2.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower()
+            if name in states:
+                return task
+            time.sleep(0.1)
+        raise AssertionError(f"task {task_id} is {name}, not {states}")
+
+    def close(self) -> None:
+        self.channel.close()

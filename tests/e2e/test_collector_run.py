@@ -1,0 +1,81 @@
+"""The reference collector end to end: `versus-cp up`, `versus-collector enroll` and `run`, real processes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.collector_harness import Collector, Platform
+from tests.e2e.harness import ControlPlane
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def fleet(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> Iterator[tuple[Collector, Platform]]:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    platform = Platform(cp)
+    yield collector, platform
+    collector.stop()
+    platform.close()
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]) -> None:
+    collector, platform = fleet
+    collector.start()
+    task_id = platform.submit(collector.site_id, "echo", "read", "dev-1", {"hello": "world"}, "echo-1")
+    task = platform.wait_state(task_id, {"success", "failed"})
+    assert json.loads(task.result) == {"hello": "world"}
+    # A task in flight when SIGTERM arrives is finished and reported before the collector exits.
+    slow = platform.submit(collector.site_id, "echo", "read", "dev-2", {"sleep": 1.5}, "echo-2")
+    platform.wait_state(slow, {"dispatched", "running"})
+    time.sleep(0.3)
+    assert collector.stop() == 0
+    assert platform.task(slow).task.state != 0
+    assert platform.wait_state(slow, {"success"}, timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("operation", "op_class", "final"),
+    [("apply_once", "mutate_terminal", "indeterminate"), ("append", "mutate_reconcilable", "success"),
+     ("echo", "read", "success")],
+)  # fmt: skip
+def test_sigkill_mid_task_never_applies_twice(
+    fleet: tuple[Collector, Platform], operation: str, op_class: str, final: str
+) -> None:
+    collector, platform = fleet
+    collector.start()
+    target = f"dev-{operation}"
+    # Mutations stay "in progress" long enough to be killed; the read's retry should not wait long.
+    delay = 3 if op_class == "read" else 30
+    task_id = platform.submit(
+        collector.site_id, operation, op_class, target, {"sleep": delay}, f"k-{operation}"
+    )
+    platform.wait_state(task_id, {"dispatched", "running"})
+    if op_class != "read":
+        _wait_for(lambda: len(collector.device(target)) == 1)  # the change landed, no result yet
+    else:
+        time.sleep(0.5)
+    collector.kill()
+    collector.start()
+    task = platform.wait_state(task_id, {final, "failed", "indeterminate", "success"}, timeout=90)
+    assert task.state == platform.wait_state(task_id, {final}).state
+    if op_class != "read":
+        assert collector.device(target) == [f"k-{operation}"]  # applied exactly once
