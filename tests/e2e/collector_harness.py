@@ -48,8 +48,13 @@ class Collector:
         )["site"]["site_id"]
         command = cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)["enroll_command"]
         argv = [*shlex.split(command)[1:], "--state-dir", str(self.state)]
-        done = subprocess.run([sys.executable, "-m", "collector", *argv], env=self.cp.env, capture_output=True,
-                              text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "collector", *argv],
+            env=self.cp.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return str(json.loads((self.state / "identity.json").read_text())["collector_id"])
 
