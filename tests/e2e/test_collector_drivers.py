@@ -1,0 +1,68 @@
+"""The ssh and http drivers through the whole system, against real servers on loopback."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from common.state_dir import write_private
+from tests.e2e.collector_harness import Collector, Platform
+from tests.e2e.harness import ControlPlane
+from tests.support.devices import HttpsDevice, SshDevice
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    ssh_device = SshDevice()
+    https_device = HttpsDevice(tmp_path / "https-device")
+    platform = Platform(cp)
+    try:
+        secret = "device-api-token-123"
+        credentials = {
+            "ssh": {"sw-7": ssh_device.credentials()},
+            "http": {"lb-1": https_device.credentials(secret)},
+        }
+        write_private(collector.state / "credentials.json", json.dumps(credentials).encode())
+        collector.start()
+
+        ssh_task = platform.submit(
+            collector.site_id, "show", "read", "sw-7", {"command": "uname"}, "ssh-1", provider="ssh"
+        )
+        result = json.loads(platform.wait_state(ssh_task, {"success"}).result)
+        assert result["exit_status"] == 0
+        assert result["stdout"].strip() == "Linux"
+        assert ssh_device.commands == ["uname"]
+
+        http_task = platform.submit(
+            collector.site_id,
+            "request",
+            "mutate_terminal",
+            "lb-1",
+            {"method": "POST", "path": "/pool/web/disable"},
+            "http-1",
+            provider="http",
+        )
+        reply = json.loads(platform.wait_state(http_task, {"success"}).result)
+        assert reply["status"] == 200
+        assert json.loads(base64.b64decode(reply["body_b64"])) == {
+            "device": "lb-1",
+            "method": "POST",
+            "path": "/pool/web/disable",
+        }
+        # The credential was injected on the collector; it never travelled with the task.
+        assert https_device.requests == [("POST", "/pool/web/disable", f"Bearer {secret}")]
+        assert secret not in collector.log() and ssh_device.password not in collector.log()
+        assert secret not in cp.log()
+    finally:
+        collector.stop()
+        platform.close()
+        ssh_device.close()
+        https_device.close()
