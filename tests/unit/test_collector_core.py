@@ -1,0 +1,122 @@
+"""The collector's local parts: journal crash windows, backoff, configuration, drivers, key checks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collector.agent import CollectorError, backoff, check_key_permissions
+from collector.config import resolve
+from collector.drivers import registry
+from collector.drivers.base import DriverContext, Task
+from collector.drivers.stub import StubDriver
+from collector.journal import AlreadyReceived, Journal, Result
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    j = Journal(tmp_path / "journal.sqlite3")
+    yield j
+    j.close()
+
+
+def test_receipt_then_result_then_report(journal: Journal) -> None:
+    journal.record_receipt("d1", "k1", "stub")
+    assert "d1" in journal and journal.held_task_ids() == ["d1"]
+    with pytest.raises(AlreadyReceived):
+        journal.record_receipt("d1", "k1", "stub")
+    assert journal.unfinished() == [("d1", "k1")]
+    journal.record_result("d1", "k1", Result("success", b"ok"))
+    assert journal.unfinished() == []
+    assert [p.task_id for p in journal.pending_reports()] == ["d1"]
+    assert journal.lookup("k1") == {"outcome": "success", "result": b"ok".hex(), "error_code": ""}
+    journal.mark_reported("d1")
+    assert journal.pending_reports() == [] and journal.held_task_ids() == []
+
+
+def test_unknown_results_are_not_replayed_as_final(journal: Journal) -> None:
+    journal.record_receipt("d1", "k1", "stub")
+    journal.record_result("d1", "k1", Result("unknown", b"", "timeout"))
+    assert journal.lookup("k1") is None  # a retry must run the reconcile-read, not get "unknown" back
+    assert [p.result.outcome for p in journal.pending_reports()] == ["unknown"]
+
+
+def test_journal_survives_reopen_and_claim_numbers_keep_growing(tmp_path: Path) -> None:
+    first = Journal(tmp_path / "j.sqlite3")
+    first.record_receipt("d1", "k1", "stub")
+    seqs = [first.next_claim_seq(), first.next_claim_seq()]
+    first.close()
+    again = Journal(tmp_path / "j.sqlite3")
+    assert again.unfinished() == [("d1", "k1")]
+    assert again.next_claim_seq() == seqs[-1] + 1 == 3
+    assert (tmp_path / "j.sqlite3").stat().st_mode & 0o777 == 0o600
+    again.close()
+
+
+def test_prune_keeps_unreported_work(journal: Journal) -> None:
+    journal.record_receipt("old", "k-old", "stub")
+    journal.record_result("old", "k-old", Result("success", b""))
+    journal.mark_reported("old")
+    journal.record_receipt("held", "k-held", "stub")
+    assert journal.prune(now=10**10) == 1
+    assert journal.held_task_ids() == ["held"]
+
+
+def test_backoff_grows_with_jitter_and_a_cap() -> None:
+    samples = [backoff(n, base=1.0, cap=60.0) for n in range(10) for _ in range(20)]
+    assert all(0.75 <= s <= 75.0 for s in samples)
+    assert max(backoff(20, cap=60.0) for _ in range(50)) <= 75.0
+    assert len({round(backoff(3), 6) for _ in range(20)}) > 1  # jittered, not lockstep
+
+
+def test_world_readable_key_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "key.pem"
+    key.write_text("x")
+    key.chmod(0o644)
+    with pytest.raises(CollectorError, match="readable by others"):
+        check_key_permissions(key)
+    key.chmod(0o600)
+    check_key_permissions(key)
+
+
+def test_config_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "collector.toml"
+    config.write_text('claim_wait_s = 10\ngrace_s = 5\ndrivers = "stub"\n')
+    monkeypatch.setenv("VERSUS_COLLECTOR_GRACE_S", "7")
+    options, fmt = resolve({"claim_wait_s": 3.0, "state_dir": tmp_path}, config)
+    assert (options.claim_wait_s, options.grace_s, options.drivers, fmt) == (3.0, 7.0, ("stub",), "console")
+    config.write_text("claim_wait = 1\n")
+    with pytest.raises(CollectorError, match="unknown settings"):
+        resolve({}, config)
+    with pytest.raises(CollectorError, match="claim wait"):
+        resolve({"claim_wait_s": 99.0}, None)
+
+
+def test_manifest_and_epochs(tmp_path: Path) -> None:
+    drivers = registry.load(DriverContext(tmp_path), ["stub"])
+    manifest = registry.manifest(drivers)
+    assert manifest[0]["provider"] == "stub"
+    ops = {o["name"]: o for o in manifest[0]["operations"]}
+    assert ops["append"]["reconcile_operation"] == "append.check"
+    first = registry.epoch(manifest, None)
+    assert registry.epoch(manifest, first) == first
+    assert registry.epoch([], first)[0] == first[0] + 1
+
+
+def test_stub_device_counts_applications(tmp_path: Path) -> None:
+    stub = StubDriver(DriverContext(tmp_path))
+
+    async def run(op: str, key: str) -> str:
+        return (await stub.execute(Task("d", op, "sw-1", key, b"{}", 1))).status
+
+    assert asyncio.run(run("append.check", "k")) == "failed"
+    assert asyncio.run(run("append", "k")) == "success"
+    assert asyncio.run(run("append.check", "k")) == "success"
+    assert stub.device("sw-1").read_text() == "k\n"
+    assert json.loads(asyncio.run(stub.execute(Task("d", "echo", "x", "k", b'{"a":1}', 0))).result) == {
+        "a": 1
+    }
