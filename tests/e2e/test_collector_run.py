@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,8 +50,19 @@ def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]
     platform.wait_state(slow, {"dispatched", "running"})
     time.sleep(0.3)
     assert collector.stop() == 0
-    assert platform.task(slow).task.state != 0
     assert platform.wait_state(slow, {"success"}, timeout=5)
+    status = subprocess.run(
+        [sys.executable, "-m", "collector", "status", "--state-dir", str(collector.state)],
+        env=collector.cp.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert status.returncode == 0, status.stderr
+    assert ": active" in status.stdout
+    assert f"gateway: https://localhost:{collector.cp.port('gateway')}" in status.stdout
+    assert "journal: 2 tasks received, 0 in flight or unreported" in status.stdout
 
 
 @pytest.mark.parametrize(
