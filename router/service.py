@@ -218,21 +218,8 @@ class Router:
             await store.release_lease(conn, task["target_ref"], task["task_id"])
             await store.transition(conn, task["task_id"], S.QUEUED, S.EXPIRED, "deadline passed while queued")
             return S.EXPIRED
-        req = PlacementRequest(
-            provider=task["provider"],
-            operation=task["operation"],
-            op_class=task["op_class"],
-            site_id=task["site_id"],
-            tenant_id=task["tenant_id"],
-            target_ref=task["target_ref"],
-            requires_fips=task["requires_fips"],
-        )
-        rows = await store.candidates(conn, req.site_id, req.tenant_id)
-        ids = [r["collector_id"] for r in rows]
-        live = await self.liveness.live(ids, time.time())
-        loads = await self.in_flight.get(ids)
-        draining = await self.liveness.self_draining(ids)
-        candidates = [_candidate(r, live, loads, draining) for r in rows]
+        req = _placement_request(task)
+        candidates = await self._candidates(conn, req)
         try:
             eligible = placement.eligible(req, candidates)
         except placement.OpClassMismatch as exc:
@@ -374,6 +361,15 @@ class Router:
         effects.add(lambda: self.in_flight.add(collector, provider, 1))
         effects.add(lambda: self.wake.publish(collector))
         return S.LEASED
+
+    async def _candidates(self, conn: AsyncConnection, req: PlacementRequest) -> list[Candidate]:
+        """Collectors of the request's site and tenant with their liveness, load and drain state."""
+        rows = await store.candidates(conn, req.site_id, req.tenant_id)
+        ids = [r["collector_id"] for r in rows]
+        live = await self.liveness.live(ids, time.time())
+        loads = await self.in_flight.get(ids)
+        draining = await self.liveness.self_draining(ids)
+        return [_candidate(r, live, loads, draining) for r in rows]
 
     def _reevaluate_effect(self, site_id: str) -> Effect:
         async def run() -> None:
@@ -640,19 +636,8 @@ class Router:
     async def _dispatch_reconcile(self, conn: AsyncConnection, task_id: str, effects: Effects) -> State:
         task = await store.get_task(conn, task_id)
         assert task is not None
-        req = PlacementRequest(
-            task["provider"],
-            task["operation"],
-            task["op_class"],
-            task["site_id"],
-            task["tenant_id"],
-            task["target_ref"],
-            task["requires_fips"],
-        )
-        rows = await store.candidates(conn, req.site_id, req.tenant_id)
-        ids = [r["collector_id"] for r in rows]
-        live = await self.liveness.live(ids, time.time())
-        cands = [c for c in (_candidate(r, live, {}) for r in rows) if c.live and not c.draining]
+        req = _placement_request(task)
+        cands = [c for c in await self._candidates(conn, req) if c.live and not c.draining]
         usable = [c for c in cands if (op := _op(c, req)) is not None and op.reconcile_operation]
         chosen = placement.pick(req, usable)
         if chosen is None:
@@ -820,6 +805,18 @@ class Router:
         # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
         await self.in_flight.rebuild()
         return counts
+
+
+def _placement_request(task: RowMapping) -> PlacementRequest:
+    return PlacementRequest(
+        provider=task["provider"],
+        operation=task["operation"],
+        op_class=task["op_class"],
+        site_id=task["site_id"],
+        tenant_id=task["tenant_id"],
+        target_ref=task["target_ref"],
+        requires_fips=task["requires_fips"],
+    )
 
 
 def _declared_parallel_safe(candidates: Sequence[Candidate], req: PlacementRequest) -> bool:
