@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 from dataclasses import dataclass
@@ -12,8 +13,13 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from common import collector_jwt
+from common.logs import get_logger
 
 API = "/api/collector/v1"
+# After the control socket fails, use per-call HTTPS for this long before trying the socket again.
+WS_RETRY_S = 60.0
+
+log = get_logger("versus.collector.client")
 
 
 class GatewayUnavailable(Exception):
@@ -44,55 +50,118 @@ def ssl_context(ca_bundle: Path) -> ssl.SSLContext:
 
 
 class GatewayClient:
+    """Claim, report and publish capabilities: over the WebSocket when it works, per-call HTTPS otherwise."""
+
     def __init__(
-        self, base_url: str, context: ssl.SSLContext, key: ec.EllipticCurvePrivateKey, collector_id: str
+        self,
+        base_url: str,
+        context: ssl.SSLContext,
+        key: ec.EllipticCurvePrivateKey,
+        collector_id: str,
+        *,
+        prefer_websocket: bool = True,
     ):
         self.collector_id = collector_id
         self._key = key
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/") + API, verify=context, timeout=30)
+        self._context = context
+        self._base = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self._base + API, verify=context, timeout=30)
+        self._prefer_ws = prefer_websocket
+        self._ws: Any = None
+        self._ws_retry_at = 0.0
+        self.transport = "https"
 
     async def close(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
         await self._http.aclose()
 
-    def _headers(self) -> dict[str, str]:
-        return {
-            "Authorization": "Bearer " + collector_jwt.mint(self._key, self.collector_id, int(time.time()))
-        }
+    def _bearer(self) -> str:
+        return collector_jwt.mint(self._key, self.collector_id, int(time.time()))
 
-    async def _post(self, path: str, body: dict[str, Any], timeout_s: float = 30) -> httpx.Response:
-        try:
-            response = await self._http.post(path, json=body, headers=self._headers(), timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            raise GatewayUnavailable(f"{path}: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 500:
-            raise GatewayUnavailable(f"{path}: HTTP {response.status_code}")
-        if response.status_code >= 400:
+    async def _over_websocket(
+        self, kind: str, body: dict[str, Any], timeout_s: float
+    ) -> tuple[int, bytes] | None:
+        """(status, body) over the control socket, or None to use HTTPS for this call."""
+        from collector.ws_control import WsControl  # imported here: it builds on this module's errors
+
+        if not self._prefer_ws:
+            return None
+        if self._ws is None or not self._ws.open:
+            if time.monotonic() < self._ws_retry_at:
+                return None
+            ws = WsControl(
+                "wss://" + self._base.split("://", 1)[1] + API + "/control", self._context, self._bearer()
+            )
             try:
-                error = response.json()["error"]
-                raise GatewayRefused(response.status_code, str(error["code"]), str(error["message"]))
+                await ws.connect()
+            except GatewayUnavailable as exc:
+                self._ws_retry_at = time.monotonic() + WS_RETRY_S
+                self.transport = "https"
+                log.info(
+                    "control socket unavailable; using per-call HTTPS", reason=str(exc), retry_in_s=WS_RETRY_S
+                )
+                return None
+            self._ws = ws
+            self.transport = "websocket"
+            log.info("control socket open", url=ws.url)
+        try:
+            result: tuple[int, bytes] = await self._ws.request(kind, body, timeout_s)
+            return result
+        except GatewayUnavailable:
+            # Some proxies pass HTTPS but break WebSockets: fall back now, try the socket again later.
+            log.info("control socket lost; using per-call HTTPS", retry_in_s=WS_RETRY_S)
+            await self._ws.close()
+            self._ws = None
+            self._ws_retry_at = time.monotonic() + WS_RETRY_S
+            self.transport = "https"
+            return None
+
+    async def _call(
+        self, kind: str, body: dict[str, Any], timeout_s: float = 30
+    ) -> tuple[int, bytes, httpx.Headers]:
+        over_ws = await self._over_websocket(kind, body, timeout_s)
+        if over_ws is not None:
+            status, raw = over_ws
+            headers = httpx.Headers()
+        else:
+            try:
+                response = await self._http.post(
+                    "/" + kind,
+                    json=body,
+                    headers={"Authorization": "Bearer " + self._bearer()},
+                    timeout=timeout_s,
+                )
+            except httpx.HTTPError as exc:
+                raise GatewayUnavailable(f"{kind}: {type(exc).__name__}: {exc}") from None
+            status, raw, headers = response.status_code, response.content, response.headers
+        if status >= 500:
+            raise GatewayUnavailable(f"{kind}: HTTP {status}")
+        if status >= 400:
+            try:
+                error = json.loads(raw)["error"]
+                raise GatewayRefused(status, str(error["code"]), str(error["message"]))
             except (ValueError, KeyError, TypeError):
-                raise GatewayRefused(
-                    response.status_code, f"http_{response.status_code}", response.text[:200]
-                ) from None
-        return response
+                raise GatewayRefused(status, f"http_{status}", raw[:200].decode(errors="replace")) from None
+        return status, raw, headers
 
     async def claim(self, body: dict[str, Any], hold_s: float) -> ClaimReply:
-        response = await self._post("/claim", body, timeout_s=hold_s + 15)
-        if response.status_code == 204:
-            stamp = response.headers.get("x-versus-server-time")
-            return ClaimReply(None, None, _parse_ms(stamp))
-        content = response.content
+        status, raw, headers = await self._call("claim", body, timeout_s=hold_s + 15)
+        if status == 204 or not raw:
+            return ClaimReply(
+                None, None, _parse_ms(headers.get("x-versus-server-time")) or int(time.time() * 1000)
+            )
         marker = b'"envelope":'
-        envelope = content[content.index(marker) + len(marker) : -1]
-        head = response.json()
+        envelope = raw[raw.index(marker) + len(marker) : -1]
+        head = json.loads(raw)
         return ClaimReply(str(head["dispatch_id"]), envelope, int(head["server_time_ms"]))
 
     async def report(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = (await self._post("/report", body)).json()
+        result: dict[str, Any] = json.loads((await self._call("report", body))[1])
         return result
 
     async def capabilities(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = (await self._post("/capabilities", body)).json()
+        result: dict[str, Any] = json.loads((await self._call("capabilities", body))[1])
         return result
 
 

@@ -28,7 +28,7 @@ from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
-from gateway import collector_api, enroll_api, openapi_bodies
+from gateway import collector_api, control_ws, enroll_api, openapi_bodies
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
@@ -54,6 +54,8 @@ class GatewayConfig:
     body_deadline_s: float = BODY_DEADLINE_S
     # Longest a claim is held waiting for work before answering 204.
     claim_hold_s: float = 25.0
+    # How often an open control socket re-checks that its collector is still active.
+    revocation_check_s: float = 5.0
 
 
 @dataclass
@@ -118,6 +120,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.store = GatewayStore(app.state.connections.engine)
         app.state.backends = Backends(config.enrollment_address, config.router_address)
         app.state.claim_hold_s = config.claim_hold_s
+        app.state.revocation_check_s = config.revocation_check_s
         app.state.gateway_ca = config.gateway_ca
         app.state.body_deadline_s = config.body_deadline_s
         try:
@@ -185,6 +188,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app.include_router(enroll_api.router)
     app.include_router(collector_api.router)
+    app.include_router(control_ws.router)
     openapi_bodies.install(
         app,
         {

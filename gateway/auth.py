@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 
 from common import collector_jwt
 from common.collector_jwt import BearerClaims, BearerError
@@ -25,7 +25,7 @@ ANY_ENROLLED = frozenset({"pending", "active", "denied"})
 
 
 async def authenticate(
-    request: Request, store: GatewayStore, allowed: frozenset[str] = ACTIVE_ONLY
+    request: HTTPConnection, store: GatewayStore, allowed: frozenset[str] = ACTIVE_ONLY
 ) -> tuple[BearerClaims, CollectorAuthRecord]:
     """The verified claims and collector record; every refusal is counted by code."""
     try:
@@ -36,7 +36,7 @@ async def authenticate(
 
 
 async def _authenticate(
-    request: Request, store: GatewayStore, allowed: frozenset[str]
+    request: HTTPConnection, store: GatewayStore, allowed: frozenset[str]
 ) -> tuple[BearerClaims, CollectorAuthRecord]:
     headers = request.headers.getlist("authorization")
     if len(headers) > 1:

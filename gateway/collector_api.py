@@ -14,7 +14,9 @@ from __future__ import annotations
 import binascii
 import datetime as dt
 import json
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf.duration_pb2 import Duration
@@ -115,28 +117,29 @@ def _server_time() -> tuple[str, int]:
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), int(now.timestamp() * 1000)
 
 
-@router.post(
-    "/claim",
-    responses={
-        200: {"description": _TASK_DOC},
-        204: {"description": "No task within the hold; headers X-Versus-Server-Time and X-Versus-Claim-Hold"},
-    },
-)
-async def claim(request: Request) -> Response:
-    """Long-poll for the next task. Doubles as the collector's heartbeat (there is no other)."""
-    claims, _ = await authenticate(request, request.app.state.store)
-    body = parse_body(ClaimBody, await read_json_body(request, MAX_CLAIM_BODY))
+@dataclass(frozen=True, slots=True)
+class ControlReply:
+    """One answer on the control channel, the same over per-call HTTPS and over the WebSocket."""
+
+    status: int
+    payload: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def claim_op(state: Any, collector_id: str, raw: bytes, request_id: str | None) -> ControlReply:
+    """Refresh liveness and wait (up to the hold) for a dispatch leased to this collector."""
+    body = parse_body(ClaimBody, raw)
     if any(len(t) > 128 for t in body.held_task_ids):
         raise InvalidArgument("held_task_ids entries are at most 128 characters", code="invalid_body")
-    max_hold: float = request.app.state.claim_hold_s
+    max_hold: float = state.claim_hold_s
     hold = max_hold if body.wait_s is None else min(body.wait_s, max_hold)
     seconds = int(hold)
     CLAIMS_HELD.inc()
     try:
         reply = await call(
-            request.app.state.backends.bridge.Claim,
+            state.backends.bridge.Claim,
             bpb.ClaimRequest(
-                collector_id=claims.collector_id,
+                collector_id=collector_id,
                 free_slots={k: max(v, 0) for k, v in body.capacity.items()},
                 draining=body.draining,
                 agent_version=body.agent_version,
@@ -144,7 +147,7 @@ async def claim(request: Request) -> Response:
                 claim_seq=body.claim_seq,
                 held_task_ids=body.held_task_ids,
             ),
-            request.state.request_id,
+            request_id,
             timeout_s=hold + CALL_TIMEOUT_S,
         )
     finally:
@@ -152,55 +155,52 @@ async def claim(request: Request) -> Response:
     stamp, stamp_ms = _server_time()
     if not reply.HasField("envelope"):
         CLAIM_OUTCOMES.labels("empty").inc()
-        return Response(
-            status_code=204, headers={"X-Versus-Server-Time": stamp, "X-Versus-Claim-Hold": f"{max_hold:g}"}
+        return ControlReply(
+            204, headers={"X-Versus-Server-Time": stamp, "X-Versus-Claim-Hold": f"{max_hold:g}"}
         )
     CLAIM_OUTCOMES.labels("task").inc()
     # The envelope is embedded byte for byte: the gateway never re-serialises signed material.
     fields = {"dispatch_id": reply.dispatch_id, "server_time": stamp, "server_time_ms": stamp_ms}
     head = json.dumps({**fields, "hold_s": max_hold, "offers": []}, separators=(",", ":"))
-    payload = head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json + b"}"
-    return Response(content=payload, media_type="application/json")
+    return ControlReply(200, head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json + b"}")
 
 
-@router.post("/report", response_model=ReportOut)
-async def report(request: Request) -> ReportOut:
-    """The result of one task that was dispatched to this collector."""
-    claims, _ = await authenticate(request, request.app.state.store)
-    body = parse_body(ReportBody, await read_json_body(request, MAX_REPORT_BODY))
+async def report_op(state: Any, collector_id: str, raw: bytes, request_id: str | None) -> ControlReply:
+    """Record the result of one task dispatched to this collector."""
+    body = parse_body(ReportBody, raw)
     try:
         result = binascii.a2b_base64(body.result_b64, strict_mode=True)
     except binascii.Error:
         raise InvalidArgument("result_b64 is not valid base64", code="invalid_body") from None
     reply = await call(
-        request.app.state.backends.bridge.Report,
+        state.backends.bridge.Report,
         bpb.ReportRequest(
-            collector_id=claims.collector_id,
+            collector_id=collector_id,
             task_id=body.task_id,
             outcome=_OUTCOMES[body.outcome],
             result=result,
             error_code=body.error_code,
             error_message=body.error_message,
         ),
-        request.state.request_id,
+        request_id,
     )
     REPORT_OUTCOMES.labels(body.outcome).inc()
-    state = task_pb2.TaskState.Name(reply.state).removeprefix("TASK_STATE_").lower()
-    return ReportOut(duplicate=reply.duplicate, state=state)
+    task_state = task_pb2.TaskState.Name(reply.state).removeprefix("TASK_STATE_").lower()
+    return ControlReply(
+        200, ReportOut(duplicate=reply.duplicate, state=task_state).model_dump_json().encode()
+    )
 
 
-@router.post("/capabilities", response_model=CapabilitiesOut)
-async def capabilities(request: Request) -> CapabilitiesOut:
-    """Publish the driver manifest; queued work is re-evaluated against it at once."""
-    claims, _ = await authenticate(request, request.app.state.store)
-    body = parse_body(CapabilitiesBody, await read_json_body(request, MAX_CAPABILITIES_BODY))
+async def capabilities_op(state: Any, collector_id: str, raw: bytes, request_id: str | None) -> ControlReply:
+    """Store the driver manifest and have queued work re-evaluated against it."""
+    body = parse_body(CapabilitiesBody, raw)
     names = [p.provider for p in body.providers]
     if len(names) != len(set(names)):
         raise InvalidArgument("each provider may appear once", code="invalid_body")
     reply = await call(
-        request.app.state.backends.bridge.PublishCapabilities,
+        state.backends.bridge.PublishCapabilities,
         bpb.PublishCapabilitiesRequest(
-            collector_id=claims.collector_id,
+            collector_id=collector_id,
             capability_epoch=body.capability_epoch,
             fips=body.fips,
             agent_version=body.agent_version,
@@ -222,8 +222,55 @@ async def capabilities(request: Request) -> CapabilitiesOut:
                 for p in body.providers
             ],
         ),
-        request.state.request_id,
+        request_id,
     )
-    return CapabilitiesOut(
-        capability_epoch=reply.capability_epoch, accepted=reply.capability_epoch == body.capability_epoch
+    accepted = reply.capability_epoch == body.capability_epoch
+    return ControlReply(
+        200,
+        CapabilitiesOut(capability_epoch=reply.capability_epoch, accepted=accepted)
+        .model_dump_json()
+        .encode(),
     )
+
+
+Operation = Callable[[Any, str, bytes, "str | None"], Awaitable[ControlReply]]
+
+# Frame type -> (operation, body limit): the one table both transports dispatch through.
+OPERATIONS: dict[str, tuple[Operation, int]] = {
+    "claim": (claim_op, MAX_CLAIM_BODY),
+    "report": (report_op, MAX_REPORT_BODY),
+    "capabilities": (capabilities_op, MAX_CAPABILITIES_BODY),
+}
+
+
+async def _http(request: Request, name: str) -> Response:
+    claims, _ = await authenticate(request, request.app.state.store)
+    operation, limit = OPERATIONS[name]
+    raw = await read_json_body(request, limit)
+    reply = await operation(request.app.state, claims.collector_id, raw, request.state.request_id)
+    media_type = "application/json" if reply.payload else None
+    return Response(reply.payload, status_code=reply.status, headers=reply.headers, media_type=media_type)
+
+
+@router.post(
+    "/claim",
+    responses={
+        200: {"description": _TASK_DOC},
+        204: {"description": "No task within the hold; headers X-Versus-Server-Time and X-Versus-Claim-Hold"},
+    },
+)
+async def claim(request: Request) -> Response:
+    """Long-poll for the next task. Doubles as the collector's heartbeat (there is no other)."""
+    return await _http(request, "claim")
+
+
+@router.post("/report", response_model=ReportOut)
+async def report(request: Request) -> Response:
+    """The result of one task that was dispatched to this collector."""
+    return await _http(request, "report")
+
+
+@router.post("/capabilities", response_model=CapabilitiesOut)
+async def capabilities(request: Request) -> Response:
+    """Publish the driver manifest; queued work is re-evaluated against it at once."""
+    return await _http(request, "capabilities")

@@ -10,3 +10,4 @@ AUTH_FAILURES = Counter(
     "versus_gateway_auth_failures_total", "Refused bearer tokens, by error code.", ["code"]
 )
 REPORT_OUTCOMES = Counter("versus_gateway_reports_total", "Reports accepted, by outcome.", ["outcome"])
+CONTROL_SOCKETS = Gauge("versus_gateway_control_sockets", "Open WebSocket control channels.")

@@ -24,7 +24,10 @@ log = get_logger("versus.gateway")
 # Uvicorn's own limits, made explicit (see docs/configuration.md).
 MAX_CONCURRENT_CONNECTIONS = 10_000
 KEEPALIVE_TIMEOUT_S = 75
-WS_MAX_FRAME_BYTES = 1024 * 1024
+# A report frame carries up to 1 MiB of result, base64-encoded, plus the frame.
+WS_MAX_FRAME_BYTES = 3 * 1024 * 1024
+WS_PING_INTERVAL_S = 20.0
+WS_PING_TIMEOUT_S = 20.0
 
 
 def resolve_tls(settings: Settings) -> GatewayTls | None:
@@ -101,6 +104,10 @@ async def serve(settings: Settings) -> None:
         ssl_keyfile=str(tls.key_file) if tls else None,
         ws="websockets-sansio",
         ws_max_size=WS_MAX_FRAME_BYTES,
+        # No compression: nothing to gain on small JSON frames, and no decompression bombs.
+        ws_per_message_deflate=False,
+        ws_ping_interval=WS_PING_INTERVAL_S,
+        ws_ping_timeout=WS_PING_TIMEOUT_S,
         lifespan="on",
         log_config=None,
         access_log=False,

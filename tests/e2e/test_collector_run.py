@@ -45,6 +45,7 @@ def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]
     task_id = platform.submit(collector.site_id, "echo", "read", "dev-1", {"hello": "world"}, "echo-1")
     task = platform.wait_state(task_id, {"success", "failed"})
     assert json.loads(task.result) == {"hello": "world"}
+    assert "control socket open" in collector.log()  # the WebSocket is preferred when it works
     # A task in flight when SIGTERM arrives is finished and reported before the collector exits.
     slow = platform.submit(collector.site_id, "echo", "read", "dev-2", {"sleep": 1.5}, "echo-2")
     platform.wait_state(slow, {"dispatched", "running"})

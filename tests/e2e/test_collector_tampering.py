@@ -54,6 +54,8 @@ def test_altered_envelope_is_refused_and_reported(
     collector, reason = _run_through(cp, tmp_path, _alter_target)
     assert reason == "envelope_refused:bad_signature"  # the platform sees why
     assert "envelope refused" in collector.log()
+    # The proxy passes HTTPS but not WebSockets: the collector fell back to per-call HTTPS.
+    assert "control socket unavailable; using per-call HTTPS" in collector.log()
 
 
 def test_envelope_for_another_collector_is_refused_as_an_attack(

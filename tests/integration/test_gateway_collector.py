@@ -138,7 +138,11 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         database_url, redis_url, grpc_server.address, grpc_server.address, claim_hold_s=HOLD_S
     )
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_config=None))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config), host="127.0.0.1", port=port, log_config=None, ws="websockets-sansio"
+        )
+    )
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn exposes only this flag
         await asyncio.sleep(0.01)
@@ -394,3 +398,105 @@ async def test_pending_collectors_cannot_claim(stack: Stack) -> None:
     token = collector_jwt.mint(key, "col-pending", int(time.time()))
     reply = await stack.post("/claim", {}, {"Authorization": f"Bearer {token}"})
     assert (reply.status_code, reply.json()["error"]["code"]) == (403, "collector_pending")
+
+
+async def _ws(stack: Stack, c: Collector, **headers: str) -> Any:
+    import websockets
+
+    url = stack.url.replace("http://", "ws://") + API + "/control"
+    return await websockets.connect(url, additional_headers={**c.bearer(), **headers}, open_timeout=5)
+
+
+async def test_control_socket_carries_claim_and_report(stack: Stack) -> None:
+    c = await stack.enroll("col-ws")
+    async with await _ws(stack, c) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "v": 1,
+                    "id": "cap",
+                    "type": "capabilities",
+                    "body": {
+                        "capability_epoch": 1,
+                        "providers": [
+                            {
+                                "provider": "stub",
+                                "max_concurrency": 2,
+                                "operations": [{"name": "echo", "op_class": "read"}],
+                            }
+                        ],
+                    },
+                }
+            )
+        )
+        assert json.loads(await ws.recv())["body"] == {"capability_epoch": 1, "accepted": True}
+        await ws.send(json.dumps({"v": 1, "id": "c1", "type": "claim", "body": {"wait_s": 0}}))
+        empty = json.loads(await ws.recv())
+        assert (empty["id"], empty["type"], empty["status"], empty["body"]) == (
+            "c1",
+            "claim.result",
+            204,
+            None,
+        )
+        await ws.send(json.dumps({"v": 1, "id": "c2", "type": "claim", "body": {"claim_seq": 1}}))
+        await asyncio.sleep(0.3)
+        submitted = await stack.submit("ws-1")
+        frame = await asyncio.wait_for(ws.recv(), 5)
+        task = json.loads(frame)
+        assert (task["id"], task["status"]) == ("c2", 200)
+        raw = frame[frame.index('"envelope":') + len('"envelope":') : -2].encode()
+        verify(raw, VerifyContext("col-ws", int(time.time()), c.dispatch_keys, set(), _NoJournal()))
+        await ws.send(
+            json.dumps(
+                {
+                    "v": 1,
+                    "id": "r1",
+                    "type": "report",
+                    "body": {"task_id": task["body"]["dispatch_id"], "outcome": "success"},
+                }
+            )
+        )
+        assert json.loads(await ws.recv())["body"] == {"duplicate": False, "state": "success"}
+        await ws.send(json.dumps({"v": 1, "id": "x", "type": "tunnel.open", "body": {}}))
+        unknown = json.loads(await ws.recv())
+        assert (unknown["status"], unknown["body"]["error"]["code"]) == (400, "unknown_frame_type")
+        await ws.send(
+            json.dumps({"v": 1, "id": "r2", "type": "report", "body": {"task_id": "nope", "outcome": "x"}})
+        )
+        assert json.loads(await ws.recv())["status"] == 400
+    task_state = (await stack.tasks.GetTask(pb.GetTaskRequest(task_id=submitted.task.task_id))).task.state
+    assert task_state == task_pb2.TASK_STATE_SUCCESS
+
+
+async def test_control_socket_refusals(stack: Stack) -> None:
+    import websockets
+
+    c = await stack.enroll("col-ws2")
+    with pytest.raises(websockets.InvalidStatus) as origin:
+        await _ws(stack, c, Origin="https://evil.example")
+    assert origin.value.response.status_code == 403
+    url = stack.url.replace("http://", "ws://") + API + "/control"
+    with pytest.raises(websockets.InvalidStatus) as unauthenticated:
+        await websockets.connect(url, open_timeout=5)
+    assert unauthenticated.value.response.status_code == 403
+    async with await _ws(stack, c) as ws:
+        await ws.send("not json")
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4400, "malformed_frame")
+
+
+async def test_revocation_closes_an_open_control_socket(stack: Stack) -> None:
+    import websockets
+
+    c = await stack.enroll("col-ws3")
+    async with await _ws(stack, c) as ws:
+        async with stack.service.store.engine.begin() as conn:
+            await conn.execute(
+                update(collectors).where(collectors.c.collector_id == "col-ws3").values(status="revoked")
+            )
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")

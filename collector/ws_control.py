@@ -1,0 +1,103 @@
+"""The collector's side of the WebSocket control channel (see gateway/control_ws.py for the frames).
+
+Requests are multiplexed on one socket by frame id, so a long-poll claim and
+reports travel side by side. Any failure to connect or a dropped socket makes
+the caller fall back to per-call HTTPS; the socket is tried again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import ssl
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from collector.client import GatewayUnavailable
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 3 * 1024 * 1024
+
+
+class WsControl:
+    def __init__(self, url: str, context: ssl.SSLContext, bearer: str):
+        self.url = url
+        self._context = context
+        self._bearer = bearer
+        self._conn: ClientConnection | None = None
+        self._pending: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        self._ids = itertools.count(1)
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def open(self) -> bool:
+        return self._conn is not None and self._reader is not None and not self._reader.done()
+
+    async def connect(self) -> None:
+        try:
+            self._conn = await websockets.connect(
+                self.url,
+                ssl=self._context,
+                additional_headers={"Authorization": f"Bearer {self._bearer}"},
+                max_size=MAX_FRAME_BYTES,
+                compression=None,
+                open_timeout=10,
+            )
+        except (OSError, websockets.WebSocketException, TimeoutError) as exc:
+            raise GatewayUnavailable(f"control socket: {type(exc).__name__}: {exc}") from None
+        self._reader = asyncio.create_task(self._read())
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        self._fail_pending("closed")
+
+    async def request(self, kind: str, body: dict[str, Any], timeout_s: float) -> tuple[int, bytes]:
+        """Send one frame; returns (status, body JSON bytes or b"")."""
+        if not self.open or self._conn is None:
+            raise GatewayUnavailable("control socket is not open")
+        frame_id = str(next(self._ids))
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self._pending[frame_id] = future
+        try:
+            await self._conn.send(
+                json.dumps({"v": PROTOCOL_VERSION, "id": frame_id, "type": kind, "body": body})
+            )
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except (websockets.WebSocketException, OSError, TimeoutError) as exc:
+            raise GatewayUnavailable(f"control socket: {type(exc).__name__}") from None
+        finally:
+            self._pending.pop(frame_id, None)
+
+    async def _read(self) -> None:
+        assert self._conn is not None
+        try:
+            async for message in self._conn:
+                text = message if isinstance(message, str) else message.decode()
+                frame = json.loads(text)
+                future = self._pending.get(str(frame.get("id")))
+                if future is None or future.done():
+                    continue
+                body = frame.get("body")
+                # Keep the body's bytes as sent: a claim's envelope must reach the verifier untouched.
+                marker = '"body":'
+                raw = text[text.index(marker) + len(marker) : -1].encode() if body is not None else b""
+                future.set_result((int(frame["status"]), raw))
+        except (websockets.WebSocketException, OSError, ValueError):
+            pass
+        finally:
+            self._fail_pending("control socket closed")
+
+    def _fail_pending(self, why: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(GatewayUnavailable(why))

@@ -1,0 +1,168 @@
+"""The control channel over a WebSocket: ``wss://<gateway>/api/collector/v1/control``.
+
+Same operations and semantics as the per-call HTTPS endpoints, as typed JSON
+text frames. The gateway only answers frames the collector sent; it never
+pushes unrequested work. Protocol version 1:
+
+    collector -> gateway  {"v": 1, "id": "<request id>", "type": "claim|report|capabilities", "body": {...}}
+    gateway -> collector  {"v": 1, "id": "<same id>", "type": "<type>.result", "status": 200|204|4xx|5xx,
+                           "body": {...} | null}
+
+``body`` is exactly the HTTPS request or response body; a 204 has ``null``.
+The bearer token is checked at the upgrade, and the collector's standing is
+re-checked every few seconds while the socket is open: a revoked or expired
+collector's socket is closed with 4401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from common import error_mapping
+from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
+from common.logs import get_logger, new_request_id
+from gateway.auth import authenticate
+from gateway.collector_api import OPERATIONS, ControlReply
+from gateway.metrics import CONTROL_SOCKETS
+
+PROTOCOL_VERSION = 1
+MAX_IN_FLIGHT = 16
+REVOCATION_CHECK_S = 5.0
+FRAME_ID_CHARS = 64
+
+router = APIRouter(prefix="/api/collector/v1")
+log = get_logger("versus.gateway.control")
+
+
+def _frame(request_id: str, kind: str, reply: ControlReply) -> str:
+    body = reply.payload.decode() if reply.payload else "null"
+    head = json.dumps(
+        {"v": PROTOCOL_VERSION, "id": request_id, "type": f"{kind}.result", "status": reply.status}
+    )
+    return head[:-1] + ',"body":' + body + "}"
+
+
+def _error(error: VersusError) -> ControlReply:
+    status = error_mapping.status_for(error)
+    return ControlReply(status.http_status, json.dumps(error.to_dict()).encode())
+
+
+@router.websocket("/control")
+async def control(ws: WebSocket) -> None:
+    # Collectors never send Origin; browsers always do. Refusing it keeps web pages off this socket.
+    if ws.headers.get("origin") is not None:
+        await ws.close(code=4403, reason="origin_not_allowed")
+        return
+    state = ws.app.state
+    try:
+        claims, _ = await authenticate(ws, state.store)
+    except VersusError as exc:
+        await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+        return
+    await ws.accept()
+    collector_id = claims.collector_id
+    send_lock = asyncio.Lock()
+    work: set[asyncio.Task[None]] = set()
+    CONTROL_SOCKETS.inc()
+
+    async def send(text: str) -> None:
+        async with send_lock:
+            await ws.send_text(text)
+
+    async def handle(frame_id: str, kind: str, raw: bytes) -> None:
+        operation, limit = OPERATIONS[kind]
+        try:
+            if len(raw) > limit:
+                raise PayloadTooLarge(f"{kind} body exceeds {limit} bytes", code="body_too_large")
+            reply = await operation(state, collector_id, raw, new_request_id())
+        except VersusError as exc:
+            reply = _error(exc)
+        except Exception:
+            log.exception("control frame failed", kind=kind)
+            reply = _error(error_mapping.public_error(RuntimeError()))
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            await send(_frame(frame_id, kind, reply))
+
+    async def watch_standing() -> None:
+        interval: float = getattr(state, "revocation_check_s", REVOCATION_CHECK_S)
+        while True:
+            await asyncio.sleep(interval)
+            record = await state.store.collector_auth(collector_id)
+            expired = record is None or record.cert_not_after <= dt.datetime.now(dt.UTC)
+            if expired or record is None or record.status != "active":
+                await ws.close(code=4401, reason="collector_revoked" if record and record.status == "revoked"
+                               else "collector_not_active")  # fmt: skip
+                return
+
+    watcher = asyncio.create_task(watch_standing())
+    try:
+        while True:
+            try:
+                text = await ws.receive_text()
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            try:
+                frame_id, kind, raw = _parse(text)
+            except InvalidArgument as exc:
+                await ws.close(code=4400, reason=exc.code)
+                return
+            if kind not in OPERATIONS:
+                await send(
+                    _frame(
+                        frame_id,
+                        kind,
+                        _error(
+                            InvalidArgument(
+                                f"unknown frame type {kind!r}; expected claim, report or capabilities",
+                                code="unknown_frame_type",
+                            )
+                        ),
+                    )
+                )
+                continue
+            if len(work) >= MAX_IN_FLIGHT:
+                await send(
+                    _frame(
+                        frame_id,
+                        kind,
+                        _error(
+                            ResourceExhausted(
+                                f"at most {MAX_IN_FLIGHT} requests in flight per socket",
+                                code="too_many_requests",
+                            )
+                        ),
+                    )
+                )
+                continue
+            task = asyncio.create_task(handle(frame_id, kind, raw))
+            work.add(task)
+            task.add_done_callback(work.discard)
+    finally:
+        watcher.cancel()
+        for task in list(work):
+            task.cancel()
+        await asyncio.gather(watcher, *work, return_exceptions=True)
+        CONTROL_SOCKETS.dec()
+
+
+def _parse(text: str) -> tuple[str, str, bytes]:
+    """Validate the frame envelope; the body's own schema is checked by the operation."""
+    try:
+        frame: Any = json.loads(text)
+    except ValueError:
+        raise InvalidArgument("frame is not JSON", code="malformed_frame") from None
+    if not isinstance(frame, dict) or frame.get("v") != PROTOCOL_VERSION:
+        raise InvalidArgument(f"frames must be objects with v={PROTOCOL_VERSION}", code="malformed_frame")
+    frame_id, kind, body = frame.get("id"), frame.get("type"), frame.get("body", {})
+    if not isinstance(frame_id, str) or not 0 < len(frame_id) <= FRAME_ID_CHARS or not isinstance(kind, str):
+        raise InvalidArgument("frames need a string id (1-64 chars) and type", code="malformed_frame")
+    if not isinstance(body, dict):
+        raise InvalidArgument("body must be an object", code="malformed_frame")
+    return frame_id, kind, json.dumps(body).encode()
