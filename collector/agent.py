@@ -25,6 +25,7 @@ from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task
 from collector.journal import AlreadyReceived, Journal, Result
 from collector.state import StatePaths, load_key, read_json, write_json
+from collector.tunnel import carry
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.verify import ServerClock, VerifyContext, verify
 from common.keys import PublicKey
@@ -79,11 +80,9 @@ class Agent:
         self.in_flight: dict[str, int] = dict.fromkeys(self.drivers, 0)
         self.journal = Journal(options.state_dir / "journal.sqlite3")
         self.clock = ServerClock()
+        self.context = ssl_context(self.paths.ca_bundle)
         self.client = GatewayClient(
-            self.identity["gateway_url"],
-            ssl_context(self.paths.ca_bundle),
-            load_key(self.paths.key),
-            self.collector_id,
+            self.identity["gateway_url"], self.context, load_key(self.paths.key), self.collector_id
         )
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -179,6 +178,11 @@ class Agent:
             if reply.server_time_ms is not None:
                 self.clock = ServerClock.observe(reply.server_time_ms / 1000, time.time())
             self._write_runtime()
+            for offer in reply.offers:
+                if offer.get("type") == "tunnel":
+                    self._spawn(
+                        carry(offer, self.identity["gateway_url"], self.context, self.client.bearer())
+                    )
             if reply.envelope is not None and reply.dispatch_id is not None:
                 await self._accept(reply.dispatch_id, reply.envelope)
 

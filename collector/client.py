@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class ClaimReply:
     dispatch_id: str | None
     envelope: bytes | None
     server_time_ms: int | None
+    offers: list[dict[str, Any]] = field(default_factory=list)
 
 
 def ssl_context(ca_bundle: Path) -> ssl.SSLContext:
@@ -75,6 +76,10 @@ class GatewayClient:
         if self._ws is not None:
             await self._ws.close()
         await self._http.aclose()
+
+    def bearer(self) -> str:
+        """A fresh bearer token (for the tunnel dial-back)."""
+        return self._bearer()
 
     def _bearer(self) -> str:
         return collector_jwt.mint(self._key, self.collector_id, int(time.time()))
@@ -151,10 +156,14 @@ class GatewayClient:
             return ClaimReply(
                 None, None, _parse_ms(headers.get("x-versus-server-time")) or int(time.time() * 1000)
             )
+        head = json.loads(raw)
+        offers = list(head.get("offers", []))
+        if "envelope" not in head:
+            return ClaimReply(None, None, int(head["server_time_ms"]), offers)
+        # The envelope is the last member; its bytes go to the verifier exactly as received.
         marker = b'"envelope":'
         envelope = raw[raw.index(marker) + len(marker) : -1]
-        head = json.loads(raw)
-        return ClaimReply(str(head["dispatch_id"]), envelope, int(head["server_time_ms"]))
+        return ClaimReply(str(head["dispatch_id"]), envelope, int(head["server_time_ms"]), offers)
 
     async def report(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = json.loads((await self._call("report", body))[1])

@@ -90,6 +90,13 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_stream is not None:
+            # Same wrapper: it only needs to iterate what the handler yields.
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(handler.stream_stream, service, method, request_id),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
     def _wrap_unary(self, inner: Any, service: str, method: str, request_id: str) -> Any:

@@ -28,7 +28,7 @@ from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
-from gateway import collector_api, control_ws, enroll_api, openapi_bodies
+from gateway import collector_api, control_ws, enroll_api, openapi_bodies, tunnel_ws
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
@@ -189,6 +189,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(enroll_api.router)
     app.include_router(collector_api.router)
     app.include_router(control_ws.router)
+    app.include_router(tunnel_ws.router)
     openapi_bodies.install(
         app,
         {

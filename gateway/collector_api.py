@@ -153,15 +153,25 @@ async def claim_op(state: Any, collector_id: str, raw: bytes, request_id: str | 
     finally:
         CLAIMS_HELD.dec()
     stamp, stamp_ms = _server_time()
-    if not reply.HasField("envelope"):
+    offers = [
+        {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port} for o in reply.offers
+    ]
+    if not reply.HasField("envelope") and not offers:
         CLAIM_OUTCOMES.labels("empty").inc()
         return ControlReply(
             204, headers={"X-Versus-Server-Time": stamp, "X-Versus-Claim-Hold": f"{max_hold:g}"}
         )
-    CLAIM_OUTCOMES.labels("task").inc()
+    CLAIM_OUTCOMES.labels("task" if reply.HasField("envelope") else "offers").inc()
+    fields: dict[str, Any] = {
+        "server_time": stamp,
+        "server_time_ms": stamp_ms,
+        "hold_s": max_hold,
+        "offers": offers,
+    }
+    if not reply.HasField("envelope"):
+        return ControlReply(200, json.dumps(fields, separators=(",", ":")).encode())
     # The envelope is embedded byte for byte: the gateway never re-serialises signed material.
-    fields = {"dispatch_id": reply.dispatch_id, "server_time": stamp, "server_time_ms": stamp_ms}
-    head = json.dumps({**fields, "hold_s": max_hold, "offers": []}, separators=(",", ":"))
+    head = json.dumps({"dispatch_id": reply.dispatch_id, **fields}, separators=(",", ":"))
     return ControlReply(200, head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json + b"}")
 
 

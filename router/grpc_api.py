@@ -247,7 +247,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
         if not request.collector_id:
             raise InvalidArgument("collector_id is required", code="collector_id_missing")
         wait = request.wait.seconds + request.wait.nanos / 1e9
-        claimed = await self.router.claim(
+        claimed, offers = await self.router.claim_with_offers(
             request.collector_id,
             claim_seq=request.claim_seq,
             held_task_ids=frozenset(request.held_task_ids),
@@ -256,13 +256,18 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             agent_version=request.agent_version,
         )
         now = ts(dt.datetime.now(dt.UTC))
-        if claimed is None:
-            return bridge_pb.ClaimResponse(server_time=now)
-        return bridge_pb.ClaimResponse(
-            envelope=bridge_pb.SignedEnvelope(envelope_json=claimed.envelope),
+        reply = bridge_pb.ClaimResponse(
             server_time=now,
-            dispatch_id=claimed.dispatch_id,
-        )
+            offers=[
+                bridge_pb.Offer(type=str(o["type"]), session_id=str(o["session_id"]), host=str(o["host"]),
+                                port=int(o["port"]))
+                for o in offers
+            ],
+        )  # fmt: skip
+        if claimed is not None:
+            reply.envelope.envelope_json = claimed.envelope
+            reply.dispatch_id = claimed.dispatch_id
+        return reply
 
     async def Report(self, request: bridge_pb.ReportRequest, context: Context) -> bridge_pb.ReportResponse:
         outcome = OUTCOME_FROM_PB.get(request.outcome)

@@ -12,6 +12,8 @@ from versus.router.v1 import (
     collector_bridge_pb2_grpc,
     task_router_pb2,
     task_router_pb2_grpc,
+    tunnel_pb2,
+    tunnel_pb2_grpc,
 )
 
 from common.db import engine as db_engine
@@ -27,6 +29,7 @@ from router import store
 from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
 from router.metrics import QUEUE_DEPTH
 from router.service import Router
+from router.tunnels import TunnelHub, TunnelServicer
 
 SWEEP_INTERVAL_S = 5.0
 
@@ -35,7 +38,17 @@ log = get_logger("versus.router")
 
 def registrations(router: Router) -> list[ServiceRegistration]:
     """Services served by the router. FleetService RPCs arrive with fleet management."""
+    tunnels = []
+    if router.tunnels is not None:
+        tunnels.append(
+            ServiceRegistration(
+                tunnel_pb2.DESCRIPTOR.services_by_name["TunnelService"].full_name,
+                TunnelServicer(router.tunnels, router.pick_tunnel_collector),
+                tunnel_pb2_grpc.add_TunnelServiceServicer_to_server,
+            )
+        )
     return [
+        *tunnels,
         ServiceRegistration(
             task_router_pb2.DESCRIPTOR.services_by_name["TaskRouterService"].full_name,
             TaskRouterServicer(router),
@@ -77,6 +90,7 @@ async def serve(settings: Settings) -> None:
     keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20)
     router = Router(engine, create_redis(redis_url), lambda: keys.get().current)
+    router.tunnels = TunnelHub(router.redis, settings.router_address)
     router.wake.start()
     sweeper = asyncio.create_task(sweep_forever(router))
     try:

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
-from common.errors import Conflict, FailedPrecondition, NotFound, PermissionDenied
+from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from common.keys import SigningKey
 from common.logs import get_logger
 from router import ladder, placement, store
@@ -68,8 +68,13 @@ class Effects:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
+    """A dispatch handed to its collector."""
+
     dispatch_id: str
     envelope: bytes
+
+
+Offer = Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,8 @@ class Router:
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)
         self._background: set[asyncio.Task[Any]] = set()
+        # Set by the server when this process also serves tunnels (router/tunnels.py).
+        self.tunnels: Any = None
 
     async def _load_in_flight(self) -> Mapping[tuple[str, str], int]:
         async with self.engine.connect() as conn:
@@ -371,6 +378,30 @@ class Router:
         draining = await self.liveness.self_draining(ids)
         return [_candidate(r, live, loads, draining) for r in rows]
 
+    async def pick_tunnel_collector(self, collector_id: str, site_id: str, tenant_id: str) -> str:
+        """The live, active collector that will carry a tunnel: the one named, or one of the site's."""
+        now = time.time()
+        if collector_id:
+            async with self.engine.connect() as conn:
+                site = await store.collector_site(conn, collector_id)
+            if site is None or not await self.liveness.live([collector_id], now):
+                raise FailedPrecondition(
+                    f"collector {collector_id!r} is not connected", code="collector_not_live"
+                )
+            return collector_id
+        if not site_id or not tenant_id:
+            raise InvalidArgument("name a collector, or a site and tenant", code="tunnel_target_invalid")
+        async with self.engine.connect() as conn:
+            rows = await store.candidates(conn, site_id, tenant_id)
+        live = sorted(await self.liveness.live([r["collector_id"] for r in rows], now))
+        draining = await self.liveness.self_draining(live)
+        usable = [cid for cid in live if cid not in draining]
+        if not usable:
+            raise FailedPrecondition(
+                f"no live collector serves site {site_id!r}", code="no_eligible_collector"
+            )
+        return usable[0]
+
     def _reevaluate_effect(self, site_id: str) -> Effect:
         async def run() -> None:
             await self.reevaluate(site_id)
@@ -395,7 +426,12 @@ class Router:
         return placed
 
     # --- claim -------------------------------------------------------------------------------------
-    async def claim(
+    async def claim(self, collector_id: str, **kwargs: Any) -> Claimed | None:
+        """:meth:`claim_with_offers` for callers that only take dispatches."""
+        claimed, _ = await self.claim_with_offers(collector_id, **kwargs)
+        return claimed
+
+    async def claim_with_offers(
         self,
         collector_id: str,
         *,
@@ -404,8 +440,8 @@ class Router:
         wait_s: float,
         draining: bool = False,
         agent_version: str = "",
-    ) -> Claimed | None:
-        """Hand the collector its next leased dispatch, waiting up to ``wait_s`` for one to be routed.
+    ) -> tuple[Claimed | None, tuple[Offer, ...]]:
+        """Hand the collector its next leased dispatch and any offers, waiting up to ``wait_s`` for either.
 
         The claim is the collector's heartbeat: it refreshes liveness and the
         session details (drain state, agent version) in Redis.
@@ -423,14 +459,15 @@ class Router:
         with self.wake.listener(collector_id) as woken:
             while True:
                 woken.clear()
+                offers = tuple(await self.tunnels.take_offers(collector_id)) if self.tunnels else ()
                 got = await self._take(collector_id, claim_seq)
-                if got is not None:
+                if got is not None or offers:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return got
+                    return got, offers
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return None
+                    return None, ()
                 try:
                     async with asyncio.timeout(remaining):
                         await woken.wait()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from common.errors import ConfigError, VersusError
 from common.settings import CONFIG_FILE_ENV, Settings, load_settings
-from versus_cp import __version__, enrollment_cmd, keys_cmd
+from versus_cp import __version__, enrollment_cmd, keys_cmd, tunnel_cmd
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
@@ -71,6 +71,11 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         "Issue, list and revoke enrollment tokens.",
         enrollment_cmd.run_tokens,
         enrollment_cmd.add_token_arguments,
+    ),
+    "tunnel": (
+        "Bridge stdin/stdout to a device through a collector (works as an OpenSSH ProxyCommand).",
+        tunnel_cmd.run,
+        tunnel_cmd.add_arguments,
     ),
     "collectors": (
         "Approve or deny collectors waiting for manual approval.",

@@ -44,6 +44,7 @@ class SshDevice:
     def __init__(self) -> None:
         self.port = free_port()
         self.host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.commands: list[str] = []
         self._loop = _LoopThread()
         self._server = self._loop.run(self._start())
@@ -60,6 +61,13 @@ class SshDevice:
 
             def validate_password(self, username: str, password: str) -> bool:
                 return username == device.username and password == device.password
+
+            def public_key_auth_supported(self) -> bool:
+                return True
+
+            def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+                expected = device.client_key.export_public_key()
+                return username == device.username and key.export_public_key() == expected
 
         async def handle(process: asyncssh.SSHServerProcess[str]) -> None:
             command = str(process.command or "")
@@ -89,6 +97,12 @@ class SshDevice:
             "password": self.password,
             "host_key": self.public_host_key,
         }
+
+    def write_client_key(self, path: Path) -> Path:
+        """The client's private key in OpenSSH format, for the `ssh` command line client."""
+        path.write_bytes(self.client_key.export_private_key("openssh"))
+        path.chmod(0o600)
+        return path
 
     def close(self) -> None:
         self._server.close()

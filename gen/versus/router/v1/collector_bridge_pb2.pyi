@@ -137,12 +137,44 @@ class SignedEnvelope(_message.Message):
 Global___SignedEnvelope: _TypeAlias = SignedEnvelope  # noqa: Y015
 
 @_typing.final
+class Offer(_message.Message):
+    """Work other than a task that a claim can carry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """"tunnel": dial back the gateway's tunnel socket for session_id and connect to host:port."""
+    session_id: _builtins.str
+    host: _builtins.str
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        host: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "port", b"port", "session_id", b"session_id", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Offer: _TypeAlias = Offer  # noqa: Y015
+
+@_typing.final
 class ClaimResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVELOPE_FIELD_NUMBER: _builtins.int
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    OFFERS_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     @_builtins.property
@@ -153,16 +185,19 @@ class ClaimResponse(_message.Message):
     def server_time(self) -> _timestamp_pb2.Timestamp:
         """Server time so the collector can check its validity window."""
 
+    @_builtins.property
+    def offers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Offer]: ...
     def __init__(
         self,
         *,
         envelope: Global___SignedEnvelope | None = ...,
         server_time: _timestamp_pb2.Timestamp | None = ...,
         dispatch_id: _builtins.str = ...,
+        offers: _abc.Iterable[Global___Offer] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "offers", b"offers", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

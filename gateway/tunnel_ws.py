@@ -1,0 +1,116 @@
+"""The collector's end of a tunnel: ``wss://<gateway>/api/collector/v1/tunnel?session=<id>``.
+
+The collector opens it after a claim offered the session. The gateway checks
+the bearer token, that the session was offered to this very collector, then
+relays bytes to the router holding the platform's end (``RelayTunnel``).
+Frames: binary = bytes; the text frame ``eof`` = this direction is closed
+(half-close). Limits: 64 KiB per frame, the router's bounded queues for
+backpressure, the router's idle timeout and maximum session length; the socket
+is closed if the collector's standing lapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+from versus.router.v1 import tunnel_pb2 as pb
+from versus.router.v1 import tunnel_pb2_grpc
+
+from common import error_mapping
+from common.errors import VersusError
+from common.logs import get_logger
+from gateway.auth import authenticate
+
+MAX_FRAME_BYTES = 64 * 1024
+EOF_FRAME = "eof"
+
+router = APIRouter(prefix="/api/collector/v1")
+log = get_logger("versus.gateway.tunnel")
+
+
+@router.websocket("/tunnel")
+async def tunnel(ws: WebSocket) -> None:
+    if ws.headers.get("origin") is not None:
+        await ws.close(code=4403, reason="origin_not_allowed")
+        return
+    state = ws.app.state
+    try:
+        claims, _ = await authenticate(ws, state.store)
+    except VersusError as exc:
+        await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+        return
+    session_id = ws.query_params.get("session", "")
+    raw = await state.connections.redis.get("versus:tunnel:" + session_id) if session_id else None
+    record = json.loads(raw) if raw else None
+    if record is None or record.get("collector_id") != claims.collector_id:
+        # Unknown and someone else's look the same.
+        await ws.close(code=4403, reason="tunnel_not_yours")
+        return
+    await ws.accept()
+    outbound: asyncio.Queue[pb.RelayTunnelRequest | None] = asyncio.Queue(32)
+    await outbound.put(
+        pb.RelayTunnelRequest(hello=pb.RelayHello(session_id=session_id, collector_id=claims.collector_id))
+    )
+
+    async def requests() -> AsyncIterator[pb.RelayTunnelRequest]:
+        while (item := await outbound.get()) is not None:
+            yield item
+
+    async def from_collector() -> None:
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("bytes") is not None:
+                    data: bytes = message["bytes"]
+                    if len(data) > MAX_FRAME_BYTES:
+                        break
+                    await outbound.put(pb.RelayTunnelRequest(data=data))
+                elif message.get("text") == EOF_FRAME:
+                    await outbound.put(pb.RelayTunnelRequest(close_write=True))
+        except (WebSocketDisconnect, RuntimeError):
+            pass
+        finally:
+            await outbound.put(None)
+
+    async def watch_standing() -> None:
+        while True:
+            await asyncio.sleep(getattr(state, "revocation_check_s", 5.0))
+            current = await state.store.collector_auth(claims.collector_id)
+            if (
+                current is None
+                or current.status != "active"
+                or current.cert_not_after <= dt.datetime.now(dt.UTC)
+            ):
+                await ws.close(code=4401, reason="collector_revoked")
+                return
+
+    reader = asyncio.create_task(from_collector())
+    watcher = asyncio.create_task(watch_standing())
+    channel = grpc.aio.insecure_channel(record["router"])
+    try:
+        stream = tunnel_pb2_grpc.TunnelServiceStub(channel).RelayTunnel(requests())
+        async for reply in stream:
+            if reply.WhichOneof("msg") == "data":
+                await ws.send_bytes(reply.data)
+            elif reply.WhichOneof("msg") == "close_write":
+                await ws.send_text(EOF_FRAME)
+    except grpc.aio.AioRpcError as exc:
+        log.info("tunnel relay ended", session_id=session_id, code=exc.code().name)
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        watcher.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, watcher, return_exceptions=True)
+        await channel.close(None)
+        with contextlib.suppress(RuntimeError):
+            await ws.close()

@@ -1,0 +1,210 @@
+"""Tunnel sessions: a platform's byte stream paired with a collector's dial-back, relayed through the gateway.
+
+The platform opens ``TunnelService/OpenTunnel`` on a router; the router picks
+the collector, records the session in Redis and offers it on the collector's
+next claim (waking a held claim at once). The collector dials back the
+gateway's ``/tunnel`` socket; the gateway opens ``RelayTunnel`` to the router
+that holds the session (its address is in the session record) and the router
+pairs the two streams in memory. Each direction is a bounded queue, so a slow
+reader slows the writer instead of growing a buffer; either side can
+half-close its direction; a session ends when both directions are closed, when
+either side goes away, after an idle period or at its maximum length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+from versus.router.v1 import tunnel_pb2 as pb
+from versus.router.v1 import tunnel_pb2_grpc
+
+from common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from common.grpc_server import Context
+from common.logs import get_logger
+
+OFFER_WAIT_S = 30.0
+IDLE_TIMEOUT_S = 300.0
+MAX_SESSION_S = 8 * 3600.0
+QUEUE_CHUNKS = 32
+MAX_CHUNK_BYTES = 64 * 1024
+_SESSION = "versus:tunnel:"
+_OFFERS = "versus:offers:"
+
+log = get_logger("versus.router.tunnels")
+
+# None in a queue means: this direction is closed (half-close).
+Chunk = bytes | None
+
+
+@dataclass
+class Session:
+    session_id: str
+    collector_id: str
+    to_collector: asyncio.Queue[Chunk] = field(default_factory=lambda: asyncio.Queue(QUEUE_CHUNKS))
+    to_platform: asyncio.Queue[Chunk] = field(default_factory=lambda: asyncio.Queue(QUEUE_CHUNKS))
+    paired: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    started: float = field(default_factory=time.monotonic)
+    last_activity: float = field(default_factory=time.monotonic)
+
+    def close(self, reason: str) -> None:
+        if not self.closed.is_set():
+            self.reason = reason
+            self.closed.set()
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def deadline(self) -> float:
+        return min(self.last_activity + IDLE_TIMEOUT_S, self.started + MAX_SESSION_S)
+
+
+class TunnelHub:
+    """The sessions this router process holds."""
+
+    def __init__(self, redis: Redis, advertise_address: str):
+        self.redis = redis
+        self.advertise_address = advertise_address
+        self.sessions: dict[str, Session] = {}
+
+    async def offer(self, collector_id: str, host: str, port: int) -> Session:
+        session = Session(f"tun-{secrets.token_hex(12)}", collector_id)
+        self.sessions[session.session_id] = session
+        record = {"collector_id": collector_id, "router": self.advertise_address}
+        offer = json.dumps({"type": "tunnel", "session_id": session.session_id, "host": host, "port": port})
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(_SESSION + session.session_id, json.dumps(record), ex=int(OFFER_WAIT_S + MAX_SESSION_S))
+        pipe.rpush(_OFFERS + collector_id, offer)
+        pipe.expire(_OFFERS + collector_id, int(OFFER_WAIT_S))
+        pipe.publish("versus:wake:" + collector_id, b"1")
+        await pipe.execute()
+        return session
+
+    async def take_offers(self, collector_id: str) -> list[dict[str, object]]:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.lrange(_OFFERS + collector_id, 0, -1)
+        pipe.delete(_OFFERS + collector_id)
+        raw, _ = await pipe.execute()
+        return [json.loads(item) for item in raw]
+
+    async def has_offers(self, collector_id: str) -> bool:
+        return bool(await self.redis.exists(_OFFERS + collector_id))
+
+    def forget(self, session: Session) -> None:
+        self.sessions.pop(session.session_id, None)
+
+
+async def _pump_in(requests: AsyncIterator[object], queue: asyncio.Queue[Chunk], session: Session) -> None:
+    """Copy one side's data into the other side's queue (awaiting space: backpressure)."""
+    try:
+        async for request in requests:
+            kind = request.WhichOneof("msg")  # type: ignore[attr-defined]
+            if kind == "data":
+                data: bytes = request.data  # type: ignore[attr-defined]
+                if len(data) > MAX_CHUNK_BYTES:
+                    session.close("chunk_too_large")
+                    return
+                session.touch()
+                await queue.put(data)
+            elif kind == "close_write":
+                await queue.put(None)
+                return
+        await queue.put(None)
+    except Exception:  # the caller went away
+        session.close("peer_gone")
+
+
+async def _drain(queue: asyncio.Queue[Chunk], session: Session) -> AsyncIterator[Chunk]:
+    """Chunks from ``queue`` until its direction closes, the session closes, or a timeout passes."""
+    while not session.closed.is_set():
+        remaining = session.deadline() - time.monotonic()
+        if remaining <= 0:
+            session.close(
+                "idle_timeout" if session.last_activity + IDLE_TIMEOUT_S <= time.monotonic() else "max_age"
+            )
+            return
+        getter = asyncio.ensure_future(queue.get())
+        closer = asyncio.ensure_future(session.closed.wait())
+        done, _ = await asyncio.wait([getter, closer], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        closer.cancel()
+        if getter not in done:
+            getter.cancel()
+            continue
+        chunk = getter.result()
+        session.touch()
+        yield chunk
+        if chunk is None:
+            return
+
+
+class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
+    def __init__(self, hub: TunnelHub, pick_collector: object):
+        self.hub = hub
+        self.pick_collector = pick_collector
+
+    async def OpenTunnel(
+        self, request_iterator: AsyncIterator[pb.OpenTunnelRequest], context: Context
+    ) -> AsyncIterator[pb.OpenTunnelResponse]:
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("msg") != "open":
+            raise InvalidArgument("the first message must be `open`", code="tunnel_open_missing")
+        target = first.open
+        if not target.host or len(target.host) > 255 or not 0 < target.port < 65536:
+            raise InvalidArgument("host and a port in 1-65535 are required", code="tunnel_target_invalid")
+        collector_id = await self.pick_collector(target.collector_id, target.site_id, target.tenant_id)  # type: ignore[operator]
+        session = await self.hub.offer(collector_id, target.host, target.port)
+        log.info("tunnel offered", session_id=session.session_id, collector_id=collector_id)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.paired.wait(), OFFER_WAIT_S)
+            if not session.paired.is_set():
+                yield pb.OpenTunnelResponse(closed=pb.TunnelClosed(reason="collector_did_not_connect"))
+                return
+            yield pb.OpenTunnelResponse(
+                ready=pb.TunnelReady(session_id=session.session_id, collector_id=collector_id)
+            )
+            reader = asyncio.create_task(_pump_in(request_iterator, session.to_collector, session))
+            async for chunk in _drain(session.to_platform, session):
+                if chunk is None:
+                    yield pb.OpenTunnelResponse(close_write=True)
+                else:
+                    yield pb.OpenTunnelResponse(data=chunk)
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            yield pb.OpenTunnelResponse(closed=pb.TunnelClosed(reason=session.reason or "done"))
+        finally:
+            session.close(session.reason or "platform_gone")
+            self.hub.forget(session)
+
+    async def RelayTunnel(
+        self, request_iterator: AsyncIterator[pb.RelayTunnelRequest], context: Context
+    ) -> AsyncIterator[pb.RelayTunnelResponse]:
+        first = await anext(request_iterator, None)
+        if first is None or first.WhichOneof("msg") != "hello":
+            raise InvalidArgument("the first message must be `hello`", code="tunnel_hello_missing")
+        session = self.hub.sessions.get(first.hello.session_id)
+        if session is None or session.closed.is_set():
+            raise FailedPrecondition(
+                "no such open tunnel session on this router", code="tunnel_session_unknown"
+            )
+        if session.collector_id != first.hello.collector_id or session.paired.is_set():
+            raise PermissionDenied("this tunnel session was not offered to you", code="tunnel_not_yours")
+        session.paired.set()
+        reader = asyncio.create_task(_pump_in(request_iterator, session.to_platform, session))
+        try:
+            async for chunk in _drain(session.to_collector, session):
+                if chunk is None:
+                    yield pb.RelayTunnelResponse(close_write=True)
+                else:
+                    yield pb.RelayTunnelResponse(data=chunk)
+            await reader
+        finally:
+            reader.cancel()

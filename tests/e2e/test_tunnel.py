@@ -1,0 +1,105 @@
+"""A device session through control plane and collector: OpenSSH with `versus-cp tunnel` as ProxyCommand."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.collector_harness import Collector
+from tests.e2e.harness import ControlPlane
+from tests.support.devices import SshDevice
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _wait_live(collector: Collector) -> None:
+    """The collector is routable once it has published its capabilities and claimed once."""
+    deadline = time.monotonic() + 30
+    while "control socket open" not in collector.log() and "capabilities published" not in collector.log():
+        assert time.monotonic() < deadline, collector.log()
+        time.sleep(0.1)
+    time.sleep(0.5)
+
+
+def test_openssh_through_a_tunnel(start_control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    device = SshDevice()
+    try:
+        collector.start()
+        _wait_live(collector)
+        key = device.write_client_key(tmp_path / "id_ed25519")
+        proxy = shlex.join(
+            [
+                sys.executable,
+                "-m",
+                "versus_cp",
+                "tunnel",
+                "--target",
+                f"127.0.0.1:{device.port}",
+                "--site",
+                collector.site_id,
+                "--tenant",
+                "acme",
+            ]
+        )
+        command = [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            f"ProxyCommand={proxy}",
+            "-i",
+            str(key),
+            f"{device.username}@device-behind-the-collector",
+            "uname -s; echo tunnelled",
+        ]
+        done = subprocess.run(command, env=cp.env, capture_output=True, text=True, timeout=90, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["Linux", "tunnelled"]
+        assert device.commands == ["uname -s; echo tunnelled"]
+        assert "tunnel open" in collector.log()
+    finally:
+        collector.stop()
+        device.close()
+
+
+def test_tunnel_without_a_live_collector_fails_clearly(
+    start_control_plane: Callable[..., ControlPlane],
+) -> None:
+    cp = start_control_plane()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "versus_cp",
+            "tunnel",
+            "--target",
+            "127.0.0.1:22",
+            "--site",
+            "site-none",
+            "--tenant",
+            "acme",
+        ],
+        env=cp.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == "versus-cp: error: no live collector serves site 'site-none'"
