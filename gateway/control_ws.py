@@ -10,8 +10,11 @@ pushes unrequested work. Protocol version 1:
 
 ``body`` is exactly the HTTPS request or response body; a 204 has ``null``.
 The bearer token is checked at the upgrade, and the collector's standing is
-re-checked every few seconds while the socket is open: a revoked or expired
-collector's socket is closed with 4401.
+re-checked on every frame: the first frame after a revocation (or certificate
+expiry) closes the socket with 4401. A collector sends a claim frame at least
+once per claim hold, so an open socket outlives a revocation by at most one
+hold. (Closing from a watchdog task while a read is pending does not reliably
+reach the client with uvicorn's sans-I/O WebSocket implementation.)
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from gateway.metrics import CONTROL_SOCKETS
 
 PROTOCOL_VERSION = 1
 MAX_IN_FLIGHT = 16
-REVOCATION_CHECK_S = 5.0
 FRAME_ID_CHARS = 64
 
 router = APIRouter(prefix="/api/collector/v1")
@@ -90,18 +92,15 @@ async def control(ws: WebSocket) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
             await send(_frame(frame_id, kind, reply))
 
-    async def watch_standing() -> None:
-        interval: float = getattr(state, "revocation_check_s", REVOCATION_CHECK_S)
-        while True:
-            await asyncio.sleep(interval)
-            record = await state.store.collector_auth(collector_id)
-            expired = record is None or record.cert_not_after <= dt.datetime.now(dt.UTC)
-            if expired or record is None or record.status != "active":
-                await ws.close(code=4401, reason="collector_revoked" if record and record.status == "revoked"
-                               else "collector_not_active")  # fmt: skip
-                return
+    async def standing() -> str | None:
+        """Why the collector may no longer use this socket, or None while it is active."""
+        record = await state.store.collector_auth(collector_id)
+        if record is None or record.cert_not_after <= dt.datetime.now(dt.UTC):
+            return "collector_not_active"
+        if record.status != "active":
+            return "collector_revoked" if record.status == "revoked" else "collector_not_active"
+        return None
 
-    watcher = asyncio.create_task(watch_standing())
     try:
         while True:
             try:
@@ -112,6 +111,12 @@ async def control(ws: WebSocket) -> None:
                 frame_id, kind, raw = _parse(text)
             except InvalidArgument as exc:
                 await ws.close(code=4400, reason=exc.code)
+                return
+            # Every frame re-checks the collector's standing, so a revocation bites on the next one
+            # even between the periodic checks.
+            reason = await standing()
+            if reason is not None:
+                await ws.close(code=4401, reason=reason)
                 return
             if kind not in OPERATIONS:
                 await send(
@@ -145,10 +150,9 @@ async def control(ws: WebSocket) -> None:
             work.add(task)
             task.add_done_callback(work.discard)
     finally:
-        watcher.cancel()
         for task in list(work):
             task.cancel()
-        await asyncio.gather(watcher, *work, return_exceptions=True)
+        await asyncio.gather(*work, return_exceptions=True)
         CONTROL_SOCKETS.dec()
 
 

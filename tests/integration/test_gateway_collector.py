@@ -487,7 +487,7 @@ async def test_control_socket_refusals(stack: Stack) -> None:
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4400, "malformed_frame")
 
 
-async def test_revocation_closes_an_open_control_socket(stack: Stack) -> None:
+async def test_revocation_closes_an_open_control_socket_on_its_next_frame(stack: Stack) -> None:
     import websockets
 
     c = await stack.enroll("col-ws3")
@@ -496,6 +496,8 @@ async def test_revocation_closes_an_open_control_socket(stack: Stack) -> None:
             await conn.execute(
                 update(collectors).where(collectors.c.collector_id == "col-ws3").values(status="revoked")
             )
+        # The very next frame is refused and the socket closed.
+        await ws.send(json.dumps({"v": 1, "id": "c", "type": "claim", "body": {"wait_s": 0}}))
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await asyncio.wait_for(ws.recv(), 5)
         assert closed.value.rcvd is not None
