@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from fastapi import APIRouter, WebSocket
@@ -72,14 +73,17 @@ async def tunnel(ws: WebSocket) -> None:
                 if message.get("bytes") is not None:
                     data: bytes = message["bytes"]
                     if len(data) > MAX_FRAME_BYTES:
+                        close_code[0], close_code[1] = 1009, "frame_too_large"
                         break
                     await outbound.put(pb.RelayTunnelRequest(data=data))
                 elif message.get("text") == EOF_FRAME:
                     await outbound.put(pb.RelayTunnelRequest(close_write=True))
         except (WebSocketDisconnect, RuntimeError):
             pass
-        finally:
-            await outbound.put(None)
+        # The collector went away (a half-close is the ``eof`` frame, not this):
+        # abort the relay so the router ends the session with a reason.
+        aborted.set()
+        call.cancel()
 
     async def watch_standing() -> None:
         while True:
@@ -90,21 +94,29 @@ async def tunnel(ws: WebSocket) -> None:
                 or current.status != "active"
                 or current.cert_not_after <= dt.datetime.now(dt.UTC)
             ):
-                await ws.close(code=4401, reason="collector_revoked")
+                # Only the relay loop touches the socket; end it and let it close with 4401.
+                close_code[0], close_code[1] = 4401, "collector_revoked"
+                aborted.set()
+                call.cancel()
                 return
 
+    close_code: list[Any] = [1000, ""]
+    aborted = asyncio.Event()
+    channel = grpc.aio.insecure_channel(record["router"])
+    call = tunnel_pb2_grpc.TunnelServiceStub(channel).RelayTunnel(requests())
     reader = asyncio.create_task(from_collector())
     watcher = asyncio.create_task(watch_standing())
-    channel = grpc.aio.insecure_channel(record["router"])
     try:
-        stream = tunnel_pb2_grpc.TunnelServiceStub(channel).RelayTunnel(requests())
-        async for reply in stream:
+        async for reply in call:
             if reply.WhichOneof("msg") == "data":
                 await ws.send_bytes(reply.data)
             elif reply.WhichOneof("msg") == "close_write":
                 await ws.send_text(EOF_FRAME)
     except grpc.aio.AioRpcError as exc:
         log.info("tunnel relay ended", session_id=session_id, code=exc.code().name)
+    except asyncio.CancelledError:
+        if not aborted.is_set():
+            raise
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:
@@ -113,4 +125,4 @@ async def tunnel(ws: WebSocket) -> None:
         await asyncio.gather(reader, watcher, return_exceptions=True)
         await channel.close(None)
         with contextlib.suppress(RuntimeError):
-            await ws.close()
+            await ws.close(code=close_code[0], reason=close_code[1])

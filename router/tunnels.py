@@ -102,8 +102,14 @@ class TunnelHub:
         self.sessions.pop(session.session_id, None)
 
 
-async def _pump_in(requests: AsyncIterator[object], queue: asyncio.Queue[Chunk], session: Session) -> None:
-    """Copy one side's data into the other side's queue (awaiting space: backpressure)."""
+async def _pump_in(
+    requests: AsyncIterator[object], queue: asyncio.Queue[Chunk], session: Session, gone: str
+) -> None:
+    """Copy one side's data into the other side's queue (awaiting space: backpressure).
+
+    A stream that ends without a half-close means that side went away: the
+    whole session is closed with ``gone`` as the reason.
+    """
     try:
         async for request in requests:
             kind = request.WhichOneof("msg")  # type: ignore[attr-defined]
@@ -117,14 +123,33 @@ async def _pump_in(requests: AsyncIterator[object], queue: asyncio.Queue[Chunk],
             elif kind == "close_write":
                 await queue.put(None)
                 return
-        await queue.put(None)
-    except Exception:  # the caller went away
-        session.close("peer_gone")
+    except Exception as exc:  # the stream broke
+        log.info("tunnel stream ended", session_id=session.session_id, reason=type(exc).__name__)
+    session.close(gone)
+
+
+async def _both_done(reader: asyncio.Task[None], session: Session) -> None:
+    """Wait for the other direction to finish, unless the session closes first."""
+    closed = asyncio.ensure_future(session.closed.wait())
+    await asyncio.wait([reader, closed], return_when=asyncio.FIRST_COMPLETED)
+    closed.cancel()
+    if not reader.done():
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
 
 
 async def _drain(queue: asyncio.Queue[Chunk], session: Session) -> AsyncIterator[Chunk]:
     """Chunks from ``queue`` until its direction closes, the session closes, or a timeout passes."""
-    while not session.closed.is_set():
+    while True:
+        if session.closed.is_set():
+            # Deliver what already arrived before the session closed, then stop.
+            while not queue.empty():
+                chunk = queue.get_nowait()
+                yield chunk
+                if chunk is None:
+                    return
+            return
         remaining = session.deadline() - time.monotonic()
         if remaining <= 0:
             session.close(
@@ -171,14 +196,15 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
             yield pb.OpenTunnelResponse(
                 ready=pb.TunnelReady(session_id=session.session_id, collector_id=collector_id)
             )
-            reader = asyncio.create_task(_pump_in(request_iterator, session.to_collector, session))
+            reader = asyncio.create_task(
+                _pump_in(request_iterator, session.to_collector, session, "platform_gone")
+            )
             async for chunk in _drain(session.to_platform, session):
                 if chunk is None:
                     yield pb.OpenTunnelResponse(close_write=True)
                 else:
                     yield pb.OpenTunnelResponse(data=chunk)
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await _both_done(reader, session)
             yield pb.OpenTunnelResponse(closed=pb.TunnelClosed(reason=session.reason or "done"))
         finally:
             session.close(session.reason or "platform_gone")
@@ -198,13 +224,19 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
         if session.collector_id != first.hello.collector_id or session.paired.is_set():
             raise PermissionDenied("this tunnel session was not offered to you", code="tunnel_not_yours")
         session.paired.set()
-        reader = asyncio.create_task(_pump_in(request_iterator, session.to_platform, session))
+        reader = asyncio.create_task(
+            _pump_in(request_iterator, session.to_platform, session, "collector_gone")
+        )
+        finished = False
         try:
             async for chunk in _drain(session.to_collector, session):
                 if chunk is None:
                     yield pb.RelayTunnelResponse(close_write=True)
                 else:
                     yield pb.RelayTunnelResponse(data=chunk)
-            await reader
+            await _both_done(reader, session)
+            finished = True
         finally:
             reader.cancel()
+            if not finished:
+                session.close(session.reason or "collector_gone")

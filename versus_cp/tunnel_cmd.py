@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator
 
 import grpc
@@ -39,10 +41,34 @@ def _target(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _start_stdin_reader(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue[bytes]) -> None:
+    """Read stdin on a daemon thread; b"" marks its end.
+
+    A thread works for pipes, terminals, files and /dev/null alike. It is a
+    daemon so that a tunnel the far side closed ends the command even while
+    stdin is still open (an executor thread would block interpreter exit).
+    """
+    fd = sys.stdin.fileno()
+
+    def pump() -> None:
+        while True:
+            try:
+                data = os.read(fd, CHUNK_BYTES)
+            except OSError:
+                data = b""
+            try:
+                asyncio.run_coroutine_threadsafe(chunks.put(data), loop).result()
+            except (RuntimeError, concurrent.futures.CancelledError):
+                return  # the loop is gone: the tunnel is over
+            if not data:
+                return
+
+    threading.Thread(target=pump, name="stdin", daemon=True).start()
+
+
 async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
     host, port = _target(args.target)
     loop = asyncio.get_running_loop()
-    stdin_fd = sys.stdin.fileno()
     stdout = os.fdopen(sys.stdout.fileno(), "wb", 0)
     ready = asyncio.Event()
 
@@ -53,8 +79,9 @@ async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
             )
         )
         await ready.wait()
-        # A thread reads stdin: it works for pipes, terminals, files and /dev/null alike.
-        while data := await loop.run_in_executor(None, os.read, stdin_fd, CHUNK_BYTES):
+        chunks: asyncio.Queue[bytes] = asyncio.Queue(4)
+        _start_stdin_reader(loop, chunks)
+        while data := await chunks.get():
             yield pb.OpenTunnelRequest(data=data)
         yield pb.OpenTunnelRequest(close_write=True)
 

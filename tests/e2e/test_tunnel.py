@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.collector_harness import Collector
 from tests.e2e.harness import ControlPlane
-from tests.support.devices import SshDevice
+from tests.support.devices import EchoDevice, SshDevice
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -103,3 +106,81 @@ def test_tunnel_without_a_live_collector_fails_clearly(
     )
     assert done.returncode == 1
     assert done.stderr.strip() == "versus-cp: error: no live collector serves site 'site-none'"
+
+
+def _tunnel_cli(
+    cp: ControlPlane, collector: Collector, port: int, stdin: Any, stdout: Any
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "versus_cp",
+            "tunnel",
+            "--target",
+            f"127.0.0.1:{port}",
+            "--site",
+            collector.site_id,
+            "--tenant",
+            "acme",
+        ],
+        env=cp.env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_64_mib_round_trip_byte_exact(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    echo = EchoDevice()
+    payload = tmp_path / "payload.bin"
+    payload.write_bytes(os.urandom(64 * 1024 * 1024))
+    try:
+        collector.start()
+        _wait_live(collector)
+        started = time.monotonic()
+        with payload.open("rb") as stdin, (tmp_path / "echoed.bin").open("wb") as stdout:
+            proc = _tunnel_cli(cp, collector, echo.port, stdin, stdout)
+            _, stderr = proc.communicate(timeout=150)
+        assert proc.returncode == 0, stderr.decode()
+        elapsed = time.monotonic() - started
+        echoed = (tmp_path / "echoed.bin").read_bytes()
+        assert len(echoed) == 64 * 1024 * 1024
+        assert hashlib.sha256(echoed).digest() == hashlib.sha256(payload.read_bytes()).digest()
+        print(f"64 MiB each way in {elapsed:.1f}s")
+    finally:
+        collector.stop()
+        echo.close()
+
+
+def test_killing_the_collector_closes_the_tunnel_with_a_reason(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    echo = EchoDevice()
+    try:
+        collector.start()
+        _wait_live(collector)
+        proc = _tunnel_cli(cp, collector, echo.port, subprocess.PIPE, subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b"ping\n")
+        proc.stdin.flush()
+        assert proc.stdout.read(5) == b"ping\n"  # the tunnel works
+        collector.kill()
+        # stdin stays open, as under ssh: the command must still end.
+        assert proc.wait(60) == 1
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()
+        assert b"versus-cp: tunnel closed: collector_gone" in stderr
+    finally:
+        collector.stop()
+        echo.close()

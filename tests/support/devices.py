@@ -146,3 +146,23 @@ class HttpsDevice:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+class EchoDevice:
+    """A TCP server that echoes every byte back and closes its side after the client's EOF."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._loop = _LoopThread()
+        self._server = self._loop.run(asyncio.start_server(self._echo, "127.0.0.1", self.port))
+
+    @staticmethod
+    async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    def close(self) -> None:
+        self._server.close()
+        self._loop.close()
