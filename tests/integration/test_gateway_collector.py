@@ -37,11 +37,13 @@ from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
 from router.server import registrations as router_registrations
+from router.tunnels import TunnelHub
 from tests.support.pki import csr_pem, p256
 from tests.support.router_env import KEYS, make_router
 
 pytestmark = pytest.mark.timeout(90)
 HOLD_S = 3.0
+REVOCATION_CHECK_S = 0.5
 API = "/api/collector/v1"
 
 
@@ -64,6 +66,7 @@ class Stack:
     tasks: task_router_pb2_grpc.TaskRouterServiceAsyncStub
     site_id: str
     redis: Any
+    grpc_address: str
 
     async def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
@@ -127,15 +130,22 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         lambda: KEYS,
         EnrollmentConfig("gw.versus", "https://gw:8443", ("gw:8443",), "gw", None, None),
     )
+    grpc_port = free_port()
+    router.tunnels = TunnelHub(router.redis, f"127.0.0.1:{grpc_port}")
     grpc_server = GrpcServer(
         "backends",
         "127.0.0.1",
-        free_port(),
+        grpc_port,
         [*enrollment_registrations(service), *router_registrations(router)],
     )
     await grpc_server.start()
     config = GatewayConfig(
-        database_url, redis_url, grpc_server.address, grpc_server.address, claim_hold_s=HOLD_S
+        database_url,
+        redis_url,
+        grpc_server.address,
+        grpc_server.address,
+        claim_hold_s=HOLD_S,
+        revocation_check_s=REVOCATION_CHECK_S,
     )
     port = free_port()
     server = uvicorn.Server(
@@ -154,6 +164,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         task_router_pb2_grpc.TaskRouterServiceStub(channel),
         site.site_id,
         router.redis,
+        grpc_server.address,
     )
     await channel.close(None)
     server.should_exit = True

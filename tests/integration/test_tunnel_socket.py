@@ -1,0 +1,143 @@
+"""The gateway's tunnel socket over real sockets: pairing, relaying, refusals and teardown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+import websockets
+from sqlalchemy import update
+from versus.router.v1 import tunnel_pb2 as pb
+from versus.router.v1 import tunnel_pb2_grpc
+
+from common.db.schema import collectors
+from tests.integration import test_gateway_collector as gw
+
+pytestmark = pytest.mark.timeout(60)
+stack = gw.stack  # the same real enrollment + router + gateway stack
+
+
+class Platform:
+    """The platform's end of one tunnel: requests go in through a queue, replies are collected."""
+
+    def __init__(self, address: str, collector_id: str):
+        self.channel = grpc.aio.insecure_channel(address)
+        self.outbox: asyncio.Queue[pb.OpenTunnelRequest | None] = asyncio.Queue()
+        self.outbox.put_nowait(
+            pb.OpenTunnelRequest(open=pb.TunnelOpen(host="10.0.0.7", port=22, collector_id=collector_id))
+        )
+        self.replies: asyncio.Queue[pb.OpenTunnelResponse] = asyncio.Queue()
+        self.task = asyncio.create_task(self._run())
+
+    async def _requests(self) -> AsyncIterator[pb.OpenTunnelRequest]:
+        while (item := await self.outbox.get()) is not None:
+            yield item
+
+    async def _run(self) -> None:
+        async for reply in tunnel_pb2_grpc.TunnelServiceStub(self.channel).OpenTunnel(self._requests()):
+            await self.replies.put(reply)
+
+    async def next(self) -> pb.OpenTunnelResponse:
+        return await asyncio.wait_for(self.replies.get(), 10)
+
+    async def close(self) -> None:
+        self.outbox.put_nowait(None)
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.channel.close(None)
+
+
+async def _live(stack: gw.Stack, name: str) -> gw.Collector:
+    c = await stack.enroll(name)
+    assert (await stack.post("/claim", {"wait_s": 0}, c.bearer())).status_code == 204
+    return c
+
+
+async def _offered_session(stack: gw.Stack, c: gw.Collector) -> str:
+    claimed = await stack.post("/claim", {"wait_s": 5}, c.bearer())
+    assert claimed.status_code == 200, claimed.text
+    [offer] = claimed.json()["offers"]
+    assert (offer["type"], offer["host"], offer["port"]) == ("tunnel", "10.0.0.7", 22)
+    session_id: str = offer["session_id"]
+    return session_id
+
+
+async def _dial(stack: gw.Stack, c: gw.Collector, session_id: str) -> Any:
+    url = stack.url.replace("http://", "ws://") + gw.API + f"/tunnel?session={session_id}"
+    return await websockets.connect(url, additional_headers=c.bearer(), open_timeout=5)
+
+
+async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -> None:
+    c = await _live(stack, "tun-1")
+    platform = Platform(stack.grpc_address, "tun-1")
+    try:
+        session_id = await _offered_session(stack, c)
+        async with await _dial(stack, c, session_id) as ws:
+            ready = await platform.next()
+            assert (ready.ready.session_id, ready.ready.collector_id) == (session_id, "tun-1")
+            await platform.outbox.put(pb.OpenTunnelRequest(data=b"SSH-2.0-platform\r\n"))
+            assert await asyncio.wait_for(ws.recv(), 5) == b"SSH-2.0-platform\r\n"
+            await ws.send(b"SSH-2.0-device\r\n")
+            assert (await platform.next()).data == b"SSH-2.0-device\r\n"
+            await ws.send("eof")
+            assert (await platform.next()).close_write
+            await platform.outbox.put(pb.OpenTunnelRequest(close_write=True))
+            assert await asyncio.wait_for(ws.recv(), 5) == "eof"
+            assert (await platform.next()).closed.reason == "done"
+    finally:
+        await platform.close()
+
+
+async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> None:
+    owner = await _live(stack, "tun-owner")
+    stranger = await _live(stack, "tun-stranger")
+    platform = Platform(stack.grpc_address, "tun-owner")
+    try:
+        session_id = await _offered_session(stack, owner)
+        for who, session in ((stranger, session_id), (owner, "tun-0000")):
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await _dial(stack, who, session)
+            assert refused.value.response.status_code == 403
+        # The owner can still take its session: the refusals changed nothing.
+        async with await _dial(stack, owner, session_id):
+            assert (await platform.next()).ready.session_id == session_id
+    finally:
+        await platform.close()
+
+
+async def test_an_oversized_frame_ends_the_tunnel_with_1009(stack: gw.Stack) -> None:
+    c = await _live(stack, "tun-big")
+    platform = Platform(stack.grpc_address, "tun-big")
+    try:
+        async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
+            await platform.next()  # ready
+            await ws.send(b"x" * (64 * 1024 + 1))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5)
+            assert closed.value.rcvd is not None
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1009, "frame_too_large")
+        assert (await platform.next()).closed.reason == "collector_gone"
+    finally:
+        await platform.close()
+
+
+async def test_revoking_the_collector_tears_down_its_open_tunnel(stack: gw.Stack) -> None:
+    c = await _live(stack, "tun-rev")
+    platform = Platform(stack.grpc_address, "tun-rev")
+    try:
+        async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
+            await platform.next()  # ready
+            async with stack.service.store.engine.begin() as conn:
+                await conn.execute(
+                    update(collectors).where(collectors.c.collector_id == "tun-rev").values(status="revoked")
+                )
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 5 + gw.REVOCATION_CHECK_S)
+            assert closed.value.rcvd is not None
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")
+        assert (await platform.next()).closed.reason == "collector_gone"
+    finally:
+        await platform.close()
