@@ -40,6 +40,7 @@ class RunOptions:
     claim_wait_s: float = 25.0
     grace_s: float = 30.0
     max_backoff_s: float = 60.0
+    ws_retry_s: float = 60.0
     drivers: tuple[str, ...] | None = None
 
 
@@ -82,7 +83,11 @@ class Agent:
         self.clock = ServerClock()
         self.context = ssl_context(self.paths.ca_bundle)
         self.client = GatewayClient(
-            self.identity["gateway_url"], self.context, load_key(self.paths.key), self.collector_id
+            self.identity["gateway_url"],
+            self.context,
+            load_key(self.paths.key),
+            self.collector_id,
+            ws_retry_s=options.ws_retry_s,
         )
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()

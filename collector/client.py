@@ -61,6 +61,7 @@ class GatewayClient:
         collector_id: str,
         *,
         prefer_websocket: bool = True,
+        ws_retry_s: float = WS_RETRY_S,
     ):
         self.collector_id = collector_id
         self._key = key
@@ -70,6 +71,7 @@ class GatewayClient:
         self._prefer_ws = prefer_websocket
         self._ws: Any = None
         self._ws_retry_at = 0.0
+        self._ws_retry_s = ws_retry_s
         self.transport = "https"
 
     async def close(self) -> None:
@@ -101,10 +103,12 @@ class GatewayClient:
             try:
                 await ws.connect()
             except GatewayUnavailable as exc:
-                self._ws_retry_at = time.monotonic() + WS_RETRY_S
+                self._ws_retry_at = time.monotonic() + self._ws_retry_s
                 self.transport = "https"
                 log.info(
-                    "control socket unavailable; using per-call HTTPS", reason=str(exc), retry_in_s=WS_RETRY_S
+                    "control socket unavailable; using per-call HTTPS",
+                    reason=str(exc),
+                    retry_in_s=self._ws_retry_s,
                 )
                 return None
             self._ws = ws
@@ -115,10 +119,10 @@ class GatewayClient:
             return result
         except GatewayUnavailable:
             # Some proxies pass HTTPS but break WebSockets: fall back now, try the socket again later.
-            log.info("control socket lost; using per-call HTTPS", retry_in_s=WS_RETRY_S)
+            log.info("control socket lost; using per-call HTTPS", retry_in_s=self._ws_retry_s)
             await self._ws.close()
             self._ws = None
-            self._ws_retry_at = time.monotonic() + WS_RETRY_S
+            self._ws_retry_at = time.monotonic() + self._ws_retry_s
             self.transport = "https"
             return None
 

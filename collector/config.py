@@ -24,6 +24,7 @@ _KEYS = {
     "claim_wait_s": ("VERSUS_COLLECTOR_CLAIM_WAIT_S", float),
     "grace_s": ("VERSUS_COLLECTOR_GRACE_S", float),
     "max_backoff_s": ("VERSUS_COLLECTOR_MAX_BACKOFF_S", float),
+    "ws_retry_s": ("VERSUS_COLLECTOR_WS_RETRY_S", float),
     "drivers": ("VERSUS_COLLECTOR_DRIVERS", str),
     "log_format": ("VERSUS_COLLECTOR_LOG_FORMAT", str),
 }
@@ -60,6 +61,11 @@ def resolve(flags: dict[str, Any], config_file: Path | None) -> tuple[RunOptions
         drivers=tuple(d.strip() for d in drivers.split(",") if d.strip()) if drivers else None,
         **converted,
     )
-    if not 0 < options.claim_wait_s <= 55 or options.grace_s < 0 or options.max_backoff_s <= 0:
-        raise CollectorError("claim wait must be in (0, 55], grace >= 0 and max backoff > 0")
+    if (
+        not 0 < options.claim_wait_s <= 55
+        or options.grace_s < 0
+        or options.max_backoff_s <= 0
+        or options.ws_retry_s <= 0
+    ):
+        raise CollectorError("claim wait must be in (0, 55], grace >= 0, max backoff and ws retry > 0")
     return options, log_format

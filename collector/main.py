@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--claim-wait", type=float, dest="claim_wait_s")
     r.add_argument("--grace", type=float, dest="grace_s")
     r.add_argument("--max-backoff", type=float, dest="max_backoff_s")
+    r.add_argument("--ws-retry", type=float, dest="ws_retry_s", help="seconds on HTTPS before retrying WSS")
     r.add_argument("--drivers", help="comma-separated driver names to load (default: all installed)")
     r.add_argument("--log-format", choices=["console", "json"])
     s = sub.add_parser("status", help="Show identity, enrollment status, last claim and journal size.")
@@ -55,7 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     flags = {
         k: getattr(args, k)
-        for k in ("state_dir", "claim_wait_s", "grace_s", "max_backoff_s", "drivers", "log_format")
+        for k in (
+            "state_dir",
+            "claim_wait_s",
+            "grace_s",
+            "max_backoff_s",
+            "ws_retry_s",
+            "drivers",
+            "log_format",
+        )
     }
     options, log_format = resolve(flags, args.config)
     configure_logging(fmt=log_format, service="collector")

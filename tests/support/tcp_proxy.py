@@ -1,0 +1,66 @@
+"""A loopback TCP forwarder whose live connections a test can cut, to break sockets mid-flight.
+
+It forwards raw bytes, so TLS passes through untouched (the client still
+verifies the real server's certificate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from common.embedded.process import free_port
+
+
+class CuttableProxy:
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.accepted = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _start(self) -> asyncio.Server:
+        return await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            client_w.close()
+            return
+        pair = {client_w, upstream_w}
+        self._writers |= pair
+        await asyncio.gather(self._copy(client_r, upstream_w), self._copy(upstream_r, client_w))
+        self._writers -= pair
+
+    @staticmethod
+    async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _abort_all(self) -> int:
+        writers = list(self._writers)
+        for writer in writers:
+            writer.transport.abort()
+        return len(writers) // 2
+
+    def cut(self) -> int:
+        """Abort every live connection (both legs, without a clean close); returns how many."""
+        return asyncio.run_coroutine_threadsafe(self._abort_all(), self._loop).result(10)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+        self.cut()
+        asyncio.run_coroutine_threadsafe(self._server.wait_closed(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
