@@ -72,6 +72,7 @@ class Agent:
         self.trusted = {k["kid"]: PublicKey.from_json(k) for k in keys["dispatch"]}
         credentials_path = options.state_dir / "credentials.json"
         credentials = read_json(credentials_path) if credentials_path.exists() else {}
+        self.credentials: dict[str, Any] = credentials
         if credentials_path.exists():
             check_key_permissions(credentials_path)
         self.drivers: dict[str, Driver] = registry.load(
@@ -186,7 +187,13 @@ class Agent:
             for offer in reply.offers:
                 if offer.get("type") == "tunnel":
                     self._spawn(
-                        carry(offer, self.identity["gateway_url"], self.context, self.client.bearer())
+                        carry(
+                            offer,
+                            self.identity["gateway_url"],
+                            self.context,
+                            self.client.bearer(),
+                            self.credentials,
+                        )
                     )
             if reply.envelope is not None and reply.dispatch_id is not None:
                 await self._accept(reply.dispatch_id, reply.envelope)

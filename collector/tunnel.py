@@ -1,6 +1,8 @@
 """Carrying a tunnel session: connect to the device, dial back the gateway, relay bytes both ways.
 
-Binary WebSocket frames carry bytes; the text frame ``eof`` closes one
+Tunnels to a destination configured for local credential injection are
+served by collector/tunnel_inject.py instead of relayed raw. Binary WebSocket
+frames carry bytes; the text frame ``eof`` closes one
 direction (half-close), mirrored onto the TCP connection with ``write_eof``.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import websockets
 
+from collector.tunnel_inject import HttpInjector, injector_for
 from common.logs import get_logger
 
 CHUNK_BYTES = 64 * 1024
@@ -22,8 +25,68 @@ EOF_FRAME = "eof"
 log = get_logger("versus.collector.tunnel")
 
 
-async def carry(offer: dict[str, Any], gateway_url: str, context: ssl.SSLContext, bearer: str) -> None:
+async def _dial_back(session_id: str, gateway_url: str, context: ssl.SSLContext, bearer: str) -> Any:
+    url = (
+        "wss://"
+        + gateway_url.split("://", 1)[1].rstrip("/")
+        + f"/api/collector/v1/tunnel?session={session_id}"
+    )
+    try:
+        return await websockets.connect(
+            url, ssl=context, additional_headers={"Authorization": f"Bearer {bearer}"},
+            max_size=CHUNK_BYTES + 1024, compression=None, open_timeout=CONNECT_TIMEOUT_S,
+        )  # fmt: skip
+    except (OSError, websockets.WebSocketException, TimeoutError) as exc:
+        log.warning("tunnel dial-back failed", session_id=session_id, reason=str(exc))
+        return None
+
+
+async def _carry_injected(injector: HttpInjector, session_id: str, ws: Any) -> None:
+    async def receive() -> bytes | None:
+        try:
+            while True:
+                message = await ws.recv()
+                if isinstance(message, bytes):
+                    return message
+                if message == EOF_FRAME:
+                    return None
+        except websockets.ConnectionClosed:
+            return None
+
+    async def send(data: bytes) -> None:
+        for start in range(0, len(data), CHUNK_BYTES):
+            await ws.send(data[start : start + CHUNK_BYTES])
+
+    log.info("tunnel open", session_id=session_id, inject="http")
+    try:
+        await injector.serve(receive, send)
+        await ws.send(EOF_FRAME)
+    except (OSError, websockets.WebSocketException):
+        pass
+    finally:
+        await ws.close()
+        log.info("tunnel closed", session_id=session_id)
+
+
+async def carry(
+    offer: dict[str, Any],
+    gateway_url: str,
+    context: ssl.SSLContext,
+    bearer: str,
+    credentials: dict[str, Any] | None = None,
+) -> None:
+    """Carry one offered tunnel: a raw byte relay, or local credential injection if configured."""
     session_id = str(offer["session_id"])
+    try:
+        injector = injector_for(str(offer["host"]), int(offer["port"]), credentials or {})
+    except ValueError as exc:
+        log.warning("tunnel refused: bad local injection settings", session_id=session_id, reason=str(exc))
+        return
+    if injector is not None:
+        ws = await _dial_back(session_id, gateway_url, context, bearer)
+        if ws is not None:
+            await _carry_injected(injector, session_id, ws)
+        return
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(str(offer["host"]), int(offer["port"])), CONNECT_TIMEOUT_S
@@ -31,18 +94,8 @@ async def carry(offer: dict[str, Any], gateway_url: str, context: ssl.SSLContext
     except (OSError, TimeoutError) as exc:
         log.warning("tunnel target unreachable", session_id=session_id, reason=str(exc))
         return
-    url = (
-        "wss://"
-        + gateway_url.split("://", 1)[1].rstrip("/")
-        + f"/api/collector/v1/tunnel?session={session_id}"
-    )
-    try:
-        ws = await websockets.connect(
-            url, ssl=context, additional_headers={"Authorization": f"Bearer {bearer}"},
-            max_size=CHUNK_BYTES + 1024, compression=None, open_timeout=CONNECT_TIMEOUT_S,
-        )  # fmt: skip
-    except (OSError, websockets.WebSocketException, TimeoutError) as exc:
-        log.warning("tunnel dial-back failed", session_id=session_id, reason=str(exc))
+    ws = await _dial_back(session_id, gateway_url, context, bearer)
+    if ws is None:
         writer.close()
         return
     log.info("tunnel open", session_id=session_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -14,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from common.state_dir import write_private
 from tests.e2e.collector_harness import Collector
 from tests.e2e.harness import ControlPlane
-from tests.support.devices import EchoDevice, SshDevice
+from tests.support.devices import EchoDevice, HttpsDevice, SshDevice
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -181,3 +183,34 @@ def test_killing_the_collector_closes_the_tunnel_with_a_reason(
     finally:
         collector.stop()
         echo.close()
+
+
+def test_an_http_tunnel_carries_the_collectors_local_credential(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    device = HttpsDevice(tmp_path / "device")
+    secret = "lb-token-only-the-collector-knows"
+    credentials = {
+        "http": {"lb-1": device.credentials(secret)},
+        "tunnels": {f"127.0.0.1:{device.port}": {"inject": "http", "target_ref": "lb-1"}},
+    }
+    write_private(collector.state / "credentials.json", json.dumps(credentials).encode())
+    try:
+        collector.start()
+        _wait_live(collector)
+        proc = _tunnel_cli(cp, collector, device.port, subprocess.PIPE, subprocess.PIPE)
+        # Plain HTTP in; the collector speaks TLS to the device and adds the credential.
+        request = b"GET /api/status HTTP/1.1\r\nHost: lb-1\r\nConnection: close\r\n\r\n"
+        stdout, stderr = proc.communicate(request, timeout=60)
+        assert proc.returncode == 0, stderr.decode()
+        assert stdout.startswith(b"HTTP/1.1 200 "), stdout
+        assert b'"path":"/api/status"' in stdout
+        assert device.requests == [("GET", "/api/status", f"Bearer {secret}")]
+        assert secret.encode() not in stdout
+        assert secret not in cp.log() + collector.log()
+    finally:
+        collector.stop()
+        device.close()
