@@ -65,6 +65,7 @@ async def tunnel(ws: WebSocket) -> None:
             yield item
 
     async def from_collector() -> None:
+        half_closed = False
         try:
             while True:
                 message = await ws.receive()
@@ -77,11 +78,16 @@ async def tunnel(ws: WebSocket) -> None:
                         break
                     await outbound.put(pb.RelayTunnelRequest(data=data))
                 elif message.get("text") == EOF_FRAME:
+                    half_closed = True
                     await outbound.put(pb.RelayTunnelRequest(close_write=True))
         except (WebSocketDisconnect, RuntimeError):
             pass
-        # The collector went away (a half-close is the ``eof`` frame, not this):
-        # abort the relay so the router ends the session with a reason.
+        if half_closed and close_code[0] == 1000:
+            # It had finished writing: hanging up now ends its stream normally.
+            await outbound.put(None)
+            return
+        # The collector went away mid-stream: abort the relay so the router ends
+        # the session with a reason.
         aborted.set()
         call.cancel()
 

@@ -52,6 +52,7 @@ class Session:
     paired: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str = ""
+    eof_from: set[str] = field(default_factory=set)  # sides that half-closed: "platform", "collector"
     started: float = field(default_factory=time.monotonic)
     last_activity: float = field(default_factory=time.monotonic)
 
@@ -103,12 +104,12 @@ class TunnelHub:
 
 
 async def _pump_in(
-    requests: AsyncIterator[object], queue: asyncio.Queue[Chunk], session: Session, gone: str
+    requests: AsyncIterator[object], queue: asyncio.Queue[Chunk], session: Session, side: str
 ) -> None:
     """Copy one side's data into the other side's queue (awaiting space: backpressure).
 
     A stream that ends without a half-close means that side went away: the
-    whole session is closed with ``gone`` as the reason.
+    whole session is closed with ``<side>_gone`` as the reason.
     """
     try:
         async for request in requests:
@@ -121,11 +122,12 @@ async def _pump_in(
                 session.touch()
                 await queue.put(data)
             elif kind == "close_write":
+                session.eof_from.add(side)
                 await queue.put(None)
                 return
     except Exception as exc:  # the stream broke
         log.info("tunnel stream ended", session_id=session.session_id, reason=type(exc).__name__)
-    session.close(gone)
+    session.close(f"{side}_gone")
 
 
 async def _both_done(reader: asyncio.Task[None], session: Session) -> None:
@@ -197,7 +199,7 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
                 ready=pb.TunnelReady(session_id=session.session_id, collector_id=collector_id)
             )
             reader = asyncio.create_task(
-                _pump_in(request_iterator, session.to_collector, session, "platform_gone")
+                _pump_in(request_iterator, session.to_collector, session, "platform")
             )
             async for chunk in _drain(session.to_platform, session):
                 if chunk is None:
@@ -224,13 +226,12 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
         if session.collector_id != first.hello.collector_id or session.paired.is_set():
             raise PermissionDenied("this tunnel session was not offered to you", code="tunnel_not_yours")
         session.paired.set()
-        reader = asyncio.create_task(
-            _pump_in(request_iterator, session.to_platform, session, "collector_gone")
-        )
-        finished = False
+        reader = asyncio.create_task(_pump_in(request_iterator, session.to_platform, session, "collector"))
+        finished = sent_eof = False
         try:
             async for chunk in _drain(session.to_collector, session):
                 if chunk is None:
+                    sent_eof = True
                     yield pb.RelayTunnelResponse(close_write=True)
                 else:
                     yield pb.RelayTunnelResponse(data=chunk)
@@ -238,5 +239,7 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
             finished = True
         finally:
             reader.cancel()
-            if not finished:
+            # Both directions done before the stream ended: the collector hanging up
+            # now is the normal end, not the collector going away.
+            if not finished and not (sent_eof and "collector" in session.eof_from):
                 session.close(session.reason or "collector_gone")
