@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+from typing import Any
 
 import uvicorn
 from cryptography import x509
@@ -28,6 +29,18 @@ KEEPALIVE_TIMEOUT_S = 75
 WS_MAX_FRAME_BYTES = 3 * 1024 * 1024
 WS_PING_INTERVAL_S = 20.0
 WS_PING_TIMEOUT_S = 20.0
+
+
+# The WebSocket settings of the gateway's uvicorn server (tests serve the app with the same).
+WS_OPTIONS: dict[str, Any] = {
+    "ws": "websockets-sansio",
+    "ws_max_size": WS_MAX_FRAME_BYTES,
+    # No compression: nothing to gain on small JSON frames or already-encrypted tunnel
+    # bytes, and no decompression bombs.
+    "ws_per_message_deflate": False,
+    "ws_ping_interval": WS_PING_INTERVAL_S,
+    "ws_ping_timeout": WS_PING_TIMEOUT_S,
+}
 
 
 def resolve_tls(settings: Settings) -> GatewayTls | None:
@@ -102,12 +115,7 @@ async def serve(settings: Settings) -> None:
         app,
         ssl_certfile=str(tls.cert_file) if tls else None,
         ssl_keyfile=str(tls.key_file) if tls else None,
-        ws="websockets-sansio",
-        ws_max_size=WS_MAX_FRAME_BYTES,
-        # No compression: nothing to gain on small JSON frames, and no decompression bombs.
-        ws_per_message_deflate=False,
-        ws_ping_interval=WS_PING_INTERVAL_S,
-        ws_ping_timeout=WS_PING_TIMEOUT_S,
+        **WS_OPTIONS,
         lifespan="on",
         log_config=None,
         access_log=False,

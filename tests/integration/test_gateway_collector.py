@@ -36,6 +36,7 @@ from enrollment.server import registrations as enrollment_registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
+from gateway.server import WS_OPTIONS
 from router.server import registrations as router_registrations
 from router.tunnels import TunnelHub
 from tests.support.pki import csr_pem, p256
@@ -149,9 +150,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
     )
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(config), host="127.0.0.1", port=port, log_config=None, ws="websockets-sansio"
-        )
+        uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_config=None, **WS_OPTIONS)
     )
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn exposes only this flag

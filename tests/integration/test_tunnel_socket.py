@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,10 +31,12 @@ class Platform:
             pb.OpenTunnelRequest(open=pb.TunnelOpen(host="10.0.0.7", port=22, collector_id=collector_id))
         )
         self.replies: asyncio.Queue[pb.OpenTunnelResponse] = asyncio.Queue()
+        self.sent = 0  # bytes the gRPC stream has taken from the outbox
         self.task = asyncio.create_task(self._run())
 
     async def _requests(self) -> AsyncIterator[pb.OpenTunnelRequest]:
         while (item := await self.outbox.get()) is not None:
+            self.sent += len(item.data)
             yield item
 
     async def _run(self) -> None:
@@ -139,5 +142,31 @@ async def test_revoking_the_collector_tears_down_its_open_tunnel(stack: gw.Stack
             assert closed.value.rcvd is not None
             assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")
         assert (await platform.next()).closed.reason == "collector_gone"
+    finally:
+        await platform.close()
+
+
+async def test_a_collector_that_stops_reading_stalls_the_platform_instead_of_buffering(
+    stack: gw.Stack,
+) -> None:
+    c = await _live(stack, "tun-slow")
+    platform = Platform(stack.grpc_address, "tun-slow")
+    total = 64 * 1024 * 1024
+    chunk = os.urandom(64 * 1024)
+    try:
+        async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
+            # The client offered permessage-deflate; the gateway never accepts compression.
+            assert ws.protocol.extensions == []
+            await platform.next()  # ready
+            for _ in range(total // len(chunk)):
+                platform.outbox.put_nowait(pb.OpenTunnelRequest(data=chunk))
+            await asyncio.sleep(3)  # the collector reads nothing meanwhile
+            # Only the bounded buffers along the path (queues, flow-control windows,
+            # socket buffers) fill up; the platform is held back, not buffered for.
+            assert platform.sent < total // 4, platform.sent
+            received = 0
+            while received < total:
+                received += len(await asyncio.wait_for(ws.recv(), 10))
+            assert (received, platform.sent) == (total, total)
     finally:
         await platform.close()
