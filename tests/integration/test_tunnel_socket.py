@@ -161,9 +161,10 @@ async def test_a_collector_that_stops_reading_stalls_the_platform_instead_of_buf
             for _ in range(total // len(chunk)):
                 platform.outbox.put_nowait(pb.OpenTunnelRequest(data=chunk))
             await asyncio.sleep(3)  # the collector reads nothing meanwhile
-            # Only the bounded buffers along the path (queues, flow-control windows,
-            # socket buffers) fill up; the platform is held back, not buffered for.
-            assert platform.sent < total // 4, platform.sent
+            # Only the bounded buffers along the path fill up: two gRPC hops' flow-control
+            # windows (grown by BDP probing), the router queue (2 MiB), four kernel socket
+            # buffers. Seen 6-18 MiB; a buffer without bound would take all 64 MiB.
+            assert platform.sent < total // 2, platform.sent
             received = 0
             while received < total:
                 received += len(await asyncio.wait_for(ws.recv(), 10))
