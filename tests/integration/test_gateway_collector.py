@@ -495,6 +495,11 @@ async def test_control_socket_refusals(stack: Stack) -> None:
             await ws.recv()
         assert closed.value.rcvd is not None
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4400, "malformed_frame")
+    async with await _ws(stack, c) as ws:
+        await ws.send(json.dumps({"v": 1, "id": "big", "type": "report", "body": "x" * (3 * 1024 * 1024)}))
+        with pytest.raises(websockets.ConnectionClosed) as oversize:
+            await ws.recv()
+        assert oversize.value.rcvd is not None and oversize.value.rcvd.code == 1009
 
 
 async def test_revocation_closes_an_open_control_socket_on_its_next_frame(stack: Stack) -> None:

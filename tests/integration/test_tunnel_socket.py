@@ -104,6 +104,11 @@ async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> No
             with pytest.raises(websockets.InvalidStatus) as refused:
                 await _dial(stack, who, session)
             assert refused.value.response.status_code == 403
+        url = stack.url.replace("http://", "ws://") + gw.API + f"/tunnel?session={session_id}"
+        headers = {**owner.bearer(), "Origin": "https://evil.example"}
+        with pytest.raises(websockets.InvalidStatus) as browser:
+            await websockets.connect(url, additional_headers=headers, open_timeout=5)
+        assert browser.value.response.status_code == 403
         # The owner can still take its session: the refusals changed nothing.
         async with await _dial(stack, owner, session_id):
             assert (await platform.next()).ready.session_id == session_id
