@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from common.state_dir import write_private
@@ -214,3 +215,31 @@ def test_an_http_tunnel_carries_the_collectors_local_credential(
     finally:
         collector.stop()
         device.close()
+
+
+def test_revoking_the_collector_tears_down_its_open_tunnel(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, database_url: str, redis_url: str
+) -> None:
+    # External databases, so the test can revoke by writing what a revocation writes.
+    cp = start_control_plane(DATABASE_URL=database_url, REDIS_URL=redis_url)
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector_id = collector.enroll()
+    echo = EchoDevice()
+    try:
+        collector.start()
+        _wait_live(collector)
+        proc = _tunnel_cli(cp, collector, echo.port, subprocess.PIPE, subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        proc.stdin.write(b"ping\n")
+        proc.stdin.flush()
+        assert proc.stdout.read(5) == b"ping\n"
+        with psycopg.connect(database_url.replace("+psycopg", "")) as conn:
+            conn.execute("UPDATE collectors SET status = 'revoked' WHERE collector_id = %s", (collector_id,))
+        assert proc.wait(30) == 1  # the gateway re-checks an open tunnel's standing every 5 s
+        stderr = proc.stderr.read()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            pipe.close()
+        assert b"versus-cp: tunnel closed: collector_gone" in stderr
+    finally:
+        collector.stop()
+        echo.close()
