@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from redis.asyncio import Redis
 
 from common.logs import get_logger
+from router.fleet_state import DEAD_AFTER_S
 
-LIVENESS_WINDOW_S = 180
+LIVENESS_WINDOW_S = int(DEAD_AFTER_S)  # a collector silent this long is dead: no more placement
 _LIVE = "versus:live"
 _SESSION = "versus:session:"
 # Session details outlive the liveness window long enough for operators to see a dead session.
