@@ -12,10 +12,11 @@ import datetime as dt
 import time
 
 from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocket
 
-from common import collector_jwt
+from common import collector_jwt, error_mapping
 from common.collector_jwt import BearerClaims, BearerError
-from common.errors import PermissionDenied
+from common.errors import PermissionDenied, VersusError
 from gateway.metrics import AUTH_FAILURES
 from gateway.store import CollectorAuthRecord, GatewayStore
 
@@ -57,3 +58,31 @@ async def _authenticate(
     if record.status not in allowed:
         raise PermissionDenied(f"collector is {record.status}", code=f"collector_{record.status}")
     return claims, record
+
+
+async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | None:
+    """The verified claims of a collector opening a WebSocket, or None after refusing it.
+
+    Collectors never send ``Origin``; browsers always do, so refusing it keeps
+    web pages off these sockets. A refusal before ``accept`` reaches the client
+    as HTTP 403 at the handshake.
+    """
+    if ws.headers.get("origin") is not None:
+        await ws.close(code=4403, reason="origin_not_allowed")
+        return None
+    try:
+        claims, _ = await authenticate(ws, store)
+    except VersusError as exc:
+        await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+        return None
+    return claims
+
+
+async def lapsed_standing(store: GatewayStore, collector_id: str) -> str | None:
+    """Why an open socket's collector may no longer use it (the close reason), or None while it is active."""
+    record = await store.collector_auth(collector_id)
+    if record is None or record.cert_not_after <= dt.datetime.now(dt.UTC):
+        return "collector_not_active"
+    if record.status != "active":
+        return "collector_revoked" if record.status == "revoked" else "collector_not_active"
+    return None

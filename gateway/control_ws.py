@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 from typing import Any
 
@@ -31,7 +30,7 @@ from starlette.websockets import WebSocketDisconnect
 from common import error_mapping
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
 from common.logs import get_logger, new_request_id
-from gateway.auth import authenticate
+from gateway.auth import admit_socket, lapsed_standing
 from gateway.collector_api import OPERATIONS, ControlReply
 from gateway.metrics import CONTROL_SOCKETS
 
@@ -58,15 +57,9 @@ def _error(error: VersusError) -> ControlReply:
 
 @router.websocket("/control")
 async def control(ws: WebSocket) -> None:
-    # Collectors never send Origin; browsers always do. Refusing it keeps web pages off this socket.
-    if ws.headers.get("origin") is not None:
-        await ws.close(code=4403, reason="origin_not_allowed")
-        return
     state = ws.app.state
-    try:
-        claims, _ = await authenticate(ws, state.store)
-    except VersusError as exc:
-        await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+    claims = await admit_socket(ws, state.store)
+    if claims is None:
         return
     await ws.accept()
     collector_id = claims.collector_id
@@ -92,15 +85,6 @@ async def control(ws: WebSocket) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
             await send(_frame(frame_id, kind, reply))
 
-    async def standing() -> str | None:
-        """Why the collector may no longer use this socket, or None while it is active."""
-        record = await state.store.collector_auth(collector_id)
-        if record is None or record.cert_not_after <= dt.datetime.now(dt.UTC):
-            return "collector_not_active"
-        if record.status != "active":
-            return "collector_revoked" if record.status == "revoked" else "collector_not_active"
-        return None
-
     try:
         while True:
             try:
@@ -114,7 +98,7 @@ async def control(ws: WebSocket) -> None:
                 return
             # Every frame re-checks the collector's standing, so a revocation bites on the next one
             # even between the periodic checks.
-            reason = await standing()
+            reason = await lapsed_standing(state.store, collector_id)
             if reason is not None:
                 await ws.close(code=4401, reason=reason)
                 return

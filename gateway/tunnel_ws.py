@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,10 +23,8 @@ from starlette.websockets import WebSocketDisconnect
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
-from common import error_mapping
-from common.errors import VersusError
 from common.logs import get_logger
-from gateway.auth import authenticate
+from gateway.auth import admit_socket, lapsed_standing
 
 MAX_FRAME_BYTES = 64 * 1024
 EOF_FRAME = "eof"
@@ -38,14 +35,9 @@ log = get_logger("versus.gateway.tunnel")
 
 @router.websocket("/tunnel")
 async def tunnel(ws: WebSocket) -> None:
-    if ws.headers.get("origin") is not None:
-        await ws.close(code=4403, reason="origin_not_allowed")
-        return
     state = ws.app.state
-    try:
-        claims, _ = await authenticate(ws, state.store)
-    except VersusError as exc:
-        await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+    claims = await admit_socket(ws, state.store)
+    if claims is None:
         return
     session_id = ws.query_params.get("session", "")
     raw = await state.connections.redis.get("versus:tunnel:" + session_id) if session_id else None
@@ -94,14 +86,10 @@ async def tunnel(ws: WebSocket) -> None:
     async def watch_standing() -> None:
         while True:
             await asyncio.sleep(getattr(state, "revocation_check_s", 5.0))
-            current = await state.store.collector_auth(claims.collector_id)
-            if (
-                current is None
-                or current.status != "active"
-                or current.cert_not_after <= dt.datetime.now(dt.UTC)
-            ):
+            lapsed = await lapsed_standing(state.store, claims.collector_id)
+            if lapsed is not None:
                 # Only the relay loop touches the socket; end it and let it close with 4401.
-                close_code[0], close_code[1] = 4401, "collector_revoked"
+                close_code[0], close_code[1] = 4401, lapsed
                 aborted.set()
                 call.cancel()
                 return

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -127,3 +128,13 @@ class Platform:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll ``predicate`` until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.collector_harness import Collector, Platform
+from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,15 +28,6 @@ def fleet(
     yield collector, platform
     collector.stop()
     platform.close()
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]) -> None:
@@ -84,7 +75,7 @@ def test_sigkill_mid_task_never_applies_twice(
     )
     platform.wait_state(task_id, {"dispatched", "running"})
     if op_class != "read":
-        _wait_for(lambda: len(collector.device(target)) == 1)  # the change landed, no result yet
+        wait_for(lambda: len(collector.device(target)) == 1)  # the change landed, no result yet
     else:
         time.sleep(0.5)
     collector.kill()

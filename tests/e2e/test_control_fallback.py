@@ -10,22 +10,13 @@ from pathlib import Path
 import pytest
 from versus.router.v1 import task_pb2
 
-from tests.e2e.collector_harness import Collector, Platform
+from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane
 from tests.support.tcp_proxy import CuttableProxy
 
 pytestmark = pytest.mark.timeout(180)
 WS_RETRY_S = 3
 RECONCILABLE = "mutate_reconcilable"
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def _final(platform: Platform, task_id: str) -> str:
@@ -48,7 +39,7 @@ def test_dropped_control_socket_falls_back_without_losing_or_repeating_work(
     platform = Platform(cp)
     try:
         collector.start("--ws-retry", str(WS_RETRY_S))
-        _wait_for(lambda: "control socket open" in collector.log())
+        wait_for(lambda: "control socket open" in collector.log())
         time.sleep(0.5)  # the collector is now holding a claim on the socket
         assert proxy.cut() >= 1
         tasks = [
@@ -62,7 +53,7 @@ def test_dropped_control_socket_falls_back_without_losing_or_repeating_work(
         for i in range(5):
             assert len(collector.device(f"dev-{i}")) == 1  # applied exactly once
         # After the retry period the collector is back on the socket and work still flows.
-        _wait_for(lambda: collector.log().count("control socket open") >= 2, timeout=WS_RETRY_S + 30)
+        wait_for(lambda: collector.log().count("control socket open") >= 2, timeout=WS_RETRY_S + 30)
         last = platform.submit(collector.site_id, "append", RECONCILABLE, "dev-last", {}, "drop-last")
         assert _final(platform, last) == "TASK_STATE_SUCCESS"
         assert len(collector.device("dev-last")) == 1

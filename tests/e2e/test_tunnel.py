@@ -134,6 +134,26 @@ def _tunnel_cli(
     )
 
 
+def _open_echo_tunnel(cp: ControlPlane, collector: Collector, echo: EchoDevice) -> subprocess.Popen[bytes]:
+    """A `versus-cp tunnel` to the echo device with all three pipes, proven to carry bytes."""
+    proc = _tunnel_cli(cp, collector, echo.port, subprocess.PIPE, subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"ping\n")
+    proc.stdin.flush()
+    assert proc.stdout.read(5) == b"ping\n"
+    return proc
+
+
+def _ended_with(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, bytes]:
+    """Exit code and stderr of a tunnel command whose stdin is still open (as under ssh)."""
+    code = proc.wait(timeout)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stderr = proc.stderr.read()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        pipe.close()
+    return code, stderr
+
+
 def test_64_mib_round_trip_byte_exact(
     start_control_plane: Callable[..., ControlPlane], tmp_path: Path
 ) -> None:
@@ -168,18 +188,10 @@ def test_killing_the_collector_closes_the_tunnel_with_a_reason(
     try:
         collector.start()
         _wait_live(collector)
-        proc = _tunnel_cli(cp, collector, echo.port, subprocess.PIPE, subprocess.PIPE)
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(b"ping\n")
-        proc.stdin.flush()
-        assert proc.stdout.read(5) == b"ping\n"  # the tunnel works
+        proc = _open_echo_tunnel(cp, collector, echo)
         collector.kill()
-        # stdin stays open, as under ssh: the command must still end.
-        assert proc.wait(60) == 1
-        assert proc.stderr is not None
-        stderr = proc.stderr.read()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            pipe.close()
+        code, stderr = _ended_with(proc, 60)
+        assert code == 1
         assert b"versus-cp: tunnel closed: collector_gone" in stderr
     finally:
         collector.stop()
@@ -228,17 +240,11 @@ def test_revoking_the_collector_tears_down_its_open_tunnel(
     try:
         collector.start()
         _wait_live(collector)
-        proc = _tunnel_cli(cp, collector, echo.port, subprocess.PIPE, subprocess.PIPE)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        proc.stdin.write(b"ping\n")
-        proc.stdin.flush()
-        assert proc.stdout.read(5) == b"ping\n"
+        proc = _open_echo_tunnel(cp, collector, echo)
         with psycopg.connect(database_url.replace("+psycopg", "")) as conn:
             conn.execute("UPDATE collectors SET status = 'revoked' WHERE collector_id = %s", (collector_id,))
-        assert proc.wait(30) == 1  # the gateway re-checks an open tunnel's standing every 5 s
-        stderr = proc.stderr.read()
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            pipe.close()
+        code, stderr = _ended_with(proc, 30)  # the gateway re-checks an open tunnel's standing every 5 s
+        assert code == 1
         assert b"versus-cp: tunnel closed: collector_gone" in stderr
     finally:
         collector.stop()

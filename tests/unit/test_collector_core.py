@@ -94,6 +94,10 @@ def test_config_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         resolve({}, config)
     with pytest.raises(CollectorError, match="claim wait"):
         resolve({"claim_wait_s": 99.0}, None)
+    monkeypatch.setenv("VERSUS_COLLECTOR_WS_RETRY_S", "5")
+    assert resolve({"state_dir": tmp_path}, None)[0].ws_retry_s == 5.0
+    with pytest.raises(CollectorError, match="ws retry > 0"):
+        resolve({"ws_retry_s": 0.0}, None)
 
 
 def test_manifest_and_epochs(tmp_path: Path) -> None:
