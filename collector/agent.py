@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import random
+import secrets
 import signal
 import time
 from collections.abc import Mapping
@@ -48,6 +49,15 @@ class CollectorError(Exception):
     """A problem that stops the collector from starting; reported as one line."""
 
 
+# Refusals after which claiming again can never succeed: the process stops instead of retrying.
+FATAL_CLAIM_CODES = {
+    "collector_revoked": "this collector's identity was revoked; enroll again with a new token",
+    "collector_denied": "this collector was denied at approval; enroll again with a new token",
+    "certificate_expired": "this collector's certificate has expired; enroll again",
+    "session_superseded": "another process started with this collector's identity and replaced this one",
+}
+
+
 def backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
     """Exponential backoff with ±25 % jitter, so a fleet does not reconnect in lockstep."""
     return float(min(cap, base * 2**attempt) * random.uniform(0.75, 1.25))  # noqa: S311 - jitter, not crypto
@@ -70,10 +80,15 @@ class Agent:
         self.collector_id: str = self.identity["collector_id"]
         keys = read_json(self.paths.keys)
         self.trusted = {k["kid"]: PublicKey.from_json(k) for k in keys["dispatch"]}
+        policy = read_json(self.paths.policy) if self.paths.policy.exists() else {}
+        self.vault_mode: str = _vault_mode(policy.get("vault_mode", "local"))
         credentials_path = options.state_dir / "credentials.json"
-        credentials = read_json(credentials_path) if credentials_path.exists() else {}
+        # Mode A resolves credentials from the local file; in modes B and C the local file is not read
+        # (their resolvers are described in docs/fleet.md).
+        local = self.vault_mode == "local" and credentials_path.exists()
+        credentials = read_json(credentials_path) if local else {}
         self.credentials: dict[str, Any] = credentials
-        if credentials_path.exists():
+        if local:
             check_key_permissions(credentials_path)
         self.drivers: dict[str, Driver] = registry.load(
             DriverContext(options.state_dir, credentials), options.drivers
@@ -92,12 +107,19 @@ class Agent:
         )
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        # A new id per process start: the control plane keeps one current session per collector.
+        self.session_id = secrets.token_urlsafe(12)
+        # Set when the control plane asked for a restart with new settings; main() re-executes.
+        self.restart_requested = False
+        self.fatal: str | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        log.info("collector started", collector_id=self.collector_id, session_id=self.session_id,
+                 vault_mode=self.vault_mode)  # fmt: skip
         try:
             await self._recover()
             await self._publish_capabilities()
@@ -154,6 +176,8 @@ class Agent:
                 await asyncio.sleep(0.05)
                 continue
             body = {
+                "session_id": self.session_id,
+                "vault_mode": self.vault_mode,
                 "claim_seq": self.journal.next_claim_seq(),
                 "held_task_ids": self.journal.held_task_ids(),
                 "capacity": self._free(),
@@ -177,6 +201,9 @@ class Agent:
                 continue
             except GatewayRefused as exc:
                 log.error("claim refused", code=exc.code, status=exc.status)
+                if exc.code in FATAL_CLAIM_CODES:
+                    self.fatal = FATAL_CLAIM_CODES[exc.code]
+                    return
                 await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), exc.code)
                 attempt += 1
                 continue
@@ -184,6 +211,9 @@ class Agent:
             if reply.server_time_ms is not None:
                 self.clock = ServerClock.observe(reply.server_time_ms / 1000, time.time())
             self._write_runtime()
+            if reply.restart_with is not None:
+                self._apply_on_restart(reply.restart_with)
+                return
             for offer in reply.offers:
                 if offer.get("type") == "tunnel":
                     self._spawn(
@@ -197,6 +227,23 @@ class Agent:
                     )
             if reply.envelope is not None and reply.dispatch_id is not None:
                 await self._accept(reply.dispatch_id, reply.envelope)
+
+    def _apply_on_restart(self, settings: Mapping[str, Any]) -> None:
+        """Save the new vault settings and stop claiming; in-flight work drains, then main() restarts.
+
+        A credential resolver is never swapped under a running task, hence the restart.
+        """
+        policy = read_json(self.paths.policy) if self.paths.policy.exists() else {}
+        policy["vault_mode"] = _vault_mode(str(settings.get("vault_mode", "local")))
+        vault = {k: str(settings[k]) for k in _VAULT_KEYS if settings.get(k)}
+        if vault:
+            policy["vault"] = vault
+        else:
+            policy.pop("vault", None)
+        write_json(self.paths.policy, policy)
+        log.warning("vault mode changed by an operator; restarting to apply it",
+                    running=self.vault_mode, recorded=policy["vault_mode"])  # fmt: skip
+        self.restart_requested = True
 
     def _write_runtime(self) -> None:
         write_json(
@@ -339,6 +386,16 @@ class Agent:
                 attempt += 1
         if journaled:
             self.journal.mark_reported(task_id)
+
+
+_VAULT_KEYS = ("vault_integration_id", "vault_address", "vault_role_id", "vault_kv_mount")
+# Enrollment of older control planes wrote the letters.
+_VAULT_LETTERS = {"A": "local", "B": "relayed", "C": "external"}
+
+
+def _vault_mode(value: str) -> str:
+    mode = _VAULT_LETTERS.get(value, value)
+    return mode if mode in ("local", "relayed", "external") else "local"
 
 
 def _version() -> str:

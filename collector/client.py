@@ -41,6 +41,8 @@ class ClaimReply:
     envelope: bytes | None
     server_time_ms: int | None
     offers: list[dict[str, Any]] = field(default_factory=list)
+    # Recorded settings the running process does not apply: restart with them (docs/fleet.md).
+    restart_with: dict[str, Any] | None = None
 
 
 def ssl_context(ca_bundle: Path) -> ssl.SSLContext:
@@ -162,6 +164,8 @@ class GatewayClient:
             )
         head = json.loads(raw)
         offers = list(head.get("offers", []))
+        if "restart_with" in head:
+            return ClaimReply(None, None, int(head["server_time_ms"]), [], dict(head["restart_with"]))
         if "envelope" not in head:
             return ClaimReply(None, None, int(head["server_time_ms"]), offers)
         # The envelope is the last member; its bytes go to the verifier exactly as received.

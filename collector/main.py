@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     flags = {
         k: getattr(args, k)
         for k in (
@@ -69,10 +69,20 @@ def _run(args: argparse.Namespace) -> int:
     options, log_format = resolve(flags, args.config)
     configure_logging(fmt=log_format, service="collector")
 
+    agents: list[Agent] = []
+
     async def main() -> None:
-        await Agent(options).run()
+        agents.append(Agent(options))
+        await agents[0].run()
 
     asyncio.run(main())
+    if agents and agents[0].fatal:
+        raise CollectorError(agents[0].fatal)
+    if agents and agents[0].restart_requested:
+        # Same arguments, fresh process image: new session id, settings re-read from the state dir.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "collector", *argv])  # noqa: S606 - fixed argv
     return 0
 
 
@@ -92,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("waiting for an operator to approve it; check with `versus-collector status`")
             return 0
         if args.command == "run":
-            return _run(args)
+            return _run(args, list(sys.argv[1:] if argv is None else argv))
         result = status(args.state_dir)
         local = summary(args.state_dir)
         until = result["cert_not_after"]

@@ -1,9 +1,11 @@
 """Building blocks for the gRPC service processes.
 
 Every server gets the standard health and reflection services, a bounded
-message size, and one interceptor that binds the caller's request id to the
-logs, records metrics and maps domain errors to gRPC status codes (via
-:mod:`common.error_mapping`, with the stable code in trailing metadata).
+message size, and one interceptor that authenticates the caller (an API token
+in the ``authorization`` metadata, checked against :mod:`common.rbac`), binds
+the caller's request id to the logs, records metrics and maps domain errors to
+gRPC status codes (via :mod:`common.error_mapping`, with the stable code in
+trailing metadata). Only health checks and reflection need no token.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from common import error_mapping
-from common.errors import StartupError
+from common import error_mapping, rbac
+from common.errors import StartupError, Unauthenticated
 from common.logs import REQUEST_ID_HEADER, bind_request_id, clean_request_id, get_logger, unbind_request_id
 from common.metrics import GRPC_LATENCY, GRPC_REQUESTS
 
@@ -46,6 +48,20 @@ Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 S = TypeVar("S")
 
+AUTHORIZATION_HEADER = "authorization"
+
+
+class Authenticator(Protocol):
+    async def authenticate(self, plaintext: str) -> rbac.Principal | None: ...
+
+
+def bearer_token(value: str | None) -> str | None:
+    """The token in an ``authorization: Bearer <token>`` value, or None."""
+    if not value:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceRegistration:
@@ -62,7 +78,10 @@ def _split(method: str) -> tuple[str, str]:
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Request ids, metrics and domain-error mapping for every unary and server-streaming RPC."""
+    """Authentication, request ids, metrics and domain-error mapping for every RPC."""
+
+    def __init__(self, authenticator: Authenticator):
+        self.authenticator = authenticator
 
     async def intercept_service(
         self,
@@ -78,33 +97,52 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             return handler
         metadata = dict(handler_call_details.invocation_metadata or ())
         request_id = clean_request_id(_text(metadata.get(REQUEST_ID_HEADER)))
+        call = _Call(
+            service, method, handler_call_details.method, request_id,
+            bearer_token(_text(metadata.get(AUTHORIZATION_HEADER))),
+        )  # fmt: skip
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, service, method, request_id),
+                self._wrap_unary(handler.unary_unary, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, service, method, request_id),
+                self._wrap_stream(handler.unary_stream, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None:
             # Same wrapper: it only needs to iterate what the handler yields.
             return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, service, method, request_id),
+                self._wrap_stream(handler.stream_stream, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
-    def _wrap_unary(self, inner: Any, service: str, method: str, request_id: str) -> Any:
+    async def _authorize(self, call: _Call) -> rbac.Principal:
+        if call.token is None:
+            raise Unauthenticated(
+                "an API token is required (authorization: Bearer <token>)", code="api_token_missing"
+            )
+        principal = await self.authenticator.authenticate(call.token)
+        if principal is None:
+            raise Unauthenticated("the API token is unknown, revoked or expired", code="api_token_invalid")
+        rbac.authorize(principal, call.full_method)
+        return principal
+
+    def _wrap_unary(self, inner: Any, call: _Call) -> Any:
+        service, method = call.service, call.method
+
         async def wrapped(request: Any, context: Context) -> Any:
-            bind_request_id(request_id)
+            bind_request_id(call.request_id)
+            bound = rbac.bind(None)
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                rbac.bind(await self._authorize(call))
                 result = inner(request, context)
                 if inspect.isawaitable(result):
                     result = await result
@@ -116,16 +154,21 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 raise
             finally:
                 _observe(service, method, code, started)
+                rbac.unbind(bound)
                 unbind_request_id()
 
         return wrapped
 
-    def _wrap_stream(self, inner: Any, service: str, method: str, request_id: str) -> Any:
+    def _wrap_stream(self, inner: Any, call: _Call) -> Any:
+        service, method = call.service, call.method
+
         async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
-            bind_request_id(request_id)
+            bind_request_id(call.request_id)
+            bound = rbac.bind(None)
             started = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
+                rbac.bind(await self._authorize(call))
                 result = inner(request, context)
                 if inspect.isasyncgen(result):
                     async for item in result:
@@ -140,9 +183,22 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 raise
             finally:
                 _observe(service, method, code, started)
+                rbac.unbind(bound)
                 unbind_request_id()
 
         return wrapped
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    service: str
+    method: str
+    full_method: str
+    request_id: str
+    token: str | None
+
+    def __repr__(self) -> str:  # keep the token out of any log line
+        return f"_Call({self.full_method!r})"
 
 
 def _text(value: str | bytes | None) -> str | None:
@@ -193,12 +249,21 @@ def placeholder(servicer_class: Callable[[], S]) -> S:
 class GrpcServer:
     """A grpc.aio server with health, reflection and the service interceptor."""
 
-    def __init__(self, name: str, host: str, port: int, services: Sequence[ServiceRegistration]):
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        services: Sequence[ServiceRegistration],
+        authenticator: Authenticator,
+    ):
         self.name = name
         self.address = f"{host}:{port}"
         self.services = list(services)
         self.health = HealthServicer()
-        self.server = grpc.aio.server(interceptors=[ServiceInterceptor()], options=SERVER_OPTIONS)
+        self.server = grpc.aio.server(
+            interceptors=[ServiceInterceptor(authenticator)], options=SERVER_OPTIONS
+        )
 
     async def start(self) -> None:
         for reg in self.services:

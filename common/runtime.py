@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from common.db import engine as db_engine
 from common.db import migrate
 from common.errors import ConfigError, StartupError, Unavailable
-from common.grpc_server import GrpcServer, ServiceRegistration
+from common.grpc_server import Authenticator, GrpcServer, ServiceRegistration
 from common.logs import configure_logging, get_logger
 from common.metrics import SERVICE_UP, MetricsServer
 from common.redis_client import check_reachable as redis_reachable
@@ -109,13 +109,14 @@ async def serve_grpc_service(
     port: int,
     metrics_port: int,
     registrations: Sequence[ServiceRegistration],
+    authenticator: Authenticator,
 ) -> None:
     """Run one gRPC service process from startup checks to graceful shutdown."""
     setup_logging(settings, name)
     database_url, redis_url = require_backends(settings, name)
     check_backends(database_url, redis_url)
     metrics = MetricsServer(host, metrics_port)
-    server = GrpcServer(name, host, port, registrations)
+    server = GrpcServer(name, host, port, registrations, authenticator)
     metrics.start()
     try:
         await server.start()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -130,6 +130,21 @@ class Settings(BaseSettings):
     )
     collector_ca_cert_file: Path | None = None
     collector_ca_key_file: Path | None = None
+
+    # --- API tokens (docs/access.md) ---------------------------------------------------------------
+    service_token: SecretStr | None = Field(
+        default=None,
+        description="API token (role service) the gateway presents to the router and enrollment service. "
+        "Default: the file service-token in the state directory, written by `versus-cp up`.",
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="API token the `versus-cp` operator commands present."
+    )
+    api_token_file: Path | None = Field(
+        default=None,
+        description="File (mode 0600) holding the operator API token. Default: admin-token in the state "
+        "directory, written by `versus-cp up` on first start.",
+    )
 
     # --- observability ---------------------------------------------------------------------------
     log_format: LogFormat = LogFormat.CONSOLE

@@ -12,6 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
+from common import rbac
 from common.errors import InvalidArgument
 from common.grpc_server import Context
 from enrollment import tokens
@@ -149,6 +150,7 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
             max_uses=request.max_uses,
             ttl_seconds=request.ttl_seconds,
             approval_mode=_APPROVAL_FROM_PB.get(request.approval_mode, "auto"),
+            actor=rbac.current_actor(),
         )
         return pb.IssueEnrollmentTokenResponse(
             token=self._token_pb(issued.token),
@@ -165,19 +167,19 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
     async def RevokeEnrollmentToken(
         self, request: pb.RevokeEnrollmentTokenRequest, context: Context
     ) -> pb.RevokeEnrollmentTokenResponse:
-        token = await self.service.store.revoke_token(request.token_id, "operator")
+        token = await self.service.store.revoke_token(request.token_id, rbac.current_actor())
         return pb.RevokeEnrollmentTokenResponse(token=self._token_pb(token))
 
     async def ApproveCollector(
         self, request: pb.ApproveCollectorRequest, context: Context
     ) -> pb.ApproveCollectorResponse:
-        status = await self.service.approve(request.collector_id, request.actor)
+        status = await self.service.approve(request.collector_id, rbac.current_actor())
         return pb.ApproveCollectorResponse(collector_id=request.collector_id, status=status)
 
     async def DenyCollector(
         self, request: pb.DenyCollectorRequest, context: Context
     ) -> pb.DenyCollectorResponse:
-        status = await self.service.deny(request.collector_id, request.actor, request.reason)
+        status = await self.service.deny(request.collector_id, rbac.current_actor(), request.reason)
         return pb.DenyCollectorResponse(collector_id=request.collector_id, status=status)
 
     async def GetEnrollmentStatus(

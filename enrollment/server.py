@@ -7,6 +7,7 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncEngine
 from versus.enrollment.v1 import enrollment_pb2, enrollment_pb2_grpc
 
+from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
 from common.grpc_server import ServiceRegistration
 from common.keys import KeyPurpose
@@ -90,6 +91,7 @@ async def serve(settings: Settings) -> None:
             port=settings.enrollment_port,
             metrics_port=settings.enrollment_metrics_port,
             registrations=registrations(build_service(settings, engine)),
+            authenticator=TokenAuthenticator(engine),
         )
     finally:
         await engine.dispose()

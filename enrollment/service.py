@@ -44,7 +44,7 @@ class InvalidToken(Unauthenticated):
 
 @dataclass(frozen=True, slots=True)
 class CollectorPolicy:
-    vault_mode: str = "A"
+    vault_mode: str = "local"  # new collectors start in mode A (docs/fleet.md)
     heartbeat_interval_s: int = 15
     max_concurrency: Mapping[str, int] = field(default_factory=lambda: {"*": 8})
 

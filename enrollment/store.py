@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from common.db.schema import audit_events, collectors, enrollment_tokens, sites
 from common.errors import Conflict, FailedPrecondition, NotFound
+from common.rbac import current_actor
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,12 @@ class EnrollmentStore:
                     .one()
                 )
                 await _audit(
-                    conn, "operator", "site.create", "site", site_id, {"name": name, "tenant_id": tenant_id}
+                    conn,
+                    current_actor("operator"),
+                    "site.create",
+                    "site",
+                    site_id,
+                    {"name": name, "tenant_id": tenant_id},
                 )
         except IntegrityError:
             raise Conflict(
@@ -226,7 +232,7 @@ class EnrollmentStore:
                 )
                 if row is None:
                     raise NotFound(f"site {site_id!r} does not exist", code="site_not_found")
-                await _audit(conn, "operator", "site.update", "site", site_id, dict(changes))
+                await _audit(conn, current_actor("operator"), "site.update", "site", site_id, dict(changes))
                 count = await self._collector_count(conn, site_id)
         except IntegrityError:
             raise Conflict(
@@ -249,7 +255,7 @@ class EnrollmentStore:
                     f"site {site_id!r} still has {count} enrolled collector(s)", code="site_has_collectors"
                 )
             await conn.execute(sites.delete().where(sites.c.site_id == site_id))
-            await _audit(conn, "operator", "site.delete", "site", site_id, {})
+            await _audit(conn, current_actor("operator"), "site.delete", "site", site_id, {})
 
     @staticmethod
     async def _collector_count(conn: AsyncConnection, site_id: str) -> int:
@@ -375,6 +381,7 @@ class EnrollmentStore:
                 .where(collectors.c.collector_id == collector_id)
                 .values(status=to, status_changed_at=func.now())
             )
+            details = {**details, "before": {"status": current}, "after": {"status": to}}
             await _audit(conn, actor, f"collector.{to}", "collector", collector_id, details)
         return to
 

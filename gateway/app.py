@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -56,6 +56,8 @@ class GatewayConfig:
     claim_hold_s: float = 25.0
     # How often an open control socket re-checks that its collector is still active.
     revocation_check_s: float = 5.0
+    # API token (role service) presented to the router and the enrollment service.
+    service_token: str = field(default="", repr=False)
 
 
 @dataclass
@@ -118,8 +120,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.connections = Connections.connect(config.database_url, config.redis_url)
         app.state.store = GatewayStore(app.state.connections.engine)
-        app.state.backends = Backends(config.enrollment_address, config.router_address)
+        app.state.backends = Backends(config.enrollment_address, config.router_address, config.service_token)
         app.state.claim_hold_s = config.claim_hold_s
+        app.state.service_token = config.service_token
         app.state.revocation_check_s = config.revocation_check_s
         app.state.gateway_ca = config.gateway_ca
         app.state.body_deadline_s = config.body_deadline_s

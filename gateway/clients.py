@@ -11,6 +11,7 @@ from versus.router.v1 import collector_bridge_pb2_grpc
 
 from common import error_mapping
 from common.errors import Unavailable, VersusError
+from common.grpc_client import aio_channel
 from common.logs import REQUEST_ID_HEADER
 
 # Every internal call gets a deadline; a wedged service must not hold a collector request forever.
@@ -22,9 +23,9 @@ T = TypeVar("T")
 class Backends:
     """Channels to the enrollment service and the router."""
 
-    def __init__(self, enrollment_address: str, router_address: str):
-        self._enrollment_channel = grpc.aio.insecure_channel(enrollment_address)
-        self._router_channel = grpc.aio.insecure_channel(router_address)
+    def __init__(self, enrollment_address: str, router_address: str, token: str):
+        self._enrollment_channel = aio_channel(enrollment_address, token)
+        self._router_channel = aio_channel(router_address, token)
         self.enrollment = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)
         self.bridge = collector_bridge_pb2_grpc.CollectorBridgeServiceStub(self._router_channel)
 

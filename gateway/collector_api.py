@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
 from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import task_pb2
@@ -65,6 +66,15 @@ class ClaimBody(BaseModel):
     draining: bool = False
     agent_version: str = Field(default="", max_length=64)
     wait_s: float | None = Field(default=None, ge=0, description="ask for a shorter hold than the server's")
+    session_id: str = Field(
+        default="",
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="random id chosen at process start; a newer session supersedes an older one",
+    )
+    vault_mode: Literal["", "local", "relayed", "external"] = Field(
+        default="", description="vault mode the running process applies"
+    )
 
 
 class ReportBody(BaseModel):
@@ -108,7 +118,8 @@ class CapabilitiesOut(BaseModel):
 
 _TASK_DOC = (
     "A task: dispatch_id, envelope (the signed wire JSON, docs/envelope.md), server_time, server_time_ms, "
-    "hold_s, and offers (reserved for tunnels, upgrades and vault-mode changes)"
+    "hold_s and offers (tunnel offers); or offers alone; or restart_with (vault_mode and, for mode "
+    "external, vault_integration_id/vault_address/vault_role_id/vault_kv_mount): restart to apply it"
 )
 
 
@@ -126,7 +137,9 @@ class ControlReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-async def claim_op(state: Any, collector_id: str, raw: bytes, request_id: str | None) -> ControlReply:
+async def claim_op(
+    state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
+) -> ControlReply:
     """Refresh liveness and wait (up to the hold) for a dispatch leased to this collector."""
     body = parse_body(ClaimBody, raw)
     if any(len(t) > 128 for t in body.held_task_ids):
@@ -146,6 +159,9 @@ async def claim_op(state: Any, collector_id: str, raw: bytes, request_id: str | 
                 wait=Duration(seconds=seconds, nanos=int((hold - seconds) * 1e9)),
                 claim_seq=body.claim_seq,
                 held_task_ids=body.held_task_ids,
+                session_id=body.session_id,
+                transport=transport,
+                vault_mode=body.vault_mode,
             ),
             request_id,
             timeout_s=hold + CALL_TIMEOUT_S,
@@ -156,6 +172,12 @@ async def claim_op(state: Any, collector_id: str, raw: bytes, request_id: str | 
     offers = [
         {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port} for o in reply.offers
     ]
+    if reply.HasField("restart_with"):
+        # Recorded settings changed: the collector restarts to apply them (docs/fleet.md).
+        CLAIM_OUTCOMES.labels("restart").inc()
+        restart = MessageToDict(reply.restart_with, preserving_proto_field_name=True)
+        body_out = {"server_time": stamp, "server_time_ms": stamp_ms, "offers": [], "restart_with": restart}
+        return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
     if not reply.HasField("envelope") and not offers:
         CLAIM_OUTCOMES.labels("empty").inc()
         return ControlReply(
@@ -175,7 +197,9 @@ async def claim_op(state: Any, collector_id: str, raw: bytes, request_id: str | 
     return ControlReply(200, head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json + b"}")
 
 
-async def report_op(state: Any, collector_id: str, raw: bytes, request_id: str | None) -> ControlReply:
+async def report_op(
+    state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
+) -> ControlReply:
     """Record the result of one task dispatched to this collector."""
     body = parse_body(ReportBody, raw)
     try:
@@ -201,7 +225,9 @@ async def report_op(state: Any, collector_id: str, raw: bytes, request_id: str |
     )
 
 
-async def capabilities_op(state: Any, collector_id: str, raw: bytes, request_id: str | None) -> ControlReply:
+async def capabilities_op(
+    state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
+) -> ControlReply:
     """Store the driver manifest and have queued work re-evaluated against it."""
     body = parse_body(CapabilitiesBody, raw)
     names = [p.provider for p in body.providers]
@@ -243,7 +269,7 @@ async def capabilities_op(state: Any, collector_id: str, raw: bytes, request_id:
     )
 
 
-Operation = Callable[[Any, str, bytes, "str | None"], Awaitable[ControlReply]]
+Operation = Callable[[Any, str, bytes, "str | None", str], Awaitable[ControlReply]]
 
 # Frame type -> (operation, body limit): the one table both transports dispatch through.
 OPERATIONS: dict[str, tuple[Operation, int]] = {
@@ -257,7 +283,7 @@ async def _http(request: Request, name: str) -> Response:
     claims, _ = await authenticate(request, request.app.state.store)
     operation, limit = OPERATIONS[name]
     raw = await read_json_body(request, limit)
-    reply = await operation(request.app.state, claims.collector_id, raw, request.state.request_id)
+    reply = await operation(request.app.state, claims.collector_id, raw, request.state.request_id, "https")
     media_type = "application/json" if reply.payload else None
     return Response(reply.payload, status_code=reply.status, headers=reply.headers, media_type=media_type)
 

@@ -76,7 +76,7 @@ async def control(ws: WebSocket) -> None:
         try:
             if len(raw) > limit:
                 raise PayloadTooLarge(f"{kind} body exceeds {limit} bytes", code="body_too_large")
-            reply = await operation(state, collector_id, raw, new_request_id())
+            reply = await operation(state, collector_id, raw, new_request_id(), "wss")
         except VersusError as exc:
             reply = _error(exc)
         except Exception:

@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 from cryptography import x509
 
+from common import token_files
 from common.errors import ConfigError, StartupError
 from common.logs import get_logger
 from common.metrics import SERVICE_UP
@@ -109,6 +110,7 @@ async def serve(settings: Settings) -> None:
             router_address=settings.router_address,
             claim_hold_s=settings.claim_hold_s,
             gateway_ca=internal_ca(settings, tls),
+            service_token=token_files.service_token(settings),
         )
     )
     config = uvicorn.Config(

@@ -23,6 +23,7 @@ from starlette.websockets import WebSocketDisconnect
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
+from common.grpc_client import aio_channel
 from common.logs import get_logger
 from gateway.auth import admit_socket, lapsed_standing
 
@@ -96,7 +97,7 @@ async def tunnel(ws: WebSocket) -> None:
 
     close_code: list[Any] = [1000, ""]
     aborted = asyncio.Event()
-    channel = grpc.aio.insecure_channel(record["router"])
+    channel = aio_channel(record["router"], state.service_token)
     call = tunnel_pb2_grpc.TunnelServiceStub(channel).RelayTunnel(requests())
     reader = asyncio.create_task(from_collector())
     watcher = asyncio.create_task(watch_standing())

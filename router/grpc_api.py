@@ -20,7 +20,8 @@ from versus.router.v1 import collector_bridge_pb2 as bridge_pb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common.errors import InvalidArgument
+from common import rbac
+from common.errors import InvalidArgument, NotFound
 from common.grpc_server import Context
 from router import store
 from router.service import Router
@@ -92,7 +93,7 @@ def task_pb(task: RowMapping, history: Sequence[RowMapping] = ()) -> task_pb2.Ta
 
 
 def dispatch_pb(d: RowMapping) -> task_pb2.Dispatch:
-    return task_pb2.Dispatch(
+    out = task_pb2.Dispatch(
         dispatch_id=d["dispatch_id"],
         task_id=d["task_id"],
         collector_id=d["collector_id"],
@@ -107,7 +108,17 @@ def dispatch_pb(d: RowMapping) -> task_pb2.Dispatch:
         created_at=ts(d["created_at"]),
         updated_at=ts(d["updated_at"]),
         expires_at=ts(d["expires_at"]),
+        kind=d["kind"],
+        error_code=d["error_code"] or "",
+        error_message=d["error_message"] or "",
     )
+    if d.get("task_state"):
+        out.task_state = STATE_TO_PB[State(d["task_state"])]
+    for name in ("handed_at", "reported_at"):
+        stamp = ts(d[name])
+        if stamp is not None:
+            getattr(out, name).CopyFrom(stamp)
+    return out
 
 
 def encode_page_token(created_at: dt.datetime, dispatch_id: str) -> str:
@@ -179,15 +190,12 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
         size = request.page_size or DEFAULT_PAGE_SIZE
         if size > MAX_PAGE_SIZE:
             raise InvalidArgument(f"page_size must be at most {MAX_PAGE_SIZE}", code="page_size_too_large")
-        states = []
-        for value in request.states:
-            if value not in STATE_FROM_PB:
-                raise InvalidArgument("unknown state in the filter", code="state_invalid")
-            states.append(STATE_FROM_PB[value].value)
+        states, task_states = _states(request.states), _states(request.task_states)
         async with self.router.engine.connect() as conn:
             rows = await store.list_dispatches(
                 conn,
                 states=states,
+                task_states=task_states,
                 site_id=request.site_id,
                 collector_id=request.collector_id,
                 target_ref=request.target_ref,
@@ -208,10 +216,28 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
             raise InvalidArgument(
                 "resolution must be RESOLUTION_SUCCESS or RESOLUTION_FAILED", code="resolution_invalid"
             )
-        if not request.actor:
-            raise InvalidArgument("actor is required for the audit log", code="actor_missing")
-        task = await self.router.resolve(request.task_id, outcome, request.note, request.actor)
+        task = await self.router.resolve(request.task_id, outcome, request.note, rbac.current_actor())
         return pb.ResolveIndeterminateResponse(task=task_pb(task))
+
+    async def GetDispatch(self, request: pb.GetDispatchRequest, context: Context) -> pb.GetDispatchResponse:
+        async with self.router.engine.connect() as conn:
+            found = await store.list_dispatches(
+                conn, states=(), task_states=(), site_id="", collector_id="", target_ref="", after=None,
+                limit=1, dispatch_id=request.dispatch_id,
+            )  # fmt: skip
+        if not found or not request.dispatch_id:
+            raise NotFound(f"dispatch {request.dispatch_id!r} does not exist", code="dispatch_not_found")
+        task, history = await self.router.get(found[0]["task_id"])
+        return pb.GetDispatchResponse(dispatch=dispatch_pb(found[0]), task=task_pb(task, history))
+
+
+def _states(values: Sequence[Any]) -> list[str]:
+    out = []
+    for value in values:
+        if value not in STATE_FROM_PB:
+            raise InvalidArgument("unknown state in the filter", code="state_invalid")
+        out.append(STATE_FROM_PB[value].value)
+    return out
 
 
 def manifest_from_pb(providers: Sequence[bridge_pb.ProviderCapability]) -> Mapping[str, Any]:
@@ -247,13 +273,16 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
         if not request.collector_id:
             raise InvalidArgument("collector_id is required", code="collector_id_missing")
         wait = request.wait.seconds + request.wait.nanos / 1e9
-        claimed, offers = await self.router.claim_with_offers(
+        claimed, offers, restart = await self.router.claim_with_offers(
             request.collector_id,
             claim_seq=request.claim_seq,
             held_task_ids=frozenset(request.held_task_ids),
             wait_s=wait,
             draining=request.draining,
             agent_version=request.agent_version,
+            session_id=request.session_id,
+            transport=request.transport,
+            vault_mode=request.vault_mode,
         )
         now = ts(dt.datetime.now(dt.UTC))
         reply = bridge_pb.ClaimResponse(
@@ -264,6 +293,16 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
                 for o in offers
             ],
         )  # fmt: skip
+        if restart is not None:
+            reply.restart_with.CopyFrom(
+                bridge_pb.CollectorConfig(
+                    vault_mode=restart.vault_mode,
+                    vault_integration_id=restart.vault_integration_id,
+                    vault_address=restart.vault_address,
+                    vault_role_id=restart.vault_role_id,
+                    vault_kv_mount=restart.vault_kv_mount,
+                )
+            )
         if claimed is not None:
             reply.envelope.envelope_json = claimed.envelope
             reply.dispatch_id = claimed.dispatch_id

@@ -26,11 +26,17 @@ _LIVE = "versus:live"
 _SESSION = "versus:session:"
 # Session details outlive the liveness window long enough for operators to see a dead session.
 SESSION_TTL_S = 24 * 3600
+# Session ids a newer session of the same collector replaced; their claims are refused.
+_SUPERSEDED = "versus:superseded:"
 _INFLIGHT = "versus:inflight:"
 _BUILT = "versus:inflight:built"
 _WAKE = "versus:wake:"
 
 log = get_logger("versus.router.live")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class Liveness:
@@ -51,6 +57,27 @@ class Liveness:
             pipe.expire(_SESSION + collector_id, SESSION_TTL_S)
         previous = (await pipe.execute())[0]
         return previous is None or now - float(previous) > self.window_s
+
+    async def adopt_session(self, collector_id: str, session_id: str, now: float) -> int:
+        """Make ``session_id`` the collector's current session: 1 if it just became current, 0 if it
+        already was, -1 if a newer session superseded it (its claims are refused from then on)."""
+        result = await self.redis.eval(
+            _ADOPT_SESSION, 2, _SESSION + collector_id, _SUPERSEDED + collector_id, session_id, str(now),
+            str(SESSION_TTL_S),
+        )  # fmt: skip
+        return int(result)
+
+    async def is_superseded(self, collector_id: str, session_id: str) -> bool:
+        return bool(await self.redis.sismember(_SUPERSEDED + collector_id, session_id))
+
+    async def session(self, collector_id: str) -> dict[str, str]:
+        """What the collector's last claim said about its session (empty if none in the last day)."""
+        raw = await self.redis.hgetall(_SESSION + collector_id)
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    async def forget(self, collector_id: str) -> None:
+        """Drop the collector from the live set (it was revoked): placement and the sweeper see it dead."""
+        await self.redis.zrem(_LIVE, collector_id)
 
     async def self_draining(self, collector_ids: Iterable[str]) -> set[str]:
         """Collectors that said on their last claim that they are draining (e.g. before an upgrade)."""
@@ -77,6 +104,21 @@ class Liveness:
     async def last_seen(self, collector_id: str) -> float | None:
         score = await self.redis.zscore(_LIVE, collector_id)
         return None if score is None else float(score)
+
+
+# Atomic so two sessions claiming at once cannot both become current.
+_ADOPT_SESSION = """
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end
+local current = redis.call('HGET', KEYS[1], 'session_id')
+if current == ARGV[1] then return 0 end
+if current then
+  redis.call('SADD', KEYS[2], current)
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+redis.call('HSET', KEYS[1], 'session_id', ARGV[1], 'established_at', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 
 
 class InFlight:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 
+from versus.access.v1 import access_pb2, access_pb2_grpc
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from versus.router.v1 import (
     collector_bridge_pb2,
@@ -16,8 +19,9 @@ from versus.router.v1 import (
     tunnel_pb2_grpc,
 )
 
+from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
-from common.grpc_server import ServiceRegistration, placeholder
+from common.grpc_server import ServiceRegistration
 from common.keys import KeyPurpose
 from common.keystore import KeyStore, ReloadingKeySet
 from common.logs import get_logger
@@ -26,6 +30,9 @@ from common.runtime import require_backends, serve_grpc_service
 from common.settings import Settings
 from common.state_dir import ensure_writable
 from router import store
+from router.access_api import AccessServicer
+from router.fleet import Fleet
+from router.fleet_api import FleetServicer
 from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
 from router.metrics import QUEUE_DEPTH
 from router.service import Router
@@ -36,8 +43,8 @@ SWEEP_INTERVAL_S = 5.0
 log = get_logger("versus.router")
 
 
-def registrations(router: Router) -> list[ServiceRegistration]:
-    """Services served by the router. FleetService RPCs arrive with fleet management."""
+def registrations(router: Router, clock: Callable[[], float] = time.time) -> list[ServiceRegistration]:
+    """Services served by the router process; ``clock`` is the fleet's notion of now (tests move it)."""
     tunnels = []
     if router.tunnels is not None:
         tunnels.append(
@@ -61,8 +68,13 @@ def registrations(router: Router) -> list[ServiceRegistration]:
         ),
         ServiceRegistration(
             fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
-            placeholder(fleet_pb2_grpc.FleetServiceServicer),
+            FleetServicer(Fleet(router, clock)),
             fleet_pb2_grpc.add_FleetServiceServicer_to_server,
+        ),
+        ServiceRegistration(
+            access_pb2.DESCRIPTOR.services_by_name["AccessService"].full_name,
+            AccessServicer(router.engine),
+            access_pb2_grpc.add_AccessServiceServicer_to_server,
         ),
     ]
 
@@ -101,6 +113,7 @@ async def serve(settings: Settings) -> None:
             port=settings.router_port,
             metrics_port=settings.router_metrics_port,
             registrations=registrations(router),
+            authenticator=TokenAuthenticator(engine),
         )
     finally:
         sweeper.cancel()

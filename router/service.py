@@ -24,10 +24,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
-from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from common.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
 from common.keys import SigningKey
 from common.logs import get_logger
-from router import ladder, placement, store
+from router import fleet_state, ladder, placement, store
 from router.live import InFlight, Liveness, WakeHub
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
 from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
@@ -75,6 +82,17 @@ class Claimed:
 
 
 Offer = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RestartWith:
+    """Recorded settings the collector's running process does not apply yet (see the claim)."""
+
+    vault_mode: str
+    vault_integration_id: str = ""
+    vault_address: str = ""
+    vault_role_id: str = ""
+    vault_kv_mount: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,8 +446,34 @@ class Router:
     # --- claim -------------------------------------------------------------------------------------
     async def claim(self, collector_id: str, **kwargs: Any) -> Claimed | None:
         """:meth:`claim_with_offers` for callers that only take dispatches."""
-        claimed, _ = await self.claim_with_offers(collector_id, **kwargs)
+        claimed, _, _ = await self.claim_with_offers(collector_id, **kwargs)
         return claimed
+
+    async def _check_standing(
+        self, collector_id: str, session_id: str, vault_mode: str
+    ) -> RestartWith | None:
+        """Refuse a claim from a collector that is no longer active or from a superseded session;
+        say what to restart with when the recorded vault settings differ from the running ones."""
+        async with self.engine.connect() as conn:
+            row = await store.collector_standing(conn, collector_id)
+        status = fleet_state.collector_status(row["status"], row["cert_not_after"], _now()) if row else None
+        if status is fleet_state.CollectorStatus.REVOKED:
+            raise Unauthenticated("the collector identity is revoked", code="collector_revoked")
+        if status is fleet_state.CollectorStatus.EXPIRED:
+            raise Unauthenticated("the collector certificate has expired", code="certificate_expired")
+        if row is None or status is not fleet_state.CollectorStatus.ACTIVE:
+            raise PermissionDenied(f"collector is {status or 'unknown'}", code="collector_not_active")
+        if session_id and await self.liveness.is_superseded(collector_id, session_id):
+            raise Conflict(
+                "a newer session of this collector replaced this one; stop this process",
+                code="session_superseded",
+            )
+        if vault_mode and vault_mode != row["vault_mode"]:
+            return RestartWith(
+                row["vault_mode"], row["vault_integration_id"] or "", row["address"] or "",
+                row["role_id"] or "", row["kv_mount"] or "",
+            )  # fmt: skip
+        return None
 
     async def claim_with_offers(
         self,
@@ -440,34 +484,57 @@ class Router:
         wait_s: float,
         draining: bool = False,
         agent_version: str = "",
-    ) -> tuple[Claimed | None, tuple[Offer, ...]]:
+        session_id: str = "",
+        transport: str = "",
+        vault_mode: str = "",
+    ) -> tuple[Claimed | None, tuple[Offer, ...], RestartWith | None]:
         """Hand the collector its next leased dispatch and any offers, waiting up to ``wait_s`` for either.
 
         The claim is the collector's heartbeat: it refreshes liveness and the
-        session details (drain state, agent version) in Redis.
+        session details (drain state, agent version, session id, transport,
+        running vault mode) in Redis. It is refused for a collector that is not
+        active and for a superseded session (docs/fleet.md); when the recorded
+        vault settings differ from the running ones it returns at once with
+        what to restart with, and no work.
         """
         started = time.monotonic()
+        restart = await self._check_standing(collector_id, session_id, vault_mode)
+        now = time.time()
+        if session_id and await self.liveness.adopt_session(collector_id, session_id, now) == 1:
+            # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
+            await self.wake.publish(collector_id)
         session = {
             "draining": "1" if draining else "0",
             "agent_version": agent_version,
             "claim_seq": str(claim_seq),
+            "transport": transport,
+            "vault_mode": vault_mode,
         }
-        if await self.liveness.touch(collector_id, time.time(), session):
+        if await self.liveness.touch(collector_id, now, session):
             self._spawn(self._reevaluate_for(collector_id))
+        if restart is not None:
+            return None, (), restart
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
         with self.wake.listener(collector_id) as woken:
+            first = True
             while True:
+                if not first:
+                    # Woken: the wake-up may be a revoke, a newer session or a vault-mode change.
+                    restart = await self._check_standing(collector_id, session_id, vault_mode)
+                    if restart is not None:
+                        return None, (), restart
+                first = False
                 woken.clear()
                 offers = tuple(await self.tunnels.take_offers(collector_id)) if self.tunnels else ()
                 got = await self._take(collector_id, claim_seq)
                 if got is not None or offers:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return got, offers
+                    return got, offers, None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return None, ()
+                    return None, (), None
                 try:
                     async with asyncio.timeout(remaining):
                         await woken.wait()
@@ -791,6 +858,37 @@ class Router:
         return stored
 
     # --- sweeper ---------------------------------------------------------------------------------------
+    async def _unclaimed(
+        self, conn: AsyncConnection, d: RowMapping, task: RowMapping, effects: Effects, why: str
+    ) -> None:
+        """Retire a leased dispatch that was never handed out and put its task back in the queue."""
+        await self._abandon(conn, d, effects, S.EXPIRED.value)
+        if d["kind"] == "execute" and task["state"] == S.LEASED.value:
+            # Never handed out, so never executed: safe to place again (the lease is kept).
+            await store.transition(conn, task["task_id"], S.LEASED, S.QUEUED, why, d["dispatch_id"])
+        elif d["kind"] == "reconcile" and task["state"] == S.RECONCILING.value:
+            await self._indeterminate(conn, task, S.RECONCILING, f"reconcile-read {why}")
+
+    async def collector_removed(self, collector_id: str) -> int:
+        """After a revoke: re-place the work leased to the collector and stop counting it live.
+
+        Work already handed out is left to the sweeper, which sees a silent holder
+        and climbs the unknown-outcome ladder; a claim still held is woken and refused.
+        """
+        effects = Effects()
+        moved = 0
+        async with self.engine.begin() as conn:
+            for d in await store.leased_to(conn, collector_id):
+                task = await store.get_task(conn, d["task_id"], lock=True)
+                if task is not None:
+                    await self._unclaimed(conn, d, task, effects, f"collector {collector_id} revoked")
+                    effects.add(self._reevaluate_effect(task["site_id"]))
+                    moved += 1
+        await self.liveness.forget(collector_id)
+        await self.wake.publish(collector_id)
+        await effects.run()
+        return moved
+
     async def sweep(self, batch: int = 200) -> dict[str, int]:
         """One pass: unclaimed leases, silent holders, blown deadlines, orphan device leases."""
         counts = {"unclaimed": 0, "unknown": 0, "expired": 0, "leases": 0}
@@ -801,15 +899,8 @@ class Router:
                 task = await store.get_task(conn, d["task_id"], lock=True, skip_locked=True)
                 if task is None:
                     continue
-                await self._abandon(conn, d, effects, S.EXPIRED.value)
+                await self._unclaimed(conn, d, task, effects, "not claimed in time")
                 counts["unclaimed"] += 1
-                if d["kind"] == "execute" and task["state"] == S.LEASED.value:
-                    # Never handed out, so never executed: safe to place again (the lease is kept).
-                    await store.transition(
-                        conn, task["task_id"], S.LEASED, S.QUEUED, "not claimed in time", d["dispatch_id"]
-                    )
-                elif d["kind"] == "reconcile" and task["state"] == S.RECONCILING.value:
-                    await self._indeterminate(conn, task, S.RECONCILING, "reconcile-read was not claimed")
             in_flight = await store.in_flight_dispatches(conn, batch)
             live = await self.liveness.live({d["collector_id"] for d in in_flight}, now_s)
             for d in in_flight:

@@ -32,6 +32,7 @@ from common.db.schema import (
     dispatches,
     task_transitions,
     tasks,
+    vault_integrations,
 )
 from router.states import IN_FLIGHT, State
 
@@ -266,6 +267,16 @@ async def take_leased(conn: AsyncConnection, collector_id: str) -> RowMapping | 
     return (await conn.execute(query)).mappings().first()
 
 
+async def leased_to(conn: AsyncConnection, collector_id: str) -> Sequence[RowMapping]:
+    """Dispatches leased to the collector and not handed out yet, locked."""
+    query = (
+        select(*dispatches.c)
+        .where(dispatches.c.collector_id == collector_id, dispatches.c.state == State.LEASED.value)
+        .with_for_update()
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
 async def handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq: int) -> Sequence[RowMapping]:
     """Dispatched, unreported dispatches handed out in an earlier numbered claim, locked (skip locked)."""
     query = (
@@ -353,15 +364,24 @@ async def list_dispatches(
     conn: AsyncConnection,
     *,
     states: Sequence[str],
+    task_states: Sequence[str],
     site_id: str,
     collector_id: str,
     target_ref: str,
     after: tuple[dt.datetime, str] | None,
     limit: int,
+    dispatch_id: str = "",
 ) -> Sequence[RowMapping]:
-    query = select(*dispatches.c)
+    """The dispatch queue, newest first, each row with its task's state as ``task_state``."""
+    query = select(*dispatches.c, tasks.c.state.label("task_state")).join(
+        tasks, tasks.c.task_id == dispatches.c.task_id
+    )
+    if dispatch_id:
+        query = query.where(dispatches.c.dispatch_id == dispatch_id)
     if states:
         query = query.where(dispatches.c.state.in_(list(states)))
+    if task_states:
+        query = query.where(tasks.c.state.in_(list(task_states)))
     if site_id:
         query = query.where(dispatches.c.site_id == site_id)
     if collector_id:
@@ -407,6 +427,26 @@ async def upsert_capabilities(
         select(collector_capabilities.c.epoch).where(collector_capabilities.c.collector_id == collector_id)
     )
     return int(current.scalar_one())
+
+
+async def collector_standing(conn: AsyncConnection, collector_id: str) -> RowMapping | None:
+    """Status, certificate end and recorded vault settings of one collector (checked on every claim)."""
+    query = (
+        select(
+            collectors.c.status,
+            collectors.c.cert_not_after,
+            collectors.c.vault_mode,
+            collectors.c.vault_integration_id,
+            vault_integrations.c.address,
+            vault_integrations.c.role_id,
+            vault_integrations.c.kv_mount,
+        )
+        .outerjoin(
+            vault_integrations, vault_integrations.c.integration_id == collectors.c.vault_integration_id
+        )
+        .where(collectors.c.collector_id == collector_id)
+    )
+    return (await conn.execute(query)).mappings().first()
 
 
 async def collector_site(conn: AsyncConnection, collector_id: str) -> str | None:

@@ -10,6 +10,7 @@ from common.embedded.redis import EmbeddedRedis
 from common.redis_client import describe as describe_redis
 from common.settings import Settings
 from common.tls import GatewayTls
+from versus_cp.access_bootstrap import Bootstrapped
 
 
 def render_banner(
@@ -18,6 +19,7 @@ def render_banner(
     tls: GatewayTls | None,
     postgres: EmbeddedPostgres | None,
     redis: EmbeddedRedis | None,
+    access: Bootstrapped | None = None,
 ) -> str:
     pg = (
         f"embedded, data in {postgres.directory}"
@@ -43,6 +45,14 @@ def render_banner(
     ]
     if tls is not None and tls.ca_file is not None:
         lines.append(f"  gateway CA  {tls.ca_file}  pin {tls.ca_pin()}")
+    if access is not None and access.admin_token is not None:
+        lines += [
+            "",
+            "Bootstrap admin API token (collector-admin), shown only this once:",
+            f"  {access.admin_token}",
+            f"  saved with mode 0600 to {access.admin_token_file}; versus-cp reads it from there or from",
+            "  VERSUS_API_TOKEN. Create scoped tokens with `versus-cp access create` (docs/access.md).",
+        ]
     lines += [
         "",
         "Next: enroll a collector (docs/enrollment.md):",

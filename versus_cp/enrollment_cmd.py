@@ -7,7 +7,6 @@
     versus-cp tokens issue --site SITE_ID [--max-uses N] [--ttl SECONDS] [--manual-approval]
     versus-cp tokens list [--site SITE_ID]
     versus-cp tokens revoke TOKEN_ID
-    versus-cp collectors approve|deny COLLECTOR_ID [--reason TEXT]
 
 Every command takes ``--json`` for machine-readable output.
 """
@@ -42,7 +41,9 @@ _TOKEN_STATUS = {
 
 
 def _call(settings: Settings, method: str, request: Any) -> Any:
-    return rpc.call(settings.enrollment_address, enrollment_pb2_grpc.EnrollmentServiceStub, method, request)
+    return rpc.call(
+        settings, settings.enrollment_address, enrollment_pb2_grpc.EnrollmentServiceStub, method, request
+    )
 
 
 def _json(message: Any) -> None:
@@ -172,27 +173,4 @@ def run_tokens(settings: Settings, args: argparse.Namespace) -> int:
             settings, "RevokeEnrollmentToken", pb.RevokeEnrollmentTokenRequest(token_id=args.token_id)
         )
         _json(reply) if args.json else _print_tokens([reply.token])
-    return 0
-
-
-def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    approve = sub.add_parser("approve", help="Activate a collector waiting for manual approval.")
-    approve.add_argument("collector_id")
-    deny = sub.add_parser("deny", help="Refuse a collector waiting for manual approval.")
-    deny.add_argument("collector_id")
-    deny.add_argument("--reason", default="")
-    for p in (approve, deny):
-        p.add_argument("--actor", default="operator", help="recorded in the audit log")
-        p.add_argument("--json", action="store_true")
-
-
-def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
-    if args.action == "approve":
-        reply = _call(settings, "ApproveCollector", pb.ApproveCollectorRequest(
-            collector_id=args.collector_id, actor=args.actor))  # fmt: skip
-    else:
-        reply = _call(settings, "DenyCollector", pb.DenyCollectorRequest(
-            collector_id=args.collector_id, actor=args.actor, reason=args.reason))  # fmt: skip
-    _json(reply) if args.json else print(f"{reply.collector_id}: {reply.status}")
     return 0

@@ -1,9 +1,14 @@
 """Command-line entry point for `versus-cp`.
 
 Every expected failure (bad configuration, a busy port, an unreachable
-database) is reported as one line on stderr with a non-zero exit status:
-2 for configuration errors, 1 for everything else. Tracebacks are reserved
-for bugs.
+database, a refused request) is reported as one line on stderr with a
+non-zero exit status; tracebacks are reserved for bugs. Exit statuses:
+
+- 0 success; 1 failure (unreachable service, internal error, startup failure);
+- 2 bad usage, configuration or argument (argparse uses 2 as well);
+- 3 not authenticated or not allowed (and `collectors probe`: not reachable);
+- 4 not found;
+- 5 refused in the current state (conflict or failed precondition).
 """
 
 from __future__ import annotations
@@ -15,12 +20,27 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from common.errors import ConfigError, VersusError
+from common.errors import (
+    ConfigError,
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    StartupError,
+    Unauthenticated,
+    Unavailable,
+    VersusError,
+)
 from common.settings import CONFIG_FILE_ENV, Settings, load_settings
-from versus_cp import __version__, enrollment_cmd, keys_cmd, tunnel_cmd
+from versus_cp import __version__, access_cmd, enrollment_cmd, fleet_cmd, keys_cmd, queue_cmd, tunnel_cmd
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
+EXIT_DENIED = 3
+EXIT_NOT_FOUND = 4
+EXIT_REFUSED = 5
 
 Handler = Callable[[Settings, argparse.Namespace], int]
 Configure = Callable[[argparse.ArgumentParser], None]
@@ -78,10 +98,26 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         tunnel_cmd.add_arguments,
     ),
     "collectors": (
-        "Approve or deny collectors waiting for manual approval.",
-        enrollment_cmd.run_collectors,
-        enrollment_cmd.add_collector_arguments,
+        "List, inspect, approve, deny, probe, drain, undrain and revoke collectors; switch vault modes.",
+        fleet_cmd.run_collectors,
+        fleet_cmd.add_collector_arguments,
     ),
+    "vault-integrations": (
+        "Register and list the external vaults (AppRole) that vault mode C uses.",
+        fleet_cmd.run_integrations,
+        fleet_cmd.add_integration_arguments,
+    ),
+    "queue": (
+        "The dispatch queue: list by outcome, show evidence, resolve indeterminate tasks.",
+        queue_cmd.run,
+        queue_cmd.add_arguments,
+    ),
+    "access": (
+        "Create, list and revoke API tokens; bootstrap the first one.",
+        access_cmd.run,
+        access_cmd.add_arguments,
+    ),
+    "audit": ("List the audit log.", access_cmd.run_audit, access_cmd.add_audit_arguments),
 }
 
 
@@ -101,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_status(error: VersusError) -> int:
+    """The documented exit status for a domain error (see the module docstring)."""
+    for kinds, status in (
+        ((InvalidArgument, PayloadTooLarge), EXIT_CONFIG),
+        ((Unauthenticated, PermissionDenied), EXIT_DENIED),
+        ((NotFound,), EXIT_NOT_FOUND),
+        ((Conflict, FailedPrecondition), EXIT_REFUSED),
+    ):
+        if isinstance(error, kinds):
+            return status
+    return EXIT_STARTUP
+
+
 def _one_line(message: str) -> str:
     return " ".join(message.split())
 
@@ -118,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"versus-cp: error: {_one_line(exc.message)}", file=sys.stderr)
         return EXIT_CONFIG
     except VersusError as exc:
-        print(f"versus-cp: error: {_one_line(exc.message)}", file=sys.stderr)
-        return EXIT_STARTUP
+        # A refusal from a service carries its stable code for scripts; local startup failures do not.
+        suffix = "" if isinstance(exc, StartupError | Unavailable) else f" ({exc.code})"
+        print(f"versus-cp: error: {_one_line(exc.message)}{suffix}", file=sys.stderr)
+        return exit_status(exc)
     except KeyboardInterrupt:
         return 130

@@ -1,31 +1,36 @@
-"""Synchronous gRPC calls from the operator CLI, with failures turned into one-line errors."""
+"""gRPC calls from the operator CLI: the operator's API token on every call, failures as domain errors."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
-from common import error_mapping
+from common import error_mapping, token_files
 from common.errors import Unavailable, VersusError
+from common.grpc_client import sync_channel
+from common.settings import Settings
 
-T = TypeVar("T")
 TIMEOUT_S = 15.0
 
 
-def call(address: str, stub_class: Callable[[grpc.Channel], Any], method: str, request: Any) -> Any:
+def error_from(exc: grpc.RpcError, address: str) -> VersusError:
+    """The domain error behind a failed call (its stable code travels in trailing metadata)."""
+    code: grpc.StatusCode = exc.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unavailable(f"cannot reach the service at {address}; is the control plane running?")
+    metadata: Any = exc.trailing_metadata() or ()
+    versus_code = next((v for k, v in metadata if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
+    return error_mapping.from_grpc(code, exc.details() or "", versus_code)
+
+
+def call(
+    settings: Settings, address: str, stub_class: Callable[[grpc.Channel], Any], method: str, request: Any
+) -> Any:
     """Call ``method`` on the service at ``address``; raise the service's domain error on failure."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, token_files.operator_token(settings)) as channel:
         try:
             return getattr(stub_class(channel), method)(request, timeout=TIMEOUT_S)
         except grpc.RpcError as exc:
-            code: grpc.StatusCode = exc.code()
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise Unavailable(
-                    f"cannot reach the service at {address}; is the control plane running?"
-                ) from None
-            metadata: Any = exc.trailing_metadata() or ()
-            versus_code = next((v for k, v in metadata if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
-            error: VersusError = error_mapping.from_grpc(code, exc.details() or "", versus_code)
-            raise error from None
+            raise error_from(exc, address) from None

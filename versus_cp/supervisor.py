@@ -4,7 +4,9 @@ Order of events:
 
 1. validate the state directory and lock it; check every listen port is free;
 2. start embedded PostgreSQL / Redis for whichever URL is unset (otherwise
-   check the external server answers); apply migrations;
+   check the external server answers); apply migrations; create the internal
+   service token and, on the very first start, the bootstrap admin token
+   (shown once in the banner, saved 0600 as ``admin-token`` in the state dir);
 3. start the router, enrollment and gateway services as child processes with
    the resolved URLs in their environment - the same code path as running each
    service alone;
@@ -48,6 +50,7 @@ from common.settings import Settings
 from common.state_dir import StateLock, ensure_writable
 from common.tls import GatewayTls
 from gateway.server import resolve_tls
+from versus_cp import access_bootstrap
 from versus_cp.banner import render_banner
 from versus_cp.migrate import apply as apply_migrations
 
@@ -120,6 +123,8 @@ class Supervisor:
         check_ports_free(self.settings)
         database_url, redis_url = self._backends(state)
         apply_migrations(database_url)
+        # asyncio.run cannot nest: the token bootstrap runs in a worker thread with its own loop.
+        access = await asyncio.to_thread(access_bootstrap.ensure, database_url, self.settings)
         for purpose in KeyPurpose:
             keyset = KeyStore(state, purpose).load_or_create()
             log.info("signing keys ready", key_set=purpose.value, current_kid=keyset.current_kid)
@@ -132,7 +137,9 @@ class Supervisor:
         if stop.done():
             return 0
         print(
-            render_banner(self.settings, state, tls, self.postgres, self.redis), file=sys.stderr, flush=True
+            render_banner(self.settings, state, tls, self.postgres, self.redis, access),
+            file=sys.stderr,
+            flush=True,
         )
         return await self._wait_for_exit(stop)
 

@@ -21,8 +21,11 @@ import grpc
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
-from common.errors import InvalidArgument, Unavailable, VersusError
+from common import token_files
+from common.errors import InvalidArgument
+from common.grpc_client import aio_channel
 from common.settings import Settings
+from versus_cp import rpc
 
 CHUNK_BYTES = 32 * 1024
 
@@ -85,7 +88,7 @@ async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
             yield pb.OpenTunnelRequest(data=data)
         yield pb.OpenTunnelRequest(close_write=True)
 
-    async with grpc.aio.insecure_channel(settings.router_address) as channel:
+    async with aio_channel(settings.router_address, token_files.operator_token(settings)) as channel:
         try:
             async for reply in tunnel_pb2_grpc.TunnelServiceStub(channel).OpenTunnel(requests()):
                 kind = reply.WhichOneof("msg")
@@ -97,9 +100,7 @@ async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
                     print(f"versus-cp: tunnel closed: {reply.closed.reason}", file=sys.stderr)
                     return 1
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise Unavailable(f"cannot reach the router at {settings.router_address}") from None
-            raise VersusError(exc.details() or exc.code().name) from None
+            raise rpc.error_from(exc, settings.router_address) from None
     return 0
 
 

@@ -56,6 +56,36 @@ audit_events = Table(
     Index(None, "subject_type", "subject_id", "at"),
 )
 
+# API tokens for gRPC callers (operators, platform modules, internal services). Only the SHA-256 of
+# the plaintext is stored. Written by the router's access service and by `versus-cp` bootstrap.
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("token_id", Text, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("token_sha256", LargeBinary, nullable=False, unique=True),
+    Column("display_prefix", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("role IN ('viewer', 'operator', 'collector-admin', 'platform', 'service')", name="role"),
+)
+
+# External secret managers (HashiCorp Vault, AppRole) that collectors in vault mode C use.
+# Owned by the router's fleet service.
+vault_integrations = Table(
+    "vault_integrations",
+    metadata,
+    Column("integration_id", Text, primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("address", Text, nullable=False),
+    Column("role_id", Text, nullable=False),
+    Column("kv_mount", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 # --- enrollment service -------------------------------------------------------------------------
 # Sites: reachability domains. Owned by the enrollment service.
 sites = Table(
@@ -119,7 +149,14 @@ collectors = Table(
     Column("fips_requested", Boolean, nullable=False, server_default=text("false")),
     Column("enrolled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("status_changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Credential vault mode as recorded by a collector-admin; the collector applies it on (re)start.
+    Column("vault_mode", Text, nullable=False, server_default=text("'local'")),
+    Column("vault_integration_id", Text, ForeignKey("vault_integrations.integration_id"), nullable=True),
     CheckConstraint("status IN ('pending', 'active', 'denied', 'revoked')", name="status"),
+    CheckConstraint("vault_mode IN ('local', 'relayed', 'external')", name="vault_mode"),
+    CheckConstraint(
+        "(vault_mode = 'external') = (vault_integration_id IS NOT NULL)", name="vault_integration"
+    ),
     Index(None, "site_id"),
 )
 

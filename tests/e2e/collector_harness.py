@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
+from common.grpc_client import sync_channel
 from tests.e2e.harness import ControlPlane, run_cli
 
 OP_CLASSES = {
@@ -99,7 +99,7 @@ class Platform:
     """A platform module: submits tasks and watches them over the router's gRPC API."""
 
     def __init__(self, cp: ControlPlane):
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{cp.port('router')}")
+        self.channel = sync_channel(f"127.0.0.1:{cp.port('router')}", cp.mint_token("platform"))
         self.stub = task_router_pb2_grpc.TaskRouterServiceStub(self.channel)
 
     def submit(self, site_id: str, operation: str, op_class: str, target: str, params: dict[str, Any],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -92,6 +93,16 @@ class ControlPlane:
     @property
     def ca_file(self) -> Path:
         return self.state_dir / "tls" / "gateway-ca.pem"
+
+    def mint_token(self, role: str, name: str | None = None) -> str:
+        """A new API token with ``role``, created through `versus-cp access create` with the admin token."""
+        done = run_cli(["access", "create", name or f"e2e-{role}", "--role", role, "--json"], self.env)
+        assert done.returncode == 0, done.stderr
+        return str(json.loads(done.stdout)["plaintext"])
+
+    @property
+    def admin_token(self) -> str:
+        return (self.state_dir / "admin-token").read_text().strip()
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)

@@ -92,3 +92,26 @@ def test_standalone_service_against_unmigrated_database(
     migrated = run_cli(["migrate"], env)
     assert migrated.returncode == 0, migrated.stderr
     assert "schema is current" in migrated.stderr
+
+
+def test_gateway_alone_without_a_service_token(tmp_path: Path, database_url: str, redis_url: str) -> None:
+    env = service_env(tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url)
+    done = run_cli(["gateway"], env)
+    assert done.returncode == 2
+    _assert_one_line_error(done.stderr, "no service token: set VERSUS_SERVICE_TOKEN")
+
+
+def test_operator_command_without_an_api_token(tmp_path: Path) -> None:
+    done = run_cli(["collectors", "list"], service_env(tmp_path / "state"))
+    assert done.returncode == 2
+    _assert_one_line_error(done.stderr, "no API token: set VERSUS_API_TOKEN or VERSUS_API_TOKEN_FILE")
+
+
+def test_a_token_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "admin-token").write_text("vsk_whatever\n")
+    (state / "admin-token").chmod(0o644)
+    done = run_cli(["collectors", "list"], service_env(state))
+    assert done.returncode == 2
+    _assert_one_line_error(done.stderr, "is readable by others (mode 644)")

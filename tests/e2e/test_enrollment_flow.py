@@ -101,25 +101,29 @@ def test_manual_approval_and_a_wrong_pin(
     collector_id = json.loads((state / "identity.json").read_text())["collector_id"]
     assert "pending" in _collector(["status", "--state-dir", str(state)], env).stdout
 
-    approved = run_cli(["collectors", "approve", collector_id], env)
+    approved = run_cli(["collectors", "approve", collector_id, "--json"], env)
     assert approved.returncode == 0, approved.stderr
-    assert approved.stdout.strip() == f"{collector_id}: active"
+    assert json.loads(approved.stdout)["collector"]["status"] == "COLLECTOR_STATUS_ACTIVE"
     assert "active" in _collector(["status", "--state-dir", str(state)], env).stdout
     assert json.loads((state / "identity.json").read_text())["status"] == "active"
 
     missing = run_cli(["collectors", "approve", "col-does-not-exist"], env)
-    assert missing.returncode == 1
-    assert missing.stderr.strip() == "versus-cp: error: collector 'col-does-not-exist' does not exist"
+    assert missing.returncode == 4  # not found
+    assert missing.stderr.strip() == (
+        "versus-cp: error: collector 'col-does-not-exist' does not exist (collector_not_found)"
+    )
 
 
 def test_cli_reports_refusals_in_one_line(start_control_plane: Callable[..., ControlPlane]) -> None:
     cp = start_control_plane()
     site_id = _cli_json(["sites", "create", "core", "--tenant", "acme"], cp.env)["site"]["site_id"]
     too_long = run_cli(["tokens", "issue", "--site", site_id, "--ttl", str(2 * 86400)], cp.env)
-    assert too_long.returncode == 1
+    assert too_long.returncode == 2  # bad argument
     assert too_long.stderr.startswith("versus-cp: error: ttl must be at most 86400 seconds")
+    assert too_long.stderr.strip().endswith("(ttl_too_long)")
     duplicate = run_cli(["sites", "create", "core", "--tenant", "acme"], cp.env)
-    assert duplicate.returncode == 1
+    assert duplicate.returncode == 5  # refused in the current state
     assert "already has a site named 'core'" in duplicate.stderr
     no_site = run_cli(["tokens", "issue", "--site", "site-nope"], cp.env)
-    assert no_site.stderr.strip() == "versus-cp: error: site 'site-nope' does not exist"
+    assert no_site.returncode == 4
+    assert no_site.stderr.strip() == "versus-cp: error: site 'site-nope' does not exist (site_not_found)"

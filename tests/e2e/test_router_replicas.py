@@ -27,9 +27,12 @@ from versus.router.v1 import task_router_pb2 as pb
 from common.db import engine as db_engine
 from common.db.schema import collectors, sites, tasks
 from common.envelope.verify import VerifyContext, verify
+from common.grpc_client import aio_channel
 from common.keys import KeyPurpose, trusted
 from common.keystore import KeyStore
+from common.rbac import Role
 from tests.e2e.harness import service_env
+from tests.support.access import mint_at
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,9 +95,15 @@ async def test_two_router_processes(tmp_path: Path, database_url: str, redis_url
         for (proc, _), port in zip(procs, ports, strict=True):
             _wait_serving(port, proc)
         keys = trusted(KeyStore(state, KeyPurpose.DISPATCH).load().public_keys(int(time.time())))
-        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{p}") for p in ports]
-        routers = [task_router_pb2_grpc.TaskRouterServiceStub(c) for c in channels]
-        bridges = [collector_bridge_pb2_grpc.CollectorBridgeServiceStub(c) for c in channels]
+        platform, service = (
+            await mint_at(database_url, Role.PLATFORM),
+            await mint_at(database_url, Role.SERVICE),
+        )
+        platform_channels = [aio_channel(f"127.0.0.1:{p}", platform) for p in ports]
+        service_channels = [aio_channel(f"127.0.0.1:{p}", service) for p in ports]
+        channels = [*platform_channels, *service_channels]
+        routers = [task_router_pb2_grpc.TaskRouterServiceStub(c) for c in platform_channels]
+        bridges = [collector_bridge_pb2_grpc.CollectorBridgeServiceStub(c) for c in service_channels]
         manifest = [bpb.ProviderCapability(provider="stub", max_concurrency=2, operations=[
             bpb.OperationCapability(name="set", op_class=task_pb2.OP_CLASS_MUTATE_TERMINAL)])]  # fmt: skip
         for i, cid in enumerate(COLLECTORS):

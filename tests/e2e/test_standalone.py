@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import ssl
 import subprocess
@@ -15,7 +16,9 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.rbac import Role
 from tests.e2e.harness import service_env
+from tests.support.access import mint_at
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,8 +76,13 @@ def test_grpc_service_alone(
 
 
 def test_gateway_alone(tmp_path: Path, database_url: str, redis_url: str) -> None:
+    token = asyncio.run(mint_at(database_url, Role.SERVICE))
     env = service_env(
-        tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url, VERSUS_LOG_FORMAT="json"
+        tmp_path / "state",
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        VERSUS_LOG_FORMAT="json",
+        VERSUS_SERVICE_TOKEN=token,
     )
     proc = _start("gateway", env, tmp_path / "gateway.log")
     url = f"https://127.0.0.1:{env['VERSUS_GATEWAY_PORT']}/readyz"

@@ -107,8 +107,10 @@ def test_tunnel_without_a_live_collector_fails_clearly(
         stdin=subprocess.DEVNULL,
         check=False,
     )
-    assert done.returncode == 1
-    assert done.stderr.strip() == "versus-cp: error: no live collector serves site 'site-none'"
+    assert done.returncode == 5  # refused in the current state
+    assert done.stderr.strip() == (
+        "versus-cp: error: no live collector serves site 'site-none' (no_eligible_collector)"
+    )
 
 
 def _tunnel_cli(

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 import uvicorn
@@ -26,11 +25,14 @@ from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
 from common import collector_jwt
+from common.api_tokens import TokenAuthenticator
 from common.db.schema import audit_events, collectors, dispatches
 from common.embedded.process import free_port
 from common.envelope.verify import VerifyContext, verify
+from common.grpc_client import aio_channel
 from common.grpc_server import GrpcServer
 from common.keys import PublicKey
+from common.rbac import Role
 from enrollment.ca import CollectorCA
 from enrollment.server import registrations as enrollment_registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService
@@ -39,6 +41,7 @@ from gateway.app import GatewayConfig, create_app
 from gateway.server import WS_OPTIONS
 from router.server import registrations as router_registrations
 from router.tunnels import TunnelHub
+from tests.support.access import mint
 from tests.support.pki import csr_pem, p256
 from tests.support.router_env import KEYS, make_router
 
@@ -68,6 +71,8 @@ class Stack:
     site_id: str
     redis: Any
     grpc_address: str
+    # A platform-role API token for calls the tests make themselves.
+    platform_token: str
 
     async def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
@@ -138,6 +143,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         "127.0.0.1",
         grpc_port,
         [*enrollment_registrations(service), *router_registrations(router)],
+        TokenAuthenticator(router.engine),
     )
     await grpc_server.start()
     config = GatewayConfig(
@@ -147,6 +153,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         grpc_server.address,
         claim_hold_s=HOLD_S,
         revocation_check_s=REVOCATION_CHECK_S,
+        service_token=await mint(router.engine, Role.SERVICE),
     )
     port = free_port()
     server = uvicorn.Server(
@@ -156,7 +163,8 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
     while not server.started:  # noqa: ASYNC110 - uvicorn exposes only this flag
         await asyncio.sleep(0.01)
     site = await service.create_site("gw-site", "tenant-g", "manual", None)
-    channel = grpc.aio.insecure_channel(grpc_server.address)
+    platform_token = await mint(router.engine, Role.PLATFORM)
+    channel = aio_channel(grpc_server.address, platform_token)
     yield Stack(
         f"http://127.0.0.1:{port}",
         service,
@@ -164,6 +172,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         site.site_id,
         router.redis,
         grpc_server.address,
+        platform_token,
     )
     await channel.close(None)
     server.should_exit = True

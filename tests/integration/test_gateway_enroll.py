@@ -20,17 +20,20 @@ from cryptography.hazmat.primitives import serialization
 from sqlalchemy import select, update
 
 from common import collector_jwt
+from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
 from common.db.schema import collectors, enrollment_tokens
 from common.embedded.process import free_port
 from common.grpc_server import GrpcServer
 from common.keys import KeyPurpose, KeySet
 from common.logs import configure_logging
+from common.rbac import Role
 from enrollment.ca import CollectorCA
 from enrollment.server import registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
+from tests.support.access import mint
 from tests.support.pki import csr_pem, p256, p384, rsa_key
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,9 +57,14 @@ async def stack(database_url: str, redis_url: str, tmp_path: Path) -> AsyncItera
         lambda: KeySet.create(KeyPurpose.RELEASE, NOW),
         EnrollmentConfig("it.versus", "https://gw.it:8443", ("gw.it:8443",), "gw.it", None, None),
     )
-    grpc_server = GrpcServer("enrollment", "127.0.0.1", free_port(), registrations(service))
+    grpc_server = GrpcServer(
+        "enrollment", "127.0.0.1", free_port(), registrations(service), TokenAuthenticator(engine)
+    )
     await grpc_server.start()
-    app = create_app(GatewayConfig(database_url, redis_url, grpc_server.address, body_deadline_s=1.0))
+    token = await mint(engine, Role.SERVICE)
+    app = create_app(
+        GatewayConfig(database_url, redis_url, grpc_server.address, body_deadline_s=1.0, service_token=token)
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
     task = asyncio.create_task(server.serve())
@@ -102,7 +110,7 @@ async def test_enroll_response_has_the_documented_shape(stack: Stack) -> None:
     }  # fmt: skip
     assert body["gateway"] == {"addrs": ["gw.it:8443"], "server_name": "gw.it"}
     assert body["auth"] == {"mode": "bearer", "audience": "versus-collector-gateway"}
-    assert body["policy"] == {"vault_mode": "A", "heartbeat_interval_s": 15, "max_concurrency": {"*": 8}}
+    assert body["policy"] == {"vault_mode": "local", "heartbeat_interval_s": 15, "max_concurrency": {"*": 8}}
     assert set(body["dispatch_keys"][0]) == {"kid", "alg", "pub", "not_after"}
     assert body["dispatch_keys"][0]["kid"].startswith("dsp-")
     assert body["release_keys"][0]["kid"].startswith("rel-")

@@ -1,4 +1,6 @@
-"""The shared gRPC server: health, reflection, error mapping and port handling over real sockets."""
+"""The shared gRPC server: authentication, health, reflection, error mapping and port handling over
+real sockets. Tokens come from an in-memory table here; the PostgreSQL-backed authenticator has its
+own tests (test_access.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,25 @@ from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 from common.embedded.process import free_port
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.errors import NotFound, StartupError
+from common.grpc_client import aio_channel
 from common.grpc_server import Context, GrpcServer, ServiceRegistration, placeholder
 from common.metrics import GRPC_REQUESTS
+from common.rbac import Principal, Role
 
 SECRET = "postgresql://u:hunter2@db"
+PLATFORM_TOKEN = "vsk_platform-test-token"
+VIEWER_TOKEN = "vsk_viewer-test-token"
+
+
+class StaticTokens:
+    def __init__(self) -> None:
+        self.tokens = {
+            PLATFORM_TOKEN: Principal("tok_p", "platform", Role.PLATFORM),
+            VIEWER_TOKEN: Principal("tok_v", "viewer", Role.VIEWER),
+        }
+
+    async def authenticate(self, plaintext: str) -> Principal | None:
+        return self.tokens.get(plaintext)
 
 
 class Router(task_router_pb2_grpc.TaskRouterServiceServicer):
@@ -37,7 +54,7 @@ async def server() -> AsyncIterator[GrpcServer]:
         placeholder(Router),
         task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
     )
-    srv = GrpcServer("test", "127.0.0.1", free_port(), [reg])
+    srv = GrpcServer("test", "127.0.0.1", free_port(), [reg], StaticTokens())
     await srv.start()
     yield srv
     await srv.stop(0)
@@ -69,7 +86,7 @@ async def test_reflection_lists_services(server: GrpcServer) -> None:
 
 async def test_domain_error_maps_to_status_and_stable_code(server: GrpcServer) -> None:
     before = GRPC_REQUESTS.labels("versus.router.v1.TaskRouterService", "GetTask", "NOT_FOUND")._value.get()
-    async with grpc.aio.insecure_channel(server.address) as channel:
+    async with aio_channel(server.address, PLATFORM_TOKEN) as channel:
         stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
         call = stub.GetTask(task_router_pb2.GetTaskRequest(task_id="t-1"))
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -85,7 +102,7 @@ async def test_domain_error_maps_to_status_and_stable_code(server: GrpcServer) -
 
 
 async def test_unexpected_error_is_internal_without_details(server: GrpcServer) -> None:
-    async with grpc.aio.insecure_channel(server.address) as channel:
+    async with aio_channel(server.address, PLATFORM_TOKEN) as channel:
         stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.GetTask(task_router_pb2.GetTaskRequest(task_id="boom"))
@@ -94,7 +111,7 @@ async def test_unexpected_error_is_internal_without_details(server: GrpcServer) 
 
 
 async def test_rpcs_not_built_yet_answer_unimplemented(server: GrpcServer) -> None:
-    async with grpc.aio.insecure_channel(server.address) as channel:
+    async with aio_channel(server.address, PLATFORM_TOKEN) as channel:
         stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.CancelTask(task_router_pb2.CancelTaskRequest(task_id="t"))
@@ -111,7 +128,7 @@ async def test_busy_port_is_a_startup_error() -> None:
             placeholder(Router),
             task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
         )
-        srv = GrpcServer("test", "127.0.0.1", port, [reg])
+        srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
         with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}"):
             await srv.start()
         await srv.server.stop(0)
@@ -128,7 +145,7 @@ async def test_request_id_from_metadata_is_bound_to_handler_logs(server: GrpcSer
     stream = io.StringIO()
     logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
     try:
-        async with grpc.aio.insecure_channel(server.address) as channel:
+        async with aio_channel(server.address, PLATFORM_TOKEN) as channel:
             stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
             with pytest.raises(grpc.aio.AioRpcError):
                 await stub.GetTask(
@@ -140,3 +157,44 @@ async def test_request_id_from_metadata_is_bound_to_handler_logs(server: GrpcSer
     failure = next(e for e in events if e["event"] == "unhandled error in rpc")
     assert failure["request_id"] == "rq-77"
     assert "hunter2" not in stream.getvalue()
+
+
+def _code(info: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> str | None:
+    metadata: Any = info.value.trailing_metadata()
+    return next((v for k, v in metadata if k == GRPC_CODE_METADATA_KEY), None)
+
+
+async def test_a_call_without_a_token_is_unauthenticated(server: GrpcServer) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetTask(task_router_pb2.GetTaskRequest(task_id="t-1"))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert _code(info) == "api_token_missing"
+
+
+@pytest.mark.parametrize(
+    "header", ["Bearer vsk_nobody", "Basic dXNlcjpwdw==", "Bearer", "vsk_platform-test-token"]
+)
+async def test_an_unknown_or_malformed_token_is_unauthenticated(server: GrpcServer, header: str) -> None:
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetTask(
+                task_router_pb2.GetTaskRequest(task_id="t-1"), metadata=(("authorization", header),)
+            )
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert _code(info) in {"api_token_missing", "api_token_invalid"}
+
+
+async def test_a_role_outside_the_policy_is_permission_denied(server: GrpcServer) -> None:
+    async with aio_channel(server.address, VIEWER_TOKEN) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.SubmitTask(task_router_pb2.SubmitTaskRequest())
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert _code(info) == "permission_denied"
+        # The same token may read: the handler runs and answers for itself.
+        with pytest.raises(grpc.aio.AioRpcError) as read:
+            await stub.GetTask(task_router_pb2.GetTaskRequest(task_id="t-1"))
+        assert read.value.code() == grpc.StatusCode.NOT_FOUND

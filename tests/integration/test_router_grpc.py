@@ -17,11 +17,15 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
+from common.api_tokens import TokenAuthenticator
 from common.db.schema import tasks
 from common.embedded.process import free_port
 from common.error_mapping import GRPC_CODE_METADATA_KEY
+from common.grpc_client import aio_channel
 from common.grpc_server import GrpcServer
+from common.rbac import Role
 from router.server import registrations
+from tests.support.access import mint
 from tests.support.router_env import RouterEnv, make_router, open_envelope
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,20 +37,29 @@ class Api:
     # The async stub types exist only in the .pyi files; annotations are not evaluated.
     tasks: task_router_pb2_grpc.TaskRouterServiceAsyncStub
     bridge: collector_bridge_pb2_grpc.CollectorBridgeServiceAsyncStub
+    # The dispatch queue, as an operator sees it.
+    ops: task_router_pb2_grpc.TaskRouterServiceAsyncStub
 
 
 @pytest.fixture
 async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
     router = make_router(database_url, redis_url)
-    server = GrpcServer("router", "127.0.0.1", free_port(), registrations(router))
+    server = GrpcServer(
+        "router", "127.0.0.1", free_port(), registrations(router), TokenAuthenticator(router.engine)
+    )
     await server.start()
-    channel = grpc.aio.insecure_channel(server.address)
+    channels = [
+        aio_channel(server.address, await mint(router.engine, role))
+        for role in (Role.PLATFORM, Role.SERVICE, Role.OPERATOR)
+    ]
     yield Api(
         RouterEnv(router),
-        task_router_pb2_grpc.TaskRouterServiceStub(channel),
-        collector_bridge_pb2_grpc.CollectorBridgeServiceStub(channel),
+        task_router_pb2_grpc.TaskRouterServiceStub(channels[0]),
+        collector_bridge_pb2_grpc.CollectorBridgeServiceStub(channels[1]),
+        task_router_pb2_grpc.TaskRouterServiceStub(channels[2]),
     )
-    await channel.close(None)
+    for channel in channels:
+        await channel.close(None)
     await server.stop(0)
     await router.aclose()
 
@@ -132,7 +145,7 @@ async def test_full_flow_over_grpc(api: Api) -> None:
         task_pb2.TASK_STATE_DISPATCHED, task_pb2.TASK_STATE_SUCCESS,
     ]  # fmt: skip
     assert task.result == b"done"
-    listed = await api.tasks.ListDispatches(pb.ListDispatchesRequest(states=[task_pb2.TASK_STATE_SUCCESS]))
+    listed = await api.ops.ListDispatches(pb.ListDispatchesRequest(states=[task_pb2.TASK_STATE_SUCCESS]))
     assert [d.dispatch_id for d in listed.dispatches] == [claimed.dispatch_id]
     assert _metric("versus_router_dispatch_transitions_total", state="success") == successes + 1
     assert _metric("versus_router_claim_wait_seconds_count") == claim_waits + 2
@@ -147,7 +160,7 @@ async def test_list_dispatches_paginates(api: Api) -> None:
     seen: list[str] = []
     token = ""
     while True:
-        page = await api.tasks.ListDispatches(pb.ListDispatchesRequest(page_size=2, page_token=token))
+        page = await api.ops.ListDispatches(pb.ListDispatchesRequest(page_size=2, page_token=token))
         seen += [d.dispatch_id for d in page.dispatches]
         token = page.next_page_token
         if not token:
@@ -184,12 +197,12 @@ async def test_bad_input_on_every_other_rpc(api: Api) -> None:
         not_found,
         "task_not_found",
     )
-    assert await _error(api.tasks.ListDispatches(pb.ListDispatchesRequest(page_token="!!"))) == (
+    assert await _error(api.ops.ListDispatches(pb.ListDispatchesRequest(page_token="!!"))) == (
         invalid, "page_token_invalid")  # fmt: skip
-    assert await _error(api.tasks.ListDispatches(pb.ListDispatchesRequest(page_size=501))) == (
+    assert await _error(api.ops.ListDispatches(pb.ListDispatchesRequest(page_size=501))) == (
         invalid, "page_size_too_large")  # fmt: skip
     assert await _error(
-        api.tasks.ResolveIndeterminate(pb.ResolveIndeterminateRequest(task_id="t", actor="a"))
+        api.ops.ResolveIndeterminate(pb.ResolveIndeterminateRequest(task_id="t", actor="a"))
     ) == (invalid, "resolution_invalid")
     assert await _error(api.bridge.Claim(bpb.ClaimRequest())) == (invalid, "collector_id_missing")
     assert await _error(api.bridge.Report(bpb.ReportRequest(collector_id="c", task_id="d"))) == (

@@ -7,7 +7,6 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 import pytest
 import websockets
 from sqlalchemy import update
@@ -15,6 +14,7 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
 from common.db.schema import collectors
+from common.grpc_client import aio_channel
 from tests.integration import test_gateway_collector as gw
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,8 +24,8 @@ stack = gw.stack  # the same real enrollment + router + gateway stack
 class Platform:
     """The platform's end of one tunnel: requests go in through a queue, replies are collected."""
 
-    def __init__(self, address: str, collector_id: str):
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, collector_id: str, token: str):
+        self.channel = aio_channel(address, token)
         self.outbox: asyncio.Queue[pb.OpenTunnelRequest | None] = asyncio.Queue()
         self.outbox.put_nowait(
             pb.OpenTunnelRequest(open=pb.TunnelOpen(host="10.0.0.7", port=22, collector_id=collector_id))
@@ -75,7 +75,7 @@ async def _dial(stack: gw.Stack, c: gw.Collector, session_id: str) -> Any:
 
 async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -> None:
     c = await _live(stack, "tun-1")
-    platform = Platform(stack.grpc_address, "tun-1")
+    platform = Platform(stack.grpc_address, "tun-1", stack.platform_token)
     try:
         session_id = await _offered_session(stack, c)
         async with await _dial(stack, c, session_id) as ws:
@@ -97,7 +97,7 @@ async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -
 async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> None:
     owner = await _live(stack, "tun-owner")
     stranger = await _live(stack, "tun-stranger")
-    platform = Platform(stack.grpc_address, "tun-owner")
+    platform = Platform(stack.grpc_address, "tun-owner", stack.platform_token)
     try:
         session_id = await _offered_session(stack, owner)
         for who, session in ((stranger, session_id), (owner, "tun-0000")):
@@ -118,7 +118,7 @@ async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> No
 
 async def test_an_oversized_frame_ends_the_tunnel_with_1009(stack: gw.Stack) -> None:
     c = await _live(stack, "tun-big")
-    platform = Platform(stack.grpc_address, "tun-big")
+    platform = Platform(stack.grpc_address, "tun-big", stack.platform_token)
     try:
         async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
             await platform.next()  # ready
@@ -134,7 +134,7 @@ async def test_an_oversized_frame_ends_the_tunnel_with_1009(stack: gw.Stack) -> 
 
 async def test_revoking_the_collector_tears_down_its_open_tunnel(stack: gw.Stack) -> None:
     c = await _live(stack, "tun-rev")
-    platform = Platform(stack.grpc_address, "tun-rev")
+    platform = Platform(stack.grpc_address, "tun-rev", stack.platform_token)
     try:
         async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
             await platform.next()  # ready
@@ -155,7 +155,7 @@ async def test_a_collector_that_stops_reading_stalls_the_platform_instead_of_buf
     stack: gw.Stack,
 ) -> None:
     c = await _live(stack, "tun-slow")
-    platform = Platform(stack.grpc_address, "tun-slow")
+    platform = Platform(stack.grpc_address, "tun-slow", stack.platform_token)
     total = 64 * 1024 * 1024
     chunk = os.urandom(64 * 1024)
     try:

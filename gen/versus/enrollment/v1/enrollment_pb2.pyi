@@ -18,6 +18,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _UpdatePolicy:
@@ -771,8 +776,20 @@ class ApproveCollectorRequest(_message.Message):
     COLLECTOR_ID_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
-    actor: _builtins.str
-    """Operator recorded in the audit log."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def actor(self) -> _builtins.str:
+        """Operator recorded in the audit log.
+        Ignored: the audit log records the authenticated caller.
+        """
+
+    @actor.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def actor(self, value: _builtins.str) -> None:
+        """Operator recorded in the audit log.
+        Ignored: the audit log records the authenticated caller.
+        """
+
     def __init__(
         self,
         *,
@@ -817,7 +834,16 @@ class DenyCollectorRequest(_message.Message):
     ACTOR_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
-    actor: _builtins.str
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def actor(self) -> _builtins.str:
+        """Ignored: the audit log records the authenticated caller."""
+
+    @actor.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def actor(self, value: _builtins.str) -> None:
+        """Ignored: the audit log records the authenticated caller."""
+
     reason: _builtins.str
     def __init__(
         self,

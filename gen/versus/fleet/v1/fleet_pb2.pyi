@@ -31,6 +31,8 @@ class _CollectorStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Colle
     COLLECTOR_STATUS_ACTIVE: _CollectorStatus.ValueType  # 2
     COLLECTOR_STATUS_REVOKED: _CollectorStatus.ValueType  # 3
     COLLECTOR_STATUS_EXPIRED: _CollectorStatus.ValueType  # 4
+    COLLECTOR_STATUS_DENIED: _CollectorStatus.ValueType  # 5
+    """Refused at manual approval; final."""
 
 class CollectorStatus(_CollectorStatus, metaclass=_CollectorStatusEnumTypeWrapper):
     """Lifecycle of a collector identity."""
@@ -40,6 +42,8 @@ COLLECTOR_STATUS_PENDING: CollectorStatus.ValueType  # 1
 COLLECTOR_STATUS_ACTIVE: CollectorStatus.ValueType  # 2
 COLLECTOR_STATUS_REVOKED: CollectorStatus.ValueType  # 3
 COLLECTOR_STATUS_EXPIRED: CollectorStatus.ValueType  # 4
+COLLECTOR_STATUS_DENIED: CollectorStatus.ValueType  # 5
+"""Refused at manual approval; final."""
 Global___CollectorStatus: _TypeAlias = CollectorStatus  # noqa: Y015
 
 class _SessionState:
@@ -129,6 +133,11 @@ class Collector(_message.Message):
     VAULT_MODE_FIELD_NUMBER: _builtins.int
     QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     TARGET_VERSION_FIELD_NUMBER: _builtins.int
+    DRAINED_FIELD_NUMBER: _builtins.int
+    VAULT_INTEGRATION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    DRIVERS_FIELD_NUMBER: _builtins.int
+    STATUS_CHANGED_AT_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     site_id: _builtins.str
     hostname: _builtins.str
@@ -143,12 +152,22 @@ class Collector(_message.Message):
     vault_mode: Global___VaultMode.ValueType
     queue_depth: _builtins.int
     target_version: _builtins.str
+    drained: _builtins.bool
+    """Drained by an operator (the session may also drain itself, e.g. before an upgrade)."""
+    vault_integration_id: _builtins.str
+    """Integration used in VAULT_MODE_EXTERNAL."""
     @_builtins.property
     def cert_not_after(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def enrolled_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def last_seen_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def session(self) -> Global___Session: ...
+    @_builtins.property
+    def drivers(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriverCapabilities]: ...
+    @_builtins.property
+    def status_changed_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -169,14 +188,129 @@ class Collector(_message.Message):
         vault_mode: Global___VaultMode.ValueType = ...,
         queue_depth: _builtins.int = ...,
         target_version: _builtins.str = ...,
+        drained: _builtins.bool = ...,
+        vault_integration_id: _builtins.str = ...,
+        session: Global___Session | None = ...,
+        drivers: _abc.Iterable[Global___DriverCapabilities] | None = ...,
+        status_changed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "enrolled_at", b"enrolled_at", "last_seen_at", b"last_seen_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "enrolled_at", b"enrolled_at", "last_seen_at", b"last_seen_at", "session", b"session", "status_changed_at", b"status_changed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "target_version", b"target_version", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Collector: _TypeAlias = Collector  # noqa: Y015
+
+@_typing.final
+class Session(_message.Message):
+    """The collector's current connection as last reported by it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ESTABLISHED_AT_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _builtins.int
+    TRANSPORT_FIELD_NUMBER: _builtins.int
+    VAULT_MODE_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    SELF_DRAINING_FIELD_NUMBER: _builtins.int
+    state: Global___SessionState.ValueType
+    session_id: _builtins.str
+    heartbeat_age_s: _builtins.int
+    """Seconds since the last heartbeat; unset when the collector never connected."""
+    transport: _builtins.str
+    """"wss" or "https"."""
+    vault_mode: Global___VaultMode.ValueType
+    """The mode the running collector process applies (may lag the recorded one until it restarts)."""
+    agent_version: _builtins.str
+    self_draining: _builtins.bool
+    """The collector said it is draining itself."""
+    @_builtins.property
+    def established_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        state: Global___SessionState.ValueType = ...,
+        session_id: _builtins.str = ...,
+        established_at: _timestamp_pb2.Timestamp | None = ...,
+        last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
+        heartbeat_age_s: _builtins.int | None = ...,
+        transport: _builtins.str = ...,
+        vault_mode: Global___VaultMode.ValueType = ...,
+        agent_version: _builtins.str = ...,
+        self_draining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "agent_version", b"agent_version", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "last_heartbeat_at", b"last_heartbeat_at", "self_draining", b"self_draining", "session_id", b"session_id", "state", b"state", "transport", b"transport", "vault_mode", b"vault_mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__heartbeat_age_s: _TypeAlias = _typing.Literal["heartbeat_age_s"]  # noqa: Y015
+    _WhichOneofArgType__heartbeat_age_s: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__heartbeat_age_s) -> _WhichOneofReturnType__heartbeat_age_s | None: ...
+
+Global___Session: _TypeAlias = Session  # noqa: Y015
+
+@_typing.final
+class OperationCapability(_message.Message):
+    """One operation a driver reports."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OP_CLASS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    PARALLEL_SAFE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    op_class: _builtins.str
+    """"read", "mutate_reconcilable" or "mutate_terminal"."""
+    timeout_s: _builtins.int
+    parallel_safe: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        op_class: _builtins.str = ...,
+        timeout_s: _builtins.int = ...,
+        parallel_safe: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "op_class", b"op_class", "parallel_safe", b"parallel_safe", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OperationCapability: _TypeAlias = OperationCapability  # noqa: Y015
+
+@_typing.final
+class DriverCapabilities(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    provider: _builtins.str
+    max_concurrency: _builtins.int
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___OperationCapability]: ...
+    def __init__(
+        self,
+        *,
+        provider: _builtins.str = ...,
+        max_concurrency: _builtins.int = ...,
+        operations: _abc.Iterable[Global___OperationCapability] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_concurrency", b"max_concurrency", "operations", b"operations", "provider", b"provider"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DriverCapabilities: _TypeAlias = DriverCapabilities  # noqa: Y015
 
 @_typing.final
 class ListCollectorsRequest(_message.Message):
@@ -309,6 +443,48 @@ class ApproveCollectorResponse(_message.Message):
 Global___ApproveCollectorResponse: _TypeAlias = ApproveCollectorResponse  # noqa: Y015
 
 @_typing.final
+class DenyCollectorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DenyCollectorRequest: _TypeAlias = DenyCollectorRequest  # noqa: Y015
+
+@_typing.final
+class DenyCollectorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def collector(self) -> Global___Collector: ...
+    def __init__(
+        self,
+        *,
+        collector: Global___Collector | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["collector", b"collector"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector", b"collector"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DenyCollectorResponse: _TypeAlias = DenyCollectorResponse  # noqa: Y015
+
+@_typing.final
 class ProbeCollectorRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -337,21 +513,24 @@ class ProbeCollectorResponse(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     reachable: _builtins.bool
     heartbeat_age_s: _builtins.int
+    """Unset when the collector never connected."""
     session_state: Global___SessionState.ValueType
     queue_depth: _builtins.int
     def __init__(
         self,
         *,
         reachable: _builtins.bool = ...,
-        heartbeat_age_s: _builtins.int = ...,
+        heartbeat_age_s: _builtins.int | None = ...,
         session_state: Global___SessionState.ValueType = ...,
         queue_depth: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "heartbeat_age_s", b"heartbeat_age_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_age_s", b"heartbeat_age_s", "queue_depth", b"queue_depth", "reachable", b"reachable", "session_state", b"session_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "heartbeat_age_s", b"heartbeat_age_s", "queue_depth", b"queue_depth", "reachable", b"reachable", "session_state", b"session_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__heartbeat_age_s: _TypeAlias = _typing.Literal["heartbeat_age_s"]  # noqa: Y015
+    _WhichOneofArgType__heartbeat_age_s: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__heartbeat_age_s) -> _WhichOneofReturnType__heartbeat_age_s | None: ...
 
 Global___ProbeCollectorResponse: _TypeAlias = ProbeCollectorResponse  # noqa: Y015
 
@@ -520,6 +699,129 @@ class SetVaultModeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetVaultModeResponse: _TypeAlias = SetVaultModeResponse  # noqa: Y015
+
+@_typing.final
+class VaultIntegration(_message.Message):
+    """An external secret manager (HashiCorp Vault with AppRole) collectors in mode C authenticate to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INTEGRATION_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    ROLE_ID_FIELD_NUMBER: _builtins.int
+    KV_MOUNT_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    integration_id: _builtins.str
+    name: _builtins.str
+    address: _builtins.str
+    """Vault address as the collectors reach it, e.g. https://vault.corp.example:8200."""
+    role_id: _builtins.str
+    """AppRole role id; the secret id is provisioned on the collector host, never here."""
+    kv_mount: _builtins.str
+    """KV v2 mount holding device credentials."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        integration_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+        role_id: _builtins.str = ...,
+        kv_mount: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "created_at", b"created_at", "integration_id", b"integration_id", "kv_mount", b"kv_mount", "name", b"name", "role_id", b"role_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VaultIntegration: _TypeAlias = VaultIntegration  # noqa: Y015
+
+@_typing.final
+class CreateVaultIntegrationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    ROLE_ID_FIELD_NUMBER: _builtins.int
+    KV_MOUNT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    address: _builtins.str
+    role_id: _builtins.str
+    kv_mount: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        address: _builtins.str = ...,
+        role_id: _builtins.str = ...,
+        kv_mount: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "kv_mount", b"kv_mount", "name", b"name", "role_id", b"role_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateVaultIntegrationRequest: _TypeAlias = CreateVaultIntegrationRequest  # noqa: Y015
+
+@_typing.final
+class CreateVaultIntegrationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INTEGRATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def integration(self) -> Global___VaultIntegration: ...
+    def __init__(
+        self,
+        *,
+        integration: Global___VaultIntegration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["integration", b"integration"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["integration", b"integration"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateVaultIntegrationResponse: _TypeAlias = CreateVaultIntegrationResponse  # noqa: Y015
+
+@_typing.final
+class ListVaultIntegrationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListVaultIntegrationsRequest: _TypeAlias = ListVaultIntegrationsRequest  # noqa: Y015
+
+@_typing.final
+class ListVaultIntegrationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INTEGRATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def integrations(self) -> _containers.RepeatedCompositeFieldContainer[Global___VaultIntegration]: ...
+    def __init__(
+        self,
+        *,
+        integrations: _abc.Iterable[Global___VaultIntegration] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["integrations", b"integrations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListVaultIntegrationsResponse: _TypeAlias = ListVaultIntegrationsResponse  # noqa: Y015
 
 @_typing.final
 class Release(_message.Message):

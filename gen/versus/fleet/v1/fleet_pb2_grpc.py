@@ -50,6 +50,11 @@ class FleetServiceStub:
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ApproveCollectorRequest.SerializeToString,
                 response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ApproveCollectorResponse.FromString,
                 _registered_method=True)
+        self.DenyCollector = channel.unary_unary(
+                '/versus.fleet.v1.FleetService/DenyCollector',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DenyCollectorRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DenyCollectorResponse.FromString,
+                _registered_method=True)
         self.ProbeCollector = channel.unary_unary(
                 '/versus.fleet.v1.FleetService/ProbeCollector',
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ProbeCollectorRequest.SerializeToString,
@@ -74,6 +79,16 @@ class FleetServiceStub:
                 '/versus.fleet.v1.FleetService/SetVaultMode',
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.SetVaultModeRequest.SerializeToString,
                 response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.SetVaultModeResponse.FromString,
+                _registered_method=True)
+        self.CreateVaultIntegration = channel.unary_unary(
+                '/versus.fleet.v1.FleetService/CreateVaultIntegration',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.CreateVaultIntegrationRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.CreateVaultIntegrationResponse.FromString,
+                _registered_method=True)
+        self.ListVaultIntegrations = channel.unary_unary(
+                '/versus.fleet.v1.FleetService/ListVaultIntegrations',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsResponse.FromString,
                 _registered_method=True)
         self.PublishRelease = channel.unary_unary(
                 '/versus.fleet.v1.FleetService/PublishRelease',
@@ -120,6 +135,13 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DenyCollector(self, request, context):
+        """Refuse a pending collector; final.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ProbeCollector(self, request, context):
         """Session freshness as last seen; does not round-trip to the collector.
         """
@@ -147,6 +169,19 @@ class FleetServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetVaultMode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateVaultIntegration(self, request, context):
+        """External secret managers that vault mode C can reference.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVaultIntegrations(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -196,6 +231,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ApproveCollectorRequest.FromString,
                     response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ApproveCollectorResponse.SerializeToString,
             ),
+            'DenyCollector': grpc.unary_unary_rpc_method_handler(
+                    servicer.DenyCollector,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DenyCollectorRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DenyCollectorResponse.SerializeToString,
+            ),
             'ProbeCollector': grpc.unary_unary_rpc_method_handler(
                     servicer.ProbeCollector,
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ProbeCollectorRequest.FromString,
@@ -220,6 +260,16 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.SetVaultMode,
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.SetVaultModeRequest.FromString,
                     response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.SetVaultModeResponse.SerializeToString,
+            ),
+            'CreateVaultIntegration': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVaultIntegration,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.CreateVaultIntegrationRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.CreateVaultIntegrationResponse.SerializeToString,
+            ),
+            'ListVaultIntegrations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVaultIntegrations,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsResponse.SerializeToString,
             ),
             'PublishRelease': grpc.unary_unary_rpc_method_handler(
                     servicer.PublishRelease,
@@ -324,6 +374,33 @@ class FleetService:
             '/versus.fleet.v1.FleetService/ApproveCollector',
             versus_dot_fleet_dot_v1_dot_fleet__pb2.ApproveCollectorRequest.SerializeToString,
             versus_dot_fleet_dot_v1_dot_fleet__pb2.ApproveCollectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DenyCollector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/DenyCollector',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.DenyCollectorRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.DenyCollectorResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -459,6 +536,60 @@ class FleetService:
             '/versus.fleet.v1.FleetService/SetVaultMode',
             versus_dot_fleet_dot_v1_dot_fleet__pb2.SetVaultModeRequest.SerializeToString,
             versus_dot_fleet_dot_v1_dot_fleet__pb2.SetVaultModeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateVaultIntegration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/CreateVaultIntegration',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.CreateVaultIntegrationRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.CreateVaultIntegrationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVaultIntegrations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/ListVaultIntegrations',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,8 @@ class FleetServiceStub:
     GetCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetCollectorRequest, _fleet_pb2.GetCollectorResponse]
     ApproveCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ApproveCollectorRequest, _fleet_pb2.ApproveCollectorResponse]
     """Activate a collector enrolled with a manual-approval token."""
+    DenyCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.DenyCollectorRequest, _fleet_pb2.DenyCollectorResponse]
+    """Refuse a pending collector; final."""
     ProbeCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ProbeCollectorRequest, _fleet_pb2.ProbeCollectorResponse]
     """Session freshness as last seen; does not round-trip to the collector."""
     DrainCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.DrainCollectorRequest, _fleet_pb2.DrainCollectorResponse]
@@ -44,6 +46,9 @@ class FleetServiceStub:
     RevokeCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.RevokeCollectorRequest, _fleet_pb2.RevokeCollectorResponse]
     """Permanent: the identity is no longer accepted and sessions are killed."""
     SetVaultMode: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.SetVaultModeRequest, _fleet_pb2.SetVaultModeResponse]
+    CreateVaultIntegration: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.CreateVaultIntegrationRequest, _fleet_pb2.CreateVaultIntegrationResponse]
+    """External secret managers that vault mode C can reference."""
+    ListVaultIntegrations: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListVaultIntegrationsRequest, _fleet_pb2.ListVaultIntegrationsResponse]
     PublishRelease: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.PublishReleaseRequest, _fleet_pb2.PublishReleaseResponse]
     ListReleases: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListReleasesRequest, _fleet_pb2.ListReleasesResponse]
     ApplyUpdate: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ApplyUpdateRequest, _fleet_pb2.ApplyUpdateResponse]
@@ -60,6 +65,8 @@ class FleetServiceAsyncStub(FleetServiceStub):
     GetCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetCollectorRequest, _fleet_pb2.GetCollectorResponse]  # type: ignore[assignment]
     ApproveCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ApproveCollectorRequest, _fleet_pb2.ApproveCollectorResponse]  # type: ignore[assignment]
     """Activate a collector enrolled with a manual-approval token."""
+    DenyCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.DenyCollectorRequest, _fleet_pb2.DenyCollectorResponse]  # type: ignore[assignment]
+    """Refuse a pending collector; final."""
     ProbeCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ProbeCollectorRequest, _fleet_pb2.ProbeCollectorResponse]  # type: ignore[assignment]
     """Session freshness as last seen; does not round-trip to the collector."""
     DrainCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.DrainCollectorRequest, _fleet_pb2.DrainCollectorResponse]  # type: ignore[assignment]
@@ -67,6 +74,9 @@ class FleetServiceAsyncStub(FleetServiceStub):
     RevokeCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.RevokeCollectorRequest, _fleet_pb2.RevokeCollectorResponse]  # type: ignore[assignment]
     """Permanent: the identity is no longer accepted and sessions are killed."""
     SetVaultMode: _aio.UnaryUnaryMultiCallable[_fleet_pb2.SetVaultModeRequest, _fleet_pb2.SetVaultModeResponse]  # type: ignore[assignment]
+    CreateVaultIntegration: _aio.UnaryUnaryMultiCallable[_fleet_pb2.CreateVaultIntegrationRequest, _fleet_pb2.CreateVaultIntegrationResponse]  # type: ignore[assignment]
+    """External secret managers that vault mode C can reference."""
+    ListVaultIntegrations: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListVaultIntegrationsRequest, _fleet_pb2.ListVaultIntegrationsResponse]  # type: ignore[assignment]
     PublishRelease: _aio.UnaryUnaryMultiCallable[_fleet_pb2.PublishReleaseRequest, _fleet_pb2.PublishReleaseResponse]  # type: ignore[assignment]
     ListReleases: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListReleasesRequest, _fleet_pb2.ListReleasesResponse]  # type: ignore[assignment]
     ApplyUpdate: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ApplyUpdateRequest, _fleet_pb2.ApplyUpdateResponse]  # type: ignore[assignment]
@@ -98,6 +108,14 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.ApproveCollectorResponse, _abc.Awaitable[_fleet_pb2.ApproveCollectorResponse]]:
         """Activate a collector enrolled with a manual-approval token."""
+
+    @_abc_1.abstractmethod
+    def DenyCollector(
+        self,
+        request: _fleet_pb2.DenyCollectorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.DenyCollectorResponse, _abc.Awaitable[_fleet_pb2.DenyCollectorResponse]]:
+        """Refuse a pending collector; final."""
 
     @_abc_1.abstractmethod
     def ProbeCollector(
@@ -135,6 +153,21 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_pb2.SetVaultModeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.SetVaultModeResponse, _abc.Awaitable[_fleet_pb2.SetVaultModeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateVaultIntegration(
+        self,
+        request: _fleet_pb2.CreateVaultIntegrationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.CreateVaultIntegrationResponse, _abc.Awaitable[_fleet_pb2.CreateVaultIntegrationResponse]]:
+        """External secret managers that vault mode C can reference."""
+
+    @_abc_1.abstractmethod
+    def ListVaultIntegrations(
+        self,
+        request: _fleet_pb2.ListVaultIntegrationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.ListVaultIntegrationsResponse, _abc.Awaitable[_fleet_pb2.ListVaultIntegrationsResponse]]: ...
 
     @_abc_1.abstractmethod
     def PublishRelease(

@@ -77,11 +77,22 @@ class ClaimRequest(_message.Message):
     WAIT_FIELD_NUMBER: _builtins.int
     CLAIM_SEQ_FIELD_NUMBER: _builtins.int
     HELD_TASK_IDS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TRANSPORT_FIELD_NUMBER: _builtins.int
+    VAULT_MODE_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
     claim_seq: _builtins.int
     """Claims are numbered 1, 2, 3, ... and sent one at a time; 0 means unnumbered."""
+    session_id: _builtins.str
+    """Random id the collector process picked at start. At most one session per collector is
+    current: a new id supersedes the previous one, whose later claims are refused.
+    """
+    transport: _builtins.str
+    """How the claim reached the gateway: "https" or "wss"."""
+    vault_mode: _builtins.str
+    """Vault mode the running process applies ("local", "relayed", "external"); empty if unknown."""
     @_builtins.property
     def free_slots(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Free concurrency per provider as the collector sees it."""
@@ -106,14 +117,53 @@ class ClaimRequest(_message.Message):
         wait: _duration_pb2.Duration | None = ...,
         claim_seq: _builtins.int = ...,
         held_task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        session_id: _builtins.str = ...,
+        transport: _builtins.str = ...,
+        vault_mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimRequest: _TypeAlias = ClaimRequest  # noqa: Y015
+
+@_typing.final
+class CollectorConfig(_message.Message):
+    """Settings recorded for the collector that its running process does not apply yet.
+    The collector restarts to apply them (a credential resolver is never swapped mid-task).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VAULT_MODE_FIELD_NUMBER: _builtins.int
+    VAULT_INTEGRATION_ID_FIELD_NUMBER: _builtins.int
+    VAULT_ADDRESS_FIELD_NUMBER: _builtins.int
+    VAULT_ROLE_ID_FIELD_NUMBER: _builtins.int
+    VAULT_KV_MOUNT_FIELD_NUMBER: _builtins.int
+    vault_mode: _builtins.str
+    vault_integration_id: _builtins.str
+    """Set for vault mode "external"."""
+    vault_address: _builtins.str
+    vault_role_id: _builtins.str
+    vault_kv_mount: _builtins.str
+    def __init__(
+        self,
+        *,
+        vault_mode: _builtins.str = ...,
+        vault_integration_id: _builtins.str = ...,
+        vault_address: _builtins.str = ...,
+        vault_role_id: _builtins.str = ...,
+        vault_kv_mount: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["vault_address", b"vault_address", "vault_integration_id", b"vault_integration_id", "vault_kv_mount", b"vault_kv_mount", "vault_mode", b"vault_mode", "vault_role_id", b"vault_role_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectorConfig: _TypeAlias = CollectorConfig  # noqa: Y015
 
 @_typing.final
 class SignedEnvelope(_message.Message):
@@ -175,6 +225,7 @@ class ClaimResponse(_message.Message):
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     OFFERS_FIELD_NUMBER: _builtins.int
+    RESTART_WITH_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     @_builtins.property
@@ -187,6 +238,10 @@ class ClaimResponse(_message.Message):
 
     @_builtins.property
     def offers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Offer]: ...
+    @_builtins.property
+    def restart_with(self) -> Global___CollectorConfig:
+        """Present when the collector must restart to apply recorded settings; no envelope then."""
+
     def __init__(
         self,
         *,
@@ -194,10 +249,11 @@ class ClaimResponse(_message.Message):
         server_time: _timestamp_pb2.Timestamp | None = ...,
         dispatch_id: _builtins.str = ...,
         offers: _abc.Iterable[Global___Offer] | None = ...,
+        restart_with: Global___CollectorConfig | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "offers", b"offers", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "offers", b"offers", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

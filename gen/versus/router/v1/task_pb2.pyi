@@ -245,6 +245,12 @@ class Dispatch(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    TASK_STATE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    HANDED_AT_FIELD_NUMBER: _builtins.int
+    REPORTED_AT_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     task_id: _builtins.str
     collector_id: _builtins.str
@@ -256,12 +262,22 @@ class Dispatch(_message.Message):
     state: Global___TaskState.ValueType
     attempt: _builtins.int
     lease_epoch: _builtins.int
+    task_state: Global___TaskState.ValueType
+    """State of the task this attempt belongs to (e.g. indeterminate while the dispatch is unknown)."""
+    kind: _builtins.str
+    """"execute" or "reconcile" (a reconcile-read asking whether a mutation landed)."""
+    error_code: _builtins.str
+    error_message: _builtins.str
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def handed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def reported_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -279,10 +295,16 @@ class Dispatch(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
+        task_state: Global___TaskState.ValueType = ...,
+        kind: _builtins.str = ...,
+        handed_at: _timestamp_pb2.Timestamp | None = ...,
+        reported_at: _timestamp_pb2.Timestamp | None = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "handed_at", b"handed_at", "reported_at", b"reported_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "collector_id", b"collector_id", "created_at", b"created_at", "dispatch_id", b"dispatch_id", "expires_at", b"expires_at", "lease_epoch", b"lease_epoch", "op_class", b"op_class", "operation", b"operation", "provider", b"provider", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "collector_id", b"collector_id", "created_at", b"created_at", "dispatch_id", b"dispatch_id", "error_code", b"error_code", "error_message", b"error_message", "expires_at", b"expires_at", "handed_at", b"handed_at", "kind", b"kind", "lease_epoch", b"lease_epoch", "op_class", b"op_class", "operation", b"operation", "provider", b"provider", "reported_at", b"reported_at", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "task_state", b"task_state", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

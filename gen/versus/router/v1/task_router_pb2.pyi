@@ -19,6 +19,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _Resolution:
@@ -265,6 +270,7 @@ class ListDispatchesRequest(_message.Message):
     TARGET_REF_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TASK_STATES_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     collector_id: _builtins.str
     target_ref: _builtins.str
@@ -272,6 +278,10 @@ class ListDispatchesRequest(_message.Message):
     page_token: _builtins.str
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_task_pb2.TaskState.ValueType]: ...
+    @_builtins.property
+    def task_states(self) -> _containers.RepeatedScalarFieldContainer[_task_pb2.TaskState.ValueType]:
+        """Match the state of the dispatch's task instead (e.g. INDETERMINATE, RECONCILING); ANDed with states."""
+
     def __init__(
         self,
         *,
@@ -281,10 +291,11 @@ class ListDispatchesRequest(_message.Message):
         target_ref: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        task_states: _abc.Iterable[_task_pb2.TaskState.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "page_size", b"page_size", "page_token", b"page_token", "site_id", b"site_id", "states", b"states", "target_ref", b"target_ref"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "page_size", b"page_size", "page_token", b"page_token", "site_id", b"site_id", "states", b"states", "target_ref", b"target_ref", "task_states", b"task_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -314,6 +325,51 @@ class ListDispatchesResponse(_message.Message):
 Global___ListDispatchesResponse: _TypeAlias = ListDispatchesResponse  # noqa: Y015
 
 @_typing.final
+class GetDispatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        dispatch_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDispatchRequest: _TypeAlias = GetDispatchRequest  # noqa: Y015
+
+@_typing.final
+class GetDispatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPATCH_FIELD_NUMBER: _builtins.int
+    TASK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def dispatch(self) -> _task_pb2.Dispatch: ...
+    @_builtins.property
+    def task(self) -> _task_pb2.Task:
+        """The task with its transitions and evidence."""
+
+    def __init__(
+        self,
+        *,
+        dispatch: _task_pb2.Dispatch | None = ...,
+        task: _task_pb2.Task | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dispatch", b"dispatch", "task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch", b"dispatch", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDispatchResponse: _TypeAlias = GetDispatchResponse  # noqa: Y015
+
+@_typing.final
 class ResolveIndeterminateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -324,8 +380,16 @@ class ResolveIndeterminateRequest(_message.Message):
     task_id: _builtins.str
     resolution: Global___Resolution.ValueType
     note: _builtins.str
-    actor: _builtins.str
-    """Who resolved it, recorded in the audit log."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def actor(self) -> _builtins.str:
+        """Ignored: the audit log records the authenticated caller."""
+
+    @actor.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def actor(self, value: _builtins.str) -> None:
+        """Ignored: the audit log records the authenticated caller."""
+
     def __init__(
         self,
         *,

@@ -60,6 +60,11 @@ class TaskRouterServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesResponse.FromString,
                 _registered_method=True)
+        self.GetDispatch = channel.unary_unary(
+                '/versus.router.v1.TaskRouterService/GetDispatch',
+                request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.GetDispatchRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.GetDispatchResponse.FromString,
+                _registered_method=True)
         self.ResolveIndeterminate = channel.unary_unary(
                 '/versus.router.v1.TaskRouterService/ResolveIndeterminate',
                 request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateRequest.SerializeToString,
@@ -107,6 +112,13 @@ class TaskRouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDispatch(self, request, context):
+        """One dispatch with its task's evidence and history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ResolveIndeterminate(self, request, context):
         """Operator verdict on an indeterminate task (audited).
         """
@@ -141,6 +153,11 @@ def add_TaskRouterServiceServicer_to_server(servicer, server):
                     servicer.ListDispatches,
                     request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesResponse.SerializeToString,
+            ),
+            'GetDispatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDispatch,
+                    request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.GetDispatchRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.GetDispatchResponse.SerializeToString,
             ),
             'ResolveIndeterminate': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveIndeterminate,
@@ -284,6 +301,33 @@ class TaskRouterService:
             '/versus.router.v1.TaskRouterService/ListDispatches',
             versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDispatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.router.v1.TaskRouterService/GetDispatch',
+            versus_dot_router_dot_v1_dot_task__router__pb2.GetDispatchRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_task__router__pb2.GetDispatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,8 @@ class TaskRouterServiceStub:
     """Cancel a task that has not reached a terminal state."""
     ListDispatches: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.ListDispatchesRequest, _task_router_pb2.ListDispatchesResponse]
     """Dispatch queue, filterable and paginated."""
+    GetDispatch: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.GetDispatchRequest, _task_router_pb2.GetDispatchResponse]
+    """One dispatch with its task's evidence and history."""
     ResolveIndeterminate: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.ResolveIndeterminateRequest, _task_router_pb2.ResolveIndeterminateResponse]
     """Operator verdict on an indeterminate task (audited)."""
 
@@ -65,6 +67,8 @@ class TaskRouterServiceAsyncStub(TaskRouterServiceStub):
     """Cancel a task that has not reached a terminal state."""
     ListDispatches: _aio.UnaryUnaryMultiCallable[_task_router_pb2.ListDispatchesRequest, _task_router_pb2.ListDispatchesResponse]  # type: ignore[assignment]
     """Dispatch queue, filterable and paginated."""
+    GetDispatch: _aio.UnaryUnaryMultiCallable[_task_router_pb2.GetDispatchRequest, _task_router_pb2.GetDispatchResponse]  # type: ignore[assignment]
+    """One dispatch with its task's evidence and history."""
     ResolveIndeterminate: _aio.UnaryUnaryMultiCallable[_task_router_pb2.ResolveIndeterminateRequest, _task_router_pb2.ResolveIndeterminateResponse]  # type: ignore[assignment]
     """Operator verdict on an indeterminate task (audited)."""
 
@@ -112,6 +116,14 @@ class TaskRouterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_task_router_pb2.ListDispatchesResponse, _abc.Awaitable[_task_router_pb2.ListDispatchesResponse]]:
         """Dispatch queue, filterable and paginated."""
+
+    @_abc_1.abstractmethod
+    def GetDispatch(
+        self,
+        request: _task_router_pb2.GetDispatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_task_router_pb2.GetDispatchResponse, _abc.Awaitable[_task_router_pb2.GetDispatchResponse]]:
+        """One dispatch with its task's evidence and history."""
 
     @_abc_1.abstractmethod
     def ResolveIndeterminate(

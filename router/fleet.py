@@ -1,0 +1,219 @@
+"""Fleet management: the operator's view of collectors and the actions on them.
+
+Status lives in PostgreSQL (changed here and by enrollment), session health in
+Redis (written by every claim); :mod:`router.fleet_state` turns both into the
+two state machines. Every accepted action writes an audit row with the
+caller, and the state before and after, in the same transaction as the change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import RowMapping
+
+from common.errors import FailedPrecondition, InvalidArgument
+from common.rbac import current_actor
+from enrollment.store import EnrollmentStore
+from router import fleet_state, fleet_store
+from router.fleet_state import CollectorStatus, Probe, SessionState
+from router.service import Router
+
+VAULT_MODES = ("local", "relayed", "external")
+MAX_REASON_LENGTH = 500
+
+
+@dataclass(frozen=True)
+class SessionView:
+    state: SessionState
+    session_id: str
+    established_at: float | None
+    last_heartbeat: float | None
+    heartbeat_age_s: float | None
+    transport: str
+    vault_mode: str
+    agent_version: str
+    self_draining: bool
+
+
+@dataclass(frozen=True)
+class CollectorView:
+    row: RowMapping
+    status: CollectorStatus
+    drained: bool
+    session: SessionView
+    queue_depth: int
+
+    @property
+    def collector_id(self) -> str:
+        return str(self.row["collector_id"])
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class Fleet:
+    def __init__(self, router: Router, clock: Callable[[], float] = time.time):
+        self.router = router
+        self.engine = router.engine
+        self.clock = clock
+        self.enrollment = EnrollmentStore(router.engine)
+
+    # --- views ---------------------------------------------------------------------------------
+    async def _views(self, rows: Sequence[RowMapping]) -> list[CollectorView]:
+        now = self.clock()
+        wall = dt.datetime.fromtimestamp(now, dt.UTC)
+        ids = [r["collector_id"] for r in rows]
+        loads = await self.router.in_flight.get(ids) if ids else {}
+        views = []
+        for row in rows:
+            cid = row["collector_id"]
+            last = await self.router.liveness.last_seen(cid)
+            details = await self.router.liveness.session(cid)
+            drained = bool(row["draining"])
+            self_draining = details.get("draining") == "1"
+            age = fleet_state.heartbeat_age(last, now)
+            session = SessionView(
+                state=fleet_state.session_state(last, drained or self_draining, now),
+                session_id=details.get("session_id", ""),
+                established_at=_float(details.get("established_at")),
+                last_heartbeat=last,
+                heartbeat_age_s=age,
+                transport=details.get("transport", ""),
+                vault_mode=details.get("vault_mode", ""),
+                agent_version=details.get("agent_version", ""),
+                self_draining=self_draining,
+            )
+            views.append(
+                CollectorView(
+                    row=row,
+                    status=fleet_state.collector_status(row["status"], row["cert_not_after"], wall),
+                    drained=drained,
+                    session=session,
+                    queue_depth=sum(loads.get(cid, {}).values()),
+                )
+            )
+        return views
+
+    async def list(self, *, query: str, site_id: str, after: str, limit: int) -> list[CollectorView]:
+        async with self.engine.connect() as conn:
+            rows = await fleet_store.list_collectors(
+                conn, query=query, site_id=site_id, after=after, limit=limit
+            )
+        return await self._views(rows)
+
+    async def get(self, collector_id: str) -> CollectorView:
+        async with self.engine.connect() as conn:
+            row = await fleet_store.get_collector(conn, collector_id)
+        return (await self._views([row]))[0]
+
+    async def probe(self, collector_id: str) -> tuple[Probe, int]:
+        """Reachability from the last heartbeat (no round trip to the collector) and the queue depth."""
+        view = await self.get(collector_id)
+        result = fleet_state.probe(
+            view.session.last_heartbeat, view.drained or view.session.self_draining, self.clock()
+        )
+        return result, view.queue_depth
+
+    # --- actions -------------------------------------------------------------------------------
+    async def _set_drained(self, collector_id: str, drained: bool) -> CollectorView:
+        async with self.engine.begin() as conn:
+            row = await fleet_store.get_collector(conn, collector_id, lock=True)
+            before = bool(row["draining"])
+            if before != drained:
+                await fleet_store.set_drained(conn, collector_id, drained)
+                await fleet_store.audit(
+                    conn, current_actor(), "collector.drain" if drained else "collector.undrain",
+                    "collector", collector_id, {"before": {"drained": before}, "after": {"drained": drained}},
+                )  # fmt: skip
+        if not drained:
+            # Routing is back: place what waited for this collector's site.
+            await self.router.reevaluate(row["site_id"])
+        return await self.get(collector_id)
+
+    async def drain(self, collector_id: str) -> CollectorView:
+        """No new work is placed on the collector from now on; in-flight work finishes."""
+        return await self._set_drained(collector_id, True)
+
+    async def undrain(self, collector_id: str) -> CollectorView:
+        return await self._set_drained(collector_id, False)
+
+    async def approve(self, collector_id: str) -> CollectorView:
+        await self.enrollment.transition(collector_id, {"pending"}, "active", current_actor(), {})
+        return await self.get(collector_id)
+
+    async def deny(self, collector_id: str, reason: str) -> CollectorView:
+        _check_reason(reason)
+        details = {"reason": reason}
+        await self.enrollment.transition(collector_id, {"pending"}, "denied", current_actor(), details)
+        return await self.get(collector_id)
+
+    async def revoke(self, collector_id: str, reason: str) -> CollectorView:
+        """Permanent. The gateway refuses the identity from its next request; sessions and tunnels end."""
+        _check_reason(reason)
+        await self.enrollment.transition(
+            collector_id, {"pending", "active"}, "revoked", current_actor(), {"reason": reason}
+        )
+        await self.router.collector_removed(collector_id)
+        return await self.get(collector_id)
+
+    async def set_vault_mode(self, collector_id: str, mode: str, integration_id: str) -> CollectorView:
+        """Record the mode; a connected collector learns it from its next (or held) claim and restarts."""
+        if mode not in VAULT_MODES:
+            raise InvalidArgument(
+                f"vault mode must be one of {', '.join(VAULT_MODES)}", code="vault_mode_invalid"
+            )
+        if (mode == "external") != bool(integration_id):
+            raise InvalidArgument(
+                "vault mode external needs an integration id, and only it takes one",
+                code="vault_integration_required" if mode == "external" else "vault_integration_unexpected",
+            )
+        async with self.engine.begin() as conn:
+            row = await fleet_store.get_collector(conn, collector_id, lock=True)
+            if row["status"] in ("revoked", "denied"):
+                raise FailedPrecondition(f"collector is {row['status']}", code="collector_wrong_status")
+            if integration_id:
+                await fleet_store.get_integration(conn, integration_id)
+            before = {"vault_mode": row["vault_mode"], "vault_integration_id": row["vault_integration_id"]}
+            after = {"vault_mode": mode, "vault_integration_id": integration_id or None}
+            if before != after:
+                await fleet_store.set_vault(conn, collector_id, mode, integration_id or None)
+                await fleet_store.audit(
+                    conn, current_actor(), "collector.vault_mode", "collector", collector_id,
+                    {"before": before, "after": after},
+                )  # fmt: skip
+        # A held claim wakes, sees the new mode and tells the collector to restart.
+        await self.router.wake.publish(collector_id)
+        return await self.get(collector_id)
+
+    async def create_integration(self, values: dict[str, str]) -> RowMapping:
+        for key in ("name", "address", "role_id", "kv_mount"):
+            if not values.get(key, "").strip() or len(values[key]) > 500:
+                raise InvalidArgument(f"{key} is required (at most 500 characters)", code=f"{key}_invalid")
+        if not values["address"].startswith("https://"):
+            raise InvalidArgument("the vault address must be an https:// URL", code="address_invalid")
+        async with self.engine.begin() as conn:
+            row = await fleet_store.create_integration(conn, values)
+            details: dict[str, Any] = {"after": {k: values[k] for k in ("name", "address", "kv_mount")}}
+            await fleet_store.audit(
+                conn, current_actor(), "vault_integration.create", "vault_integration", row["integration_id"],
+                details,
+            )  # fmt: skip
+        return row
+
+    async def integrations(self) -> Sequence[RowMapping]:
+        async with self.engine.connect() as conn:
+            return await fleet_store.list_integrations(conn)
+
+
+def _check_reason(reason: str) -> None:
+    if len(reason) > MAX_REASON_LENGTH:
+        raise InvalidArgument(f"reason is at most {MAX_REASON_LENGTH} characters", code="reason_too_long")

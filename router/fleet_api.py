@@ -1,0 +1,244 @@
+"""gRPC adapter: FleetService messages to and from :mod:`router.fleet` calls (conversion only)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from sqlalchemy.engine import RowMapping
+from versus.fleet.v1 import fleet_pb2 as pb
+from versus.fleet.v1 import fleet_pb2_grpc
+
+from common.errors import InvalidArgument
+from common.grpc_server import Context
+from router.fleet import CollectorView, Fleet
+from router.fleet_state import CollectorStatus, SessionState
+
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 100
+
+STATUS_TO_PB = {
+    CollectorStatus.PENDING: pb.COLLECTOR_STATUS_PENDING,
+    CollectorStatus.ACTIVE: pb.COLLECTOR_STATUS_ACTIVE,
+    CollectorStatus.REVOKED: pb.COLLECTOR_STATUS_REVOKED,
+    CollectorStatus.EXPIRED: pb.COLLECTOR_STATUS_EXPIRED,
+    CollectorStatus.DENIED: pb.COLLECTOR_STATUS_DENIED,
+}
+SESSION_TO_PB = {
+    SessionState.ACTIVE: pb.SESSION_STATE_ACTIVE,
+    SessionState.STALE: pb.SESSION_STATE_STALE,
+    SessionState.DRAINING: pb.SESSION_STATE_DRAINING,
+    SessionState.DEAD: pb.SESSION_STATE_DEAD,
+}
+VAULT_TO_PB = {
+    "local": pb.VAULT_MODE_LOCAL,
+    "relayed": pb.VAULT_MODE_CLOUD_RELAYED,
+    "external": pb.VAULT_MODE_EXTERNAL,
+}
+VAULT_FROM_PB = {v: k for k, v in VAULT_TO_PB.items()}
+
+
+def _ts(value: dt.datetime | float | None) -> Timestamp | None:
+    if value is None:
+        return None
+    out = Timestamp()
+    if isinstance(value, dt.datetime):
+        out.FromDatetime(value)
+    else:
+        out.FromNanoseconds(int(value * 1e9))
+    return out
+
+
+def collector_pb(view: CollectorView) -> pb.Collector:
+    r, s = view.row, view.session
+    session = pb.Session(
+        state=SESSION_TO_PB[s.state],
+        session_id=s.session_id,
+        established_at=_ts(s.established_at),
+        last_heartbeat_at=_ts(s.last_heartbeat),
+        transport=s.transport,
+        vault_mode=VAULT_TO_PB.get(s.vault_mode, pb.VAULT_MODE_UNSPECIFIED),
+        agent_version=s.agent_version,
+        self_draining=s.self_draining,
+    )
+    if s.heartbeat_age_s is not None:
+        session.heartbeat_age_s = int(s.heartbeat_age_s)
+    drivers = []
+    manifest = (r["manifest"] or {}).get("providers", {})
+    for provider, spec in sorted(manifest.items()):
+        ops = [
+            pb.OperationCapability(
+                name=op["name"],
+                op_class=op["op_class"],
+                timeout_s=int(op.get("timeout_s", 0)),
+                parallel_safe=bool(op.get("parallel_safe")),
+            )
+            for op in spec.get("operations", [])
+        ]
+        drivers.append(
+            pb.DriverCapabilities(
+                provider=provider, max_concurrency=int(spec.get("max_concurrency", 0)), operations=ops
+            )
+        )
+    return pb.Collector(
+        collector_id=r["collector_id"],
+        site_id=r["site_id"],
+        hostname=r["hostname"],
+        os=r["os"],
+        arch=r["arch"],
+        agent_version=s.agent_version or r["agent_version"],
+        fips=bool(r["fips_reported"]) if r["fips_reported"] is not None else bool(r["fips_requested"]),
+        status=STATUS_TO_PB[view.status],
+        session_state=SESSION_TO_PB[s.state],
+        cert_serial=r["cert_serial"],
+        cert_fingerprint_sha256=_fingerprint(r["cert_pem"]),
+        cert_not_after=_ts(r["cert_not_after"]),
+        enrolled_at=_ts(r["enrolled_at"]),
+        last_seen_at=_ts(s.last_heartbeat),
+        vault_mode=VAULT_TO_PB[r["vault_mode"]],
+        vault_integration_id=r["vault_integration_id"] or "",
+        queue_depth=view.queue_depth,
+        drained=view.drained,
+        session=session,
+        drivers=drivers,
+        status_changed_at=_ts(r["status_changed_at"]),
+    )
+
+
+def _fingerprint(cert_pem: str) -> str:
+    """SHA-256 of the certificate's DER, hex with colons (as `openssl x509 -fingerprint -sha256`)."""
+    if not cert_pem:
+        return ""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    try:
+        digest = x509.load_pem_x509_certificate(cert_pem.encode()).fingerprint(hashes.SHA256())
+    except ValueError:
+        return ""
+    return ":".join(f"{b:02X}" for b in digest)
+
+
+def integration_pb(row: RowMapping) -> pb.VaultIntegration:
+    return pb.VaultIntegration(
+        integration_id=row["integration_id"],
+        name=row["name"],
+        address=row["address"],
+        role_id=row["role_id"],
+        kv_mount=row["kv_mount"],
+        created_at=_ts(row["created_at"]),
+    )
+
+
+class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
+    """Collector list, detail and admin actions. Releases and updates arrive with self-upgrades."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+
+    async def ListCollectors(
+        self, request: pb.ListCollectorsRequest, context: Context
+    ) -> pb.ListCollectorsResponse:
+        size = request.page_size or DEFAULT_PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size must be at most {MAX_PAGE_SIZE}", code="page_size_too_large")
+        views = await self.fleet.list(
+            query=request.query.strip(), site_id=request.site_id, after=request.page_token, limit=size + 1
+        )
+        page = views[:size]
+        token = page[-1].collector_id if len(views) > size else ""
+        return pb.ListCollectorsResponse(collectors=[collector_pb(v) for v in page], next_page_token=token)
+
+    async def GetCollector(
+        self, request: pb.GetCollectorRequest, context: Context
+    ) -> pb.GetCollectorResponse:
+        return pb.GetCollectorResponse(collector=collector_pb(await self.fleet.get(request.collector_id)))
+
+    async def ProbeCollector(
+        self, request: pb.ProbeCollectorRequest, context: Context
+    ) -> pb.ProbeCollectorResponse:
+        probe, depth = await self.fleet.probe(request.collector_id)
+        reply = pb.ProbeCollectorResponse(
+            reachable=probe.reachable, session_state=SESSION_TO_PB[probe.session], queue_depth=depth
+        )
+        if probe.heartbeat_age_s is not None:
+            reply.heartbeat_age_s = int(probe.heartbeat_age_s)
+        return reply
+
+    async def ApproveCollector(
+        self, request: pb.ApproveCollectorRequest, context: Context
+    ) -> pb.ApproveCollectorResponse:
+        return pb.ApproveCollectorResponse(
+            collector=collector_pb(await self.fleet.approve(request.collector_id))
+        )
+
+    async def DenyCollector(
+        self, request: pb.DenyCollectorRequest, context: Context
+    ) -> pb.DenyCollectorResponse:
+        view = await self.fleet.deny(request.collector_id, request.reason)
+        return pb.DenyCollectorResponse(collector=collector_pb(view))
+
+    async def DrainCollector(
+        self, request: pb.DrainCollectorRequest, context: Context
+    ) -> pb.DrainCollectorResponse:
+        return pb.DrainCollectorResponse(collector=collector_pb(await self.fleet.drain(request.collector_id)))
+
+    async def UndrainCollector(
+        self, request: pb.UndrainCollectorRequest, context: Context
+    ) -> pb.UndrainCollectorResponse:
+        return pb.UndrainCollectorResponse(
+            collector=collector_pb(await self.fleet.undrain(request.collector_id))
+        )
+
+    async def RevokeCollector(
+        self, request: pb.RevokeCollectorRequest, context: Context
+    ) -> pb.RevokeCollectorResponse:
+        view = await self.fleet.revoke(request.collector_id, request.reason)
+        return pb.RevokeCollectorResponse(collector=collector_pb(view))
+
+    async def SetVaultMode(
+        self, request: pb.SetVaultModeRequest, context: Context
+    ) -> pb.SetVaultModeResponse:
+        mode = VAULT_FROM_PB.get(request.vault_mode)
+        if mode is None:
+            raise InvalidArgument("vault_mode is required", code="vault_mode_invalid")
+        view = await self.fleet.set_vault_mode(request.collector_id, mode, request.integration_id)
+        return pb.SetVaultModeResponse(collector=collector_pb(view))
+
+    async def CreateVaultIntegration(
+        self, request: pb.CreateVaultIntegrationRequest, context: Context
+    ) -> pb.CreateVaultIntegrationResponse:
+        row = await self.fleet.create_integration(
+            {
+                "name": request.name,
+                "address": request.address,
+                "role_id": request.role_id,
+                "kv_mount": request.kv_mount,
+            }
+        )
+        return pb.CreateVaultIntegrationResponse(integration=integration_pb(row))
+
+    async def ListVaultIntegrations(
+        self, request: pb.ListVaultIntegrationsRequest, context: Context
+    ) -> pb.ListVaultIntegrationsResponse:
+        rows = await self.fleet.integrations()
+        return pb.ListVaultIntegrationsResponse(integrations=[integration_pb(r) for r in rows])
+
+    # Signed releases and self-upgrades are built separately; until then these answer UNIMPLEMENTED.
+    async def PublishRelease(
+        self, request: pb.PublishReleaseRequest, context: Context
+    ) -> pb.PublishReleaseResponse:
+        raise NotImplementedError
+
+    async def ListReleases(
+        self, request: pb.ListReleasesRequest, context: Context
+    ) -> pb.ListReleasesResponse:
+        raise NotImplementedError
+
+    async def ApplyUpdate(self, request: pb.ApplyUpdateRequest, context: Context) -> pb.ApplyUpdateResponse:
+        raise NotImplementedError
+
+    async def CancelUpdate(
+        self, request: pb.CancelUpdateRequest, context: Context
+    ) -> pb.CancelUpdateResponse:
+        raise NotImplementedError

@@ -1,0 +1,173 @@
+"""SQL behind fleet management: the collector list and detail, operator drain, vault settings,
+vault integrations and the audit log. Status transitions reuse the enrollment store's locked
+transition so approve, deny and revoke follow one rule wherever they are called from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Text, and_, cast, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from common.db.schema import audit_events, collector_capabilities, collectors, vault_integrations
+from common.errors import Conflict, NotFound
+
+_COLUMNS = (
+    *collectors.c,
+    collector_capabilities.c.manifest,
+    collector_capabilities.c.draining,
+    collector_capabilities.c.fips.label("fips_reported"),
+)
+
+
+def _joined() -> Any:
+    return select(*_COLUMNS).outerjoin(
+        collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id
+    )
+
+
+async def list_collectors(
+    conn: AsyncConnection, *, query: str, site_id: str, after: str, limit: int
+) -> Sequence[RowMapping]:
+    """Collectors ordered by id; ``query`` matches id, hostname or site id (case-insensitive substring)."""
+    stmt = _joined().where(collectors.c.collector_id > after).order_by(collectors.c.collector_id).limit(limit)
+    if site_id:
+        stmt = stmt.where(collectors.c.site_id == site_id)
+    if query:
+        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        stmt = stmt.where(
+            or_(
+                collectors.c.collector_id.ilike(pattern),
+                collectors.c.hostname.ilike(pattern),
+                collectors.c.site_id.ilike(pattern),
+            )
+        )
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def get_collector(conn: AsyncConnection, collector_id: str, *, lock: bool = False) -> RowMapping:
+    stmt = _joined().where(collectors.c.collector_id == collector_id)
+    if lock:
+        stmt = stmt.with_for_update(of=collectors)
+    row = (await conn.execute(stmt)).mappings().first()
+    if row is None:
+        raise NotFound(f"collector {collector_id!r} does not exist", code="collector_not_found")
+    return row
+
+
+async def set_drained(conn: AsyncConnection, collector_id: str, drained: bool) -> None:
+    """Record the operator's drain flag; a collector that never published capabilities gets an empty row."""
+    stmt = (
+        pg_insert(collector_capabilities)
+        .values(collector_id=collector_id, epoch=0, manifest={"providers": {}}, draining=drained)
+        .on_conflict_do_update(index_elements=["collector_id"], set_={"draining": drained})
+    )
+    await conn.execute(stmt)
+
+
+async def set_vault(conn: AsyncConnection, collector_id: str, mode: str, integration_id: str | None) -> None:
+    await conn.execute(
+        update(collectors)
+        .where(collectors.c.collector_id == collector_id)
+        .values(vault_mode=mode, vault_integration_id=integration_id)
+    )
+
+
+async def get_integration(conn: AsyncConnection, integration_id: str) -> RowMapping:
+    row = (
+        (
+            await conn.execute(
+                select(*vault_integrations.c).where(vault_integrations.c.integration_id == integration_id)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if row is None:
+        raise NotFound(
+            f"vault integration {integration_id!r} does not exist; create it first",
+            code="vault_integration_not_found",
+        )
+    return row
+
+
+async def create_integration(conn: AsyncConnection, values: Mapping[str, str]) -> RowMapping:
+    integration_id = "vi_" + secrets.token_hex(6)
+    try:
+        async with conn.begin_nested():
+            row = (
+                (
+                    await conn.execute(
+                        insert(vault_integrations)
+                        .values(integration_id=integration_id, **values)
+                        .returning(*vault_integrations.c)
+                    )
+                )
+                .mappings()
+                .one()
+            )
+    except IntegrityError:
+        raise Conflict(
+            f"a vault integration named {values['name']!r} exists", code="vault_integration_exists"
+        ) from None
+    return row
+
+
+async def list_integrations(conn: AsyncConnection) -> Sequence[RowMapping]:
+    stmt = select(*vault_integrations.c).order_by(vault_integrations.c.name)
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def audit(
+    conn: AsyncConnection,
+    actor: str,
+    action: str,
+    subject_type: str,
+    subject_id: str,
+    details: Mapping[str, Any],
+) -> None:
+    await conn.execute(
+        insert(audit_events).values(
+            service="router", actor=actor, action=action, subject_type=subject_type, subject_id=subject_id,
+            details=dict(details),
+        )
+    )  # fmt: skip
+
+
+async def list_audit(
+    conn: AsyncConnection,
+    *,
+    subject_type: str,
+    subject_id: str,
+    actor: str,
+    action_prefix: str,
+    before_id: int | None,
+    limit: int,
+) -> Sequence[RowMapping]:
+    """Audit events newest first, filtered; ``before_id`` pages backwards."""
+    stmt = select(*audit_events.c).order_by(audit_events.c.id.desc()).limit(limit)
+    conditions = []
+    if subject_type:
+        conditions.append(audit_events.c.subject_type == subject_type)
+    if subject_id:
+        conditions.append(audit_events.c.subject_id == subject_id)
+    if actor:
+        conditions.append(audit_events.c.actor == actor)
+    if action_prefix:
+        conditions.append(func.starts_with(audit_events.c.action, cast(action_prefix, Text)))
+    if before_id is not None:
+        conditions.append(audit_events.c.id < before_id)
+    if conditions:
+        stmt = stmt.where(and_(*conditions))
+    return (await conn.execute(stmt)).mappings().all()
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
