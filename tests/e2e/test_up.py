@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.process import free_port
 from common.embedded.redis import EmbeddedRedis
-from tests.e2e.harness import ControlPlane, wait_gone
+from tests.e2e.harness import ControlPlane, run_cli, wait_gone
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,9 +90,17 @@ def test_up_keeps_data_across_restarts(
     client = redis.Redis.from_url(f"unix://{state / 'redis' / 'redis.sock'}")
     client.set("kept", "1")
     client.close()
+    # The bootstrap admin token is shown once, on the first start, and kept 0600 for `versus-cp`.
+    token = (state / "admin-token").read_text().strip()
+    assert token.startswith("vsk_") and (state / "admin-token").stat().st_mode & 0o777 == 0o600
+    assert cp.log().count(token) == 1
     assert cp.stop() == 0
 
     cp = start_control_plane(state)
+    assert "Bootstrap admin API token" not in cp.log()
+    assert (state / "admin-token").read_text().strip() == token
+    whoami = run_cli(["access", "whoami"], cp.env)
+    assert whoami.stdout.strip().startswith("bootstrap-admin (tok_") and "collector-admin" in whoami.stdout
     with psycopg.connect(_embedded_db_url(state)) as conn:
         assert conn.execute("SELECT action FROM audit_events WHERE subject_id = 'row-1'").fetchone() == (
             "kept",

@@ -40,6 +40,7 @@ from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
 from gateway.server import WS_OPTIONS
 from router.server import registrations as router_registrations
+from router.service import Router
 from router.tunnels import TunnelHub
 from tests.support.access import mint
 from tests.support.pki import csr_pem, p256
@@ -49,6 +50,16 @@ pytestmark = pytest.mark.timeout(90)
 HOLD_S = 3.0
 REVOCATION_CHECK_S = 0.5
 API = "/api/collector/v1"
+
+
+class OffsetClock:
+    """Wall-clock time plus an offset the test controls."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
 
 
 @dataclass
@@ -73,6 +84,9 @@ class Stack:
     grpc_address: str
     # A platform-role API token for calls the tests make themselves.
     platform_token: str
+    router: Router
+    # The fleet service's clock: tests move it forward to age heartbeats.
+    clock: OffsetClock
 
     async def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
@@ -136,13 +150,14 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         lambda: KEYS,
         EnrollmentConfig("gw.versus", "https://gw:8443", ("gw:8443",), "gw", None, None),
     )
+    clock = OffsetClock()
     grpc_port = free_port()
     router.tunnels = TunnelHub(router.redis, f"127.0.0.1:{grpc_port}")
     grpc_server = GrpcServer(
         "backends",
         "127.0.0.1",
         grpc_port,
-        [*enrollment_registrations(service), *router_registrations(router)],
+        [*enrollment_registrations(service), *router_registrations(router, clock)],
         TokenAuthenticator(router.engine),
     )
     await grpc_server.start()
@@ -173,6 +188,8 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         router.redis,
         grpc_server.address,
         platform_token,
+        router,
+        clock,
     )
     await channel.close(None)
     server.should_exit = True
