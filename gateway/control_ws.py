@@ -85,10 +85,32 @@ async def control(ws: WebSocket) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
             await send(_frame(frame_id, kind, reply))
 
+    lapsed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def watch_standing() -> None:
+        # An idle socket sends no frames: check on a timer too, so a revoke closes it within the period.
+        while True:
+            await asyncio.sleep(getattr(state, "revocation_check_s", 5.0))
+            reason = await lapsed_standing(state.store, collector_id)
+            if reason is not None:
+                lapsed.set_result(reason)
+                return
+
+    watcher = asyncio.create_task(watch_standing())
     try:
         while True:
+            receive = asyncio.ensure_future(ws.receive_text())
+            await asyncio.wait([receive, lapsed], return_when=asyncio.FIRST_COMPLETED)
+            if lapsed.done():
+                receive.cancel()
+                with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+                    await receive
+                async with send_lock:
+                    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                        await ws.close(code=4401, reason=lapsed.result())
+                return
             try:
-                text = await ws.receive_text()
+                text = receive.result()
             except (WebSocketDisconnect, RuntimeError):
                 return
             try:
@@ -134,9 +156,10 @@ async def control(ws: WebSocket) -> None:
             work.add(task)
             task.add_done_callback(work.discard)
     finally:
+        watcher.cancel()
         for task in list(work):
             task.cancel()
-        await asyncio.gather(*work, return_exceptions=True)
+        await asyncio.gather(watcher, *work, return_exceptions=True)
         CONTROL_SOCKETS.dec()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -332,3 +333,46 @@ async def test_a_revoked_api_token_stops_working(stack: Stack, admin: Ops) -> No
     listed = (await admin.access.ListApiTokens(access_pb2.ListApiTokensRequest())).tokens
     assert next(t for t in listed if t.name == "temp").revoked_at.seconds > 0
     assert all(not t.display_prefix.endswith(created.plaintext[-8:]) for t in listed)
+
+
+async def test_revoke_closes_an_idle_control_socket_without_waiting_for_a_frame(
+    stack: Stack, admin: Ops
+) -> None:
+    import websockets
+
+    c = await _connected(stack, "col-wsr")
+    async with await gw._ws(stack, c) as ws:
+        await ws.send(json.dumps({"v": 1, "id": "c1", "type": "claim", "body": {"wait_s": gw.HOLD_S}}))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await admin.fleet.RevokeCollector(fpb.RevokeCollectorRequest(collector_id="col-wsr"))
+        frames = []
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            # The held claim may answer 401 first; then the socket closes.
+            frames.extend([json.loads(await asyncio.wait_for(ws.recv(), 5)) for _ in range(2)])
+        assert all(frame["status"] == 401 for frame in frames)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")
+        assert time.monotonic() - started < 2 * gw.REVOCATION_CHECK_S + 1
+
+
+async def test_approve_and_deny_are_audited_with_the_caller(stack: Stack, admin: Ops) -> None:
+    for name in ("col-qa", "col-qd"):
+        issued = await stack.service.issue_token(
+            stack.site_id, max_uses=1, ttl_seconds=600, approval_mode="manual"
+        )
+        await stack.post("/enroll", {"token": issued.plaintext, "csr_pem": csr_pem(p256(), name)})
+    await admin.fleet.ApproveCollector(fpb.ApproveCollectorRequest(collector_id="col-qa"))
+    await admin.fleet.DenyCollector(fpb.DenyCollectorRequest(collector_id="col-qd", reason="not ours"))
+    events = (
+        await admin.access.ListAuditEvents(access_pb2.ListAuditEventsRequest(action_prefix="collector."))
+    ).events
+    got = {
+        (e.action, e.subject_id): MessageToDict(e.details) for e in events if e.actor.startswith("alice (")
+    }
+    assert got[("collector.active", "col-qa")]["after"] == {"status": "active"}
+    assert got[("collector.denied", "col-qd")] == {
+        "reason": "not ours",
+        "before": {"status": "pending"},
+        "after": {"status": "denied"},
+    }

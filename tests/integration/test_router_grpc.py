@@ -18,7 +18,7 @@ from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb
 from versus.router.v1 import task_router_pb2 as pb
 
 from common.api_tokens import TokenAuthenticator
-from common.db.schema import tasks
+from common.db.schema import audit_events, tasks
 from common.embedded.process import free_port
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
@@ -233,3 +233,54 @@ async def test_lease_refusal_names_the_holder(api: Api) -> None:
     lie = await _error(api.tasks.SubmitTask(_submit(operation="set", idempotency_key="m-3")))
     assert lie == (grpc.StatusCode.FAILED_PRECONDITION, "op_class_mismatch")
     assert first.task.state == task_pb2.TASK_STATE_LEASED
+
+
+async def test_the_queue_finds_an_indeterminate_task_shows_its_evidence_and_resolves_it(api: Api) -> None:
+    await _publish(api, "col-q")
+    await api.bridge.Claim(bpb.ClaimRequest(collector_id="col-q"))
+    submitted = await api.tasks.SubmitTask(
+        _submit(operation="set", op_class=task_pb2.OP_CLASS_MUTATE_TERMINAL, idempotency_key="q-1")
+    )
+    claimed = await api.bridge.Claim(bpb.ClaimRequest(collector_id="col-q"))
+    report = bpb.ReportRequest(
+        collector_id="col-q",
+        task_id=claimed.dispatch_id,
+        outcome=bpb.REPORT_OUTCOME_UNKNOWN,
+        error_code="timeout",
+        error_message="device stopped answering",
+    )
+    await api.bridge.Report(report)
+    indeterminate = pb.ListDispatchesRequest(task_states=[task_pb2.TASK_STATE_INDETERMINATE])
+    [found] = (await api.ops.ListDispatches(indeterminate)).dispatches
+    assert (found.dispatch_id, found.task_id) == (claimed.dispatch_id, submitted.task.task_id)
+    assert (
+        found.task_state == task_pb2.TASK_STATE_INDETERMINATE and found.state == task_pb2.TASK_STATE_UNKNOWN
+    )
+    assert found.error_code == "timeout" and found.kind == "execute" and found.handed_at.seconds > 0
+    unknown = await api.ops.ListDispatches(pb.ListDispatchesRequest(states=[task_pb2.TASK_STATE_UNKNOWN]))
+    assert [d.dispatch_id for d in unknown.dispatches] == [claimed.dispatch_id]
+    success = await api.ops.ListDispatches(pb.ListDispatchesRequest(states=[task_pb2.TASK_STATE_SUCCESS]))
+    assert list(success.dispatches) == []
+
+    shown = await api.ops.GetDispatch(pb.GetDispatchRequest(dispatch_id=claimed.dispatch_id))
+    assert shown.task.state == task_pb2.TASK_STATE_INDETERMINATE and shown.task.evidence
+    assert [h.to_state for h in shown.task.history][-1] == task_pb2.TASK_STATE_INDETERMINATE
+    assert await _error(api.ops.GetDispatch(pb.GetDispatchRequest(dispatch_id="dsp-none"))) == (
+        grpc.StatusCode.NOT_FOUND, "dispatch_not_found")  # fmt: skip
+
+    resolved = await api.ops.ResolveIndeterminate(
+        pb.ResolveIndeterminateRequest(
+            task_id=found.task_id, resolution=pb.RESOLUTION_SUCCESS, note="checked"
+        )
+    )
+    assert resolved.task.state == task_pb2.TASK_STATE_SUCCESS
+    async with api.env.router.engine.connect() as conn:
+        row = (
+            await conn.execute(select(audit_events).where(audit_events.c.subject_id == found.task_id))
+        ).one()
+    assert row.action == "task.resolve.success" and row.actor.startswith("test-operator (tok_")
+    assert await _error(
+        api.ops.ResolveIndeterminate(
+            pb.ResolveIndeterminateRequest(task_id=found.task_id, resolution=pb.RESOLUTION_FAILED)
+        )
+    ) == (grpc.StatusCode.FAILED_PRECONDITION, "not_indeterminate")
