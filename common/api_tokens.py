@@ -24,7 +24,8 @@ from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from common.db.schema import api_tokens, audit_events
+from common import audit
+from common.db.schema import api_tokens
 from common.errors import InvalidArgument, NotFound
 from common.rbac import Principal, Role
 
@@ -111,11 +112,9 @@ async def create(
         .one()
     )
     token = ApiToken.from_row(row)
-    await conn.execute(
-        insert(audit_events).values(
-            service=service, actor=created_by, action="api_token.create", subject_type="api_token",
-            subject_id=token.token_id, details={"after": {"name": name, "role": role.value, "ttl_s": ttl_s}},
-        )
+    await audit.record(
+        conn, service=service, actor=created_by, action="api_token.create", subject_type="api_token",
+        subject_id=token.token_id, details={"after": {"name": name, "role": role.value, "ttl_s": ttl_s}},
     )  # fmt: skip
     return Issued(token, plaintext)
 
@@ -164,11 +163,9 @@ async def revoke(conn: AsyncConnection, token_id: str, actor: str) -> ApiToken:
     )
     if row is None:
         raise NotFound(f"no API token {token_id!r}", code="api_token_not_found")
-    await conn.execute(
-        insert(audit_events).values(
-            service="router", actor=actor, action="api_token.revoke", subject_type="api_token",
-            subject_id=token_id, details={"after": {"revoked": True}},
-        )
+    await audit.record(
+        conn, service="router", actor=actor, action="api_token.revoke", subject_type="api_token",
+        subject_id=token_id, details={"after": {"revoked": True}},
     )  # fmt: skip
     return ApiToken.from_row(row)
 

@@ -20,7 +20,8 @@ from sqlalchemy import RowMapping, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from common.db.schema import audit_events, collectors, enrollment_tokens, sites
+from common import audit
+from common.db.schema import collectors, enrollment_tokens, sites
 from common.errors import Conflict, FailedPrecondition, NotFound
 from common.rbac import current_actor
 
@@ -134,16 +135,10 @@ async def _audit(
     subject_id: str,
     details: Mapping[str, Any],
 ) -> None:
-    await conn.execute(
-        insert(audit_events).values(
-            service="enrollment",
-            actor=actor,
-            action=action,
-            subject_type=subject_type,
-            subject_id=subject_id,
-            details=dict(details),
-        )
-    )
+    await audit.record(
+        conn, service="enrollment", actor=actor, action=action, subject_type=subject_type,
+        subject_id=subject_id, details=details,
+    )  # fmt: skip
 
 
 class EnrollmentStore:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import base64
-import datetime as dt
 
 from google.protobuf.struct_pb2 import Struct
-from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.ext.asyncio import AsyncEngine
 from versus.access.v1 import access_pb2 as pb
 from versus.access.v1 import access_pb2_grpc
@@ -14,6 +12,7 @@ from versus.access.v1 import access_pb2_grpc
 from common import api_tokens, rbac
 from common.errors import InvalidArgument
 from common.grpc_server import Context
+from common.pb_time import timestamp as _ts
 from common.rbac import Role
 from router import fleet_store
 
@@ -27,14 +26,6 @@ ROLE_TO_PB = {
 ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
-
-
-def _ts(value: dt.datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
 
 
 def token_pb(token: api_tokens.ApiToken) -> pb.ApiToken:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
-
-from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy.engine import RowMapping
 from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
 
 from common.errors import InvalidArgument
 from common.grpc_server import Context
+from common.pb_time import timestamp as _ts
 from router.fleet import CollectorView, Fleet
 from router.fleet_state import CollectorStatus, SessionState
 
@@ -36,17 +34,6 @@ VAULT_TO_PB = {
     "external": pb.VAULT_MODE_EXTERNAL,
 }
 VAULT_FROM_PB = {v: k for k, v in VAULT_TO_PB.items()}
-
-
-def _ts(value: dt.datetime | float | None) -> Timestamp | None:
-    if value is None:
-        return None
-    out = Timestamp()
-    if isinstance(value, dt.datetime):
-        out.FromDatetime(value)
-    else:
-        out.FromNanoseconds(int(value * 1e9))
-    return out
 
 
 def collector_pb(view: CollectorView) -> pb.Collector:

@@ -16,6 +16,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from common import audit as audit_log
 from common.db.schema import audit_events, collector_capabilities, collectors, vault_integrations
 from common.errors import Conflict, NotFound
 
@@ -133,11 +134,9 @@ async def audit(
     subject_id: str,
     details: Mapping[str, Any],
 ) -> None:
-    await conn.execute(
-        insert(audit_events).values(
-            service="router", actor=actor, action=action, subject_type=subject_type, subject_id=subject_id,
-            details=dict(details),
-        )
+    await audit_log.record(
+        conn, service="router", actor=actor, action=action, subject_type=subject_type,
+        subject_id=subject_id, details=details,
     )  # fmt: skip
 
 

@@ -14,7 +14,6 @@ import datetime as dt
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import RowMapping
 from versus.router.v1 import collector_bridge_pb2 as bridge_pb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
@@ -23,6 +22,7 @@ from versus.router.v1 import task_router_pb2 as pb
 from common import rbac
 from common.errors import InvalidArgument, NotFound
 from common.grpc_server import Context
+from common.pb_time import timestamp as ts
 from router import store
 from router.service import Router
 from router.states import TERMINAL, State
@@ -49,14 +49,6 @@ OUTCOME_FROM_PB = {
     # The collector refused the envelope, so it did not execute it.
     bridge_pb.REPORT_OUTCOME_REFUSED: State.FAILED,
 }
-
-
-def ts(value: dt.datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    out = Timestamp()
-    out.FromDatetime(value)
-    return out
 
 
 def task_pb(task: RowMapping, history: Sequence[RowMapping] = ()) -> task_pb2.Task:

@@ -24,8 +24,8 @@ from sqlalchemy import RowMapping, and_, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from common import audit as audit_log
 from common.db.schema import (
-    audit_events,
     collector_capabilities,
     collectors,
     device_leases,
@@ -457,11 +457,9 @@ async def collector_site(conn: AsyncConnection, collector_id: str) -> str | None
 async def audit(
     conn: AsyncConnection, actor: str, action: str, task_id: str, details: Mapping[str, Any]
 ) -> None:
-    await conn.execute(
-        insert(audit_events).values(
-            service="router", actor=actor, action=action, subject_type="task", subject_id=task_id,
-            details=dict(details),
-        )
+    await audit_log.record(
+        conn, service="router", actor=actor, action=action, subject_type="task", subject_id=task_id,
+        details=details,
     )  # fmt: skip
 
 
