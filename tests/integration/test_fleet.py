@@ -287,6 +287,9 @@ async def test_every_accepted_action_is_audited_with_the_caller(stack: Stack, ad
         fpb.SetVaultModeRequest(collector_id="col-au", vault_mode=fpb.VAULT_MODE_CLOUD_RELAYED)
     )
     await fleet.RevokeCollector(fpb.RevokeCollectorRequest(collector_id="col-au", reason="rotate"))
+    integration = await fleet.CreateVaultIntegration(
+        fpb.CreateVaultIntegrationRequest(name="v", address="https://v:8200", role_id="r", kv_mount="kv")
+    )
     created = await admin.access.CreateApiToken(
         access_pb2.CreateApiTokenRequest(name="bot", role=access_pb2.ROLE_VIEWER)
     )
@@ -296,6 +299,7 @@ async def test_every_accepted_action_is_audited_with_the_caller(stack: Stack, ad
     assert mine == [
         ("api_token.revoke", created.token.token_id),
         ("api_token.create", created.token.token_id),
+        ("vault_integration.create", integration.integration.integration_id),
         ("collector.revoked", "col-au"),
         ("collector.vault_mode", "col-au"),
         ("collector.undrain", "col-au"),
