@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -24,13 +25,15 @@ from common.errors import InvalidArgument, NotFound
 from common.grpc_server import Context
 from common.pb_time import timestamp as ts
 from router import store
+from router.live import task_key
 from router.service import Router
 from router.states import TERMINAL, State
 from router.submit import SubmitRequest
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
-WATCH_POLL_S = 0.25
+# WatchTask re-reads the task when woken; without a wake-up (Redis trouble) at least this often.
+WATCH_FALLBACK_S = 2.0
 
 OP_CLASS_FROM_PB = {
     task_pb2.OP_CLASS_READ: "read",
@@ -163,15 +166,19 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
         self, request: pb.WatchTaskRequest, context: Context
     ) -> AsyncIterator[pb.WatchTaskResponse]:
         seen: Any = None
-        while True:
-            task, history = await self.router.get(request.task_id)
-            marker = (task["state"], task["updated_at"], len(history))
-            if marker != seen:
-                seen = marker
-                yield pb.WatchTaskResponse(task=task_pb(task, history))
-            if State(task["state"]) in TERMINAL:
-                return
-            await asyncio.sleep(WATCH_POLL_S)
+        # Woken by the commit of every transition of this task; the timeout is only a safety net.
+        with self.router.wake.listener(task_key(request.task_id)) as changed:
+            while True:
+                changed.clear()
+                task, history = await self.router.get(request.task_id)
+                marker = (task["state"], task["updated_at"], len(history))
+                if marker != seen:
+                    seen = marker
+                    yield pb.WatchTaskResponse(task=task_pb(task, history))
+                if State(task["state"]) in TERMINAL:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), WATCH_FALLBACK_S)
 
     async def CancelTask(self, request: pb.CancelTaskRequest, context: Context) -> pb.CancelTaskResponse:
         return pb.CancelTaskResponse(task=task_pb(await self.router.cancel(request.task_id, request.reason)))

@@ -17,6 +17,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from redis.asyncio import Redis
+from sqlalchemy import Connection, event
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common.logs import get_logger
 from router.fleet_state import DEAD_AFTER_S
@@ -171,7 +173,10 @@ class InFlight:
 
 
 class WakeHub:
-    """One pattern subscription per process, fanned out to local waiters by collector id."""
+    """One pattern subscription per process, fanned out to local waiters by key.
+
+    Keys are collector ids (work was routed to it) and ``task:<id>`` (the task changed state).
+    """
 
     def __init__(self, redis: Redis):
         self.redis = redis
@@ -180,6 +185,15 @@ class WakeHub:
 
     async def publish(self, collector_id: str) -> None:
         await self.redis.publish(_WAKE + collector_id, b"1")
+
+    async def publish_many(self, keys: Iterable[str]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.publish(_WAKE + key, b"1")
+        try:
+            await pipe.execute()
+        except Exception:  # a missed wake-up only delays a watcher until its fallback poll
+            log.warning("task wake-up not published", exc_info=True)
 
     def start(self) -> None:
         if self._task is None:
@@ -224,3 +238,38 @@ class WakeHub:
             except Exception:  # Redis went away: waiters fall back to their timeout; resubscribe shortly
                 log.warning("wake-up subscription lost; retrying", exc_info=True)
                 await asyncio.sleep(1.0)
+
+
+def task_key(task_id: str) -> str:
+    """The wake-up key of a task's state changes."""
+    return "task:" + task_id
+
+
+class TaskWakes:
+    """Publishes a wake-up for every task a committed transaction moved, so WatchTask does not poll.
+
+    ``router.store.transition`` notes the task id on the connection; this hooks the engine's
+    commit and rollback events to publish (or drop) those ids.
+    """
+
+    def __init__(self, engine: AsyncEngine, wake: WakeHub, changed_key: str):
+        self.wake = wake
+        self.changed_key = changed_key
+        self._pending: set[asyncio.Task[None]] = set()
+        event.listen(engine.sync_engine, "commit", self._on_commit)
+        event.listen(engine.sync_engine, "rollback", self._on_rollback)
+
+    def _on_commit(self, conn: Connection) -> None:
+        ids = conn.info.pop(self.changed_key, None)
+        if not ids:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self.wake.publish_many(task_key(i) for i in ids))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _on_rollback(self, conn: Connection) -> None:
+        conn.info.pop(self.changed_key, None)

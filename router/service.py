@@ -35,7 +35,7 @@ from common.errors import (
 from common.keys import SigningKey
 from common.logs import get_logger
 from router import fleet_state, ladder, placement, store
-from router.live import InFlight, Liveness, WakeHub
+from router.live import InFlight, Liveness, TaskWakes, WakeHub
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
 from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
 from router.states import TERMINAL, State, cancellable, check_transition
@@ -177,6 +177,7 @@ class Router:
         self.liveness = Liveness(redis)
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)
+        self.task_wakes = TaskWakes(engine, self.wake, store.CHANGED_TASKS)
         self._background: set[asyncio.Task[Any]] = set()
         # Set by the server when this process also serves tunnels (router/tunnels.py).
         self.tunnels: Any = None

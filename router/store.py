@@ -37,6 +37,8 @@ from common.db.schema import (
 from router.states import IN_FLIGHT, State
 
 _IN_FLIGHT = [s.value for s in IN_FLIGHT]
+# Connection.info key: ids of tasks this transaction moved (published on commit).
+CHANGED_TASKS = "versus_changed_tasks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,12 @@ async def transition(
     dispatch_id: str | None = None,
     **values: Any,
 ) -> None:
-    """Move a locked task to ``to_state`` (the caller has checked legality) and record it."""
+    """Move a locked task to ``to_state`` (the caller has checked legality) and record it.
+
+    The task id is noted on the connection; once the transaction commits, watchers of the
+    task are woken (router/live.py ``TaskWakes``).
+    """
+    conn.info.setdefault(CHANGED_TASKS, set()).add(task_id)
     await conn.execute(
         update(tasks)
         .where(tasks.c.task_id == task_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
 from common.grpc_server import GrpcServer
 from common.rbac import Role
+from router import grpc_api
 from router.server import registrations
 from tests.support.access import mint
 from tests.support.router_env import RouterEnv, make_router, open_envelope
@@ -284,3 +286,31 @@ async def test_the_queue_finds_an_indeterminate_task_shows_its_evidence_and_reso
             pb.ResolveIndeterminateRequest(task_id=found.task_id, resolution=pb.RESOLUTION_FAILED)
         )
     ) == (grpc.StatusCode.FAILED_PRECONDITION, "not_indeterminate")
+
+
+async def test_watch_is_woken_by_each_committed_transition_not_by_a_timer(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grpc_api, "WATCH_FALLBACK_S", 600.0)  # a missed wake-up would hang the watch
+    await _publish(api, "col-w")
+    await api.bridge.Claim(bpb.ClaimRequest(collector_id="col-w", claim_seq=1, wait=Duration(nanos=1000)))
+    submitted = await api.tasks.SubmitTask(_submit(idempotency_key="w-1"))
+    updates: asyncio.Queue[int] = asyncio.Queue()
+
+    async def watch() -> None:
+        async for update in api.tasks.WatchTask(pb.WatchTaskRequest(task_id=submitted.task.task_id)):
+            await updates.put(update.task.state)
+
+    watcher = asyncio.create_task(watch())
+    assert await asyncio.wait_for(updates.get(), 10) == task_pb2.TASK_STATE_LEASED
+    claimed = await api.bridge.Claim(
+        bpb.ClaimRequest(collector_id="col-w", claim_seq=2, wait=Duration(seconds=1))
+    )
+    assert await asyncio.wait_for(updates.get(), 10) == task_pb2.TASK_STATE_DISPATCHED
+    await api.bridge.Report(
+        bpb.ReportRequest(
+            collector_id="col-w", task_id=claimed.dispatch_id, outcome=bpb.REPORT_OUTCOME_SUCCESS
+        )
+    )
+    assert await asyncio.wait_for(updates.get(), 10) == task_pb2.TASK_STATE_SUCCESS
+    await asyncio.wait_for(watcher, 10)
