@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-envelope clean
+.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -57,7 +57,15 @@ vectors-check: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/python -m tools.openapi
 
-bench: bench-envelope
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+bench-deps: $(BENCH_STAMP)
+
+bench: bench-envelope bench-latency bench-enroll bench-tunnel
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -73,3 +81,12 @@ e2e: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+bench-latency: $(BENCH_STAMP)
+	$(BIN)/python -m bench.latency
+
+bench-enroll: $(BENCH_STAMP)
+	$(BIN)/python -m bench.enroll
+
+bench-tunnel: $(BENCH_STAMP)
+	$(BIN)/python -m bench.tunnel

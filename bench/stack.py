@@ -1,0 +1,347 @@
+"""What the system benchmarks run against: real processes on real sockets, and simulated collectors.
+
+`Stack` starts an embedded PostgreSQL and Redis itself (so peers such as pgqueuer
+can use the very same PostgreSQL), then `versus-cp up` against them as external
+servers: the router, enrollment and gateway run as the separate processes they
+are in production, with TLS on.
+
+`SimCollector` is a lightweight collector: it enrolls through the real HTTPS
+endpoint with a real CSR, signs a fresh ES256 bearer token per request, claims
+over HTTPS long-poll or the WSS control socket, verifies every envelope with
+the real verifier and reports. It runs no drivers, so many fit in one process.
+
+Pinning: on this 2-core machine the load generator (this process) is pinned to
+the last CPU and the control plane's processes are left free to use both, so
+the generator cannot starve the server but competes with it for one core; see
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import ssl
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from common import collector_jwt
+from common.embedded.postgres import EmbeddedPostgres
+from common.embedded.redis import EmbeddedRedis
+from common.envelope.verify import VerifyContext, verify
+from common.keys import PublicKey
+from tests.e2e.harness import ControlPlane, run_cli, service_env
+
+API = "/api/collector/v1"
+
+
+def pin_load_generator() -> str:
+    """Pin this process to the last CPU; returns a description for the report."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return f"not pinned ({len(cpus)} CPU)"
+    os.sched_setaffinity(0, {cpus[-1]})
+    return f"load generator pinned to CPU {cpus[-1]} of {len(cpus)}; servers unpinned"
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+    }
+
+
+@dataclass
+class Stack:
+    """`versus-cp up` on its own embedded PostgreSQL and Redis, in a temporary directory."""
+
+    root: Path
+    postgres: EmbeddedPostgres
+    redis: EmbeddedRedis
+    cp: ControlPlane
+    admin_token: str = ""
+
+    @property
+    def gateway_url(self) -> str:
+        return self.cp.gateway_url
+
+    @property
+    def router_address(self) -> str:
+        return f"127.0.0.1:{self.cp.port('router')}"
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cp.ca_file))
+
+    def cli_json(self, *args: str) -> Any:
+        done = run_cli([*args, "--json"], self.cp.env)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr)
+        return json.loads(done.stdout)
+
+    def token(self, role: str) -> str:
+        return self.cp.mint_token(role)
+
+    def enrollment_token(self, max_uses: int) -> tuple[str, str]:
+        """A site and a token for ``max_uses`` collectors."""
+        site = self.cli_json("sites", "create", f"bench-{time.monotonic_ns()}", "--tenant", "bench")["site"]
+        issued = self.cli_json("tokens", "issue", "--site", site["site_id"], "--max-uses", str(max_uses))
+        token = shlex.split(issued["enroll_command"])
+        return site["site_id"], token[token.index("--token") + 1]
+
+
+@contextmanager
+def running_stack(**env: str) -> Iterator[Stack]:
+    root = Path(tempfile.mkdtemp(prefix="versus-bench-"))
+    postgres = EmbeddedPostgres(root / "pg").start()
+    redis = EmbeddedRedis(root / "redis").start()
+    cp = ControlPlane(
+        service_env(
+            root / "state", DATABASE_URL=postgres.url, REDIS_URL=redis.url, VERSUS_LOG_LEVEL="WARNING", **env
+        ),
+        root / "up.log",
+    )
+    try:
+        cp.start()
+        yield Stack(root, postgres, redis, cp)
+    finally:
+        if cp.proc.poll() is None:
+            cp.stop()
+        redis.stop()
+        postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class _NoJournal:
+    def lookup(self, idempotency_key: str) -> None:
+        return None
+
+
+def _csr(key: ec.EllipticCurvePrivateKey, cn: str) -> str:
+    from cryptography import x509
+
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .sign(key, hashes.SHA256())
+    )
+    return csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+@dataclass
+class SimCollector:
+    """One simulated collector speaking the real protocol (see the module docstring)."""
+
+    collector_id: str
+    gateway_url: str
+    context: ssl.SSLContext
+    key: ec.EllipticCurvePrivateKey = field(default_factory=lambda: ec.generate_private_key(ec.SECP256R1()))
+    dispatch_keys: dict[str, PublicKey] = field(default_factory=dict)
+    client: httpx.AsyncClient | None = None
+    ws: Any = None
+    seq: int = 0
+    _frames: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
+    _reader: asyncio.Task[None] | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(base_url=self.gateway_url, verify=self.context, timeout=120)
+        return self.client
+
+    def bearer(self) -> dict[str, str]:
+        return {
+            "Authorization": "Bearer " + collector_jwt.mint(self.key, self.collector_id, int(time.time()))
+        }
+
+    async def enroll(self, token: str) -> float:
+        """Enroll through the real endpoint; returns the seconds it took."""
+        started = time.perf_counter()
+        reply = await self._http().post(
+            API + "/enroll", json={"token": token, "csr_pem": _csr(self.key, self.collector_id)}
+        )
+        reply.raise_for_status()
+        self.dispatch_keys = {k["kid"]: PublicKey.from_json(k) for k in reply.json()["dispatch_keys"]}
+        return time.perf_counter() - started
+
+    async def publish(self, max_concurrency: int = 8) -> None:
+        body = {
+            "capability_epoch": 1,
+            "agent_version": "bench",
+            "providers": [
+                {
+                    "provider": "stub",
+                    "max_concurrency": max_concurrency,
+                    "operations": [{"name": "echo", "op_class": "read", "timeout_s": 30}],
+                }
+            ],
+        }
+        reply = await self._http().post(API + "/capabilities", json=body, headers=self.bearer())
+        reply.raise_for_status()
+
+    # --- HTTPS long-poll -------------------------------------------------------------------------
+    async def claim_https(self, wait_s: float) -> bytes | None:
+        # Unnumbered claims: each simulated collector reports before it claims again.
+        body = {"claim_seq": 0, "held_task_ids": [], "wait_s": wait_s, "session_id": self.collector_id}
+        reply = await self._http().post(API + "/claim", json=body, headers=self.bearer())
+        if reply.status_code == 204:
+            return None
+        reply.raise_for_status()
+        raw = reply.content
+        if b'"envelope":' not in raw:
+            return None
+        return raw[raw.index(b'"envelope":') + len(b'"envelope":') : -1]
+
+    async def report_https(self, dispatch_id: str) -> None:
+        body = {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
+        reply = await self._http().post(API + "/report", json=body, headers=self.bearer())
+        reply.raise_for_status()
+
+    # --- WSS control socket ----------------------------------------------------------------------
+    async def open_ws(self) -> None:
+        url = self.gateway_url.replace("https://", "wss://") + API + "/control"
+        self.ws = await websockets.connect(
+            url, ssl=self.context, additional_headers=self.bearer(), max_size=4 * 1024 * 1024
+        )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for text in self.ws:
+            head = json.loads(text) if isinstance(text, str) else {}
+            future = self._frames.pop(str(head.get("id")), None)
+            if future is not None and not future.done():
+                future.set_result((int(head.get("status", 0)), text))
+
+    async def _frame(self, kind: str, body: dict[str, Any]) -> tuple[int, str]:
+        self.seq += 1
+        frame_id = str(self.seq)
+        future: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self._frames[frame_id] = future
+        await self.ws.send(json.dumps({"v": 1, "id": frame_id, "type": kind, "body": body}))
+        return await future
+
+    async def claim_ws(self, wait_s: float) -> bytes | None:
+        status, text = await self._frame(
+            "claim", {"claim_seq": 0, "held_task_ids": [], "wait_s": wait_s, "session_id": self.collector_id}
+        )
+        if status != 200 or '"envelope":' not in text:
+            return None
+        return text[text.index('"envelope":') + len('"envelope":') : -2].encode()
+
+    async def report_ws(self, dispatch_id: str) -> None:
+        status, _ = await self._frame(
+            "report", {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
+        )
+        if status != 200:
+            raise RuntimeError(f"report refused: {status}")
+
+    def verify(self, raw: bytes) -> str:
+        """Verify the envelope as a collector must; returns its dispatch id."""
+        accepted = verify(
+            raw, VerifyContext(self.collector_id, int(time.time()), self.dispatch_keys, set(), _NoJournal())
+        )
+        return accepted.envelope.fields.task_id
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+        if self.client is not None:
+            await self.client.aclose()
+
+
+async def enroll_many(
+    stack: Stack, count: int, concurrency: int = 16
+) -> tuple[str, list[SimCollector], list[float]]:
+    """Enroll ``count`` simulated collectors, ``concurrency`` at a time: site, collectors, durations."""
+    site_id, token = stack.enrollment_token(count)
+    context = stack.ssl_context()
+    collectors = [SimCollector(f"bench-{i:05d}", stack.gateway_url, context) for i in range(count)]
+    gate = asyncio.Semaphore(concurrency)
+    durations: list[float] = []
+
+    async def one(c: SimCollector) -> None:
+        async with gate:
+            durations.append(await c.enroll(token))
+
+    await asyncio.gather(*(one(c) for c in collectors))
+    return site_id, collectors, durations
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by nearest rank."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+class CpuMeter:
+    """CPU seconds (user + system) used by each part of the stack between two snapshots."""
+
+    def __init__(self, stack: Stack):
+        import psutil
+
+        self._psutil = psutil
+        self.stack = stack
+
+    def _groups(self) -> dict[str, list[Any]]:
+        psutil = self._psutil
+        groups: dict[str, list[Any]] = {
+            "router": [],
+            "gateway": [],
+            "enrollment": [],
+            "postgres": [],
+            "redis": [],
+        }
+        for child in psutil.Process(self.stack.cp.proc.pid).children(recursive=True):
+            cmd = " ".join(child.cmdline())
+            for name in ("router", "gateway", "enrollment"):
+                if cmd.endswith(f"versus_cp {name}"):
+                    groups[name].append(child)
+        if self.stack.postgres.pid:
+            master = psutil.Process(self.stack.postgres.pid)
+            groups["postgres"] = [master, *master.children(recursive=True)]
+        if self.stack.redis.pid:
+            groups["redis"] = [psutil.Process(self.stack.redis.pid)]
+        groups["load generator"] = [psutil.Process()]
+        return groups
+
+    def snapshot(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, procs in self._groups().items():
+            total = 0.0
+            for proc in procs:
+                try:
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+                except self._psutil.Error:
+                    pass
+            out[name] = total
+        return out
+
+    @staticmethod
+    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        # Postgres backends come and go; a backend that ended between snapshots is not counted.
+        return {k: max(0.0, after.get(k, 0.0) - before.get(k, 0.0)) for k in after}
