@@ -48,6 +48,8 @@ from bench.stack import (
 )
 from common.grpc_client import aio_channel
 
+HOLD_S = 25.0
+
 
 @dataclass
 class Samples:
@@ -66,39 +68,51 @@ class Samples:
         return out
 
 
+class Fleet:
+    """The simulated collectors, each holding a claim at all times while the fleet runs.
+
+    Claims stay held across runs (a cancelled HTTP claim would stay held on the
+    server and swallow a later task), so runs share one set of loops per transport.
+    """
+
+    def __init__(self, collectors: list[SimCollector], wss: bool):
+        self.collectors = collectors
+        self.wss = wss
+        self.got_claim: dict[str, float] = {}
+        self.reported: dict[str, float] = {}
+        self.stop = asyncio.Event()
+        self.loops: list[asyncio.Task[None]] = []
+
+    async def _loop(self, c: SimCollector) -> None:
+        while not self.stop.is_set():
+            # Real collectors hold each claim for the server's full hold (25 s by default).
+            raw = await (c.claim_ws(HOLD_S) if self.wss else c.claim_https(HOLD_S))
+            if raw is None:
+                continue
+            dispatch_id = c.verify(raw)
+            key = json.loads(raw)["idempotency_key"]
+            self.got_claim[key] = time.perf_counter()
+            self.reported[key] = time.perf_counter()
+            await (c.report_ws(dispatch_id) if self.wss else c.report_https(dispatch_id))
+
+    async def start(self) -> None:
+        self.loops = [asyncio.create_task(self._loop(c)) for c in self.collectors]
+        await asyncio.sleep(1.0)  # every collector holds a claim
+
+    async def finish(self) -> None:
+        """Stop claiming; each loop ends when its held claim does (at most one hold)."""
+        self.stop.set()
+        await asyncio.gather(*self.loops)
+
+
 async def run_ours(
-    stack: Stack,
-    site_id: str,
-    collectors: list[SimCollector],
-    token: str,
-    rate: float,
-    seconds: float,
-    wss: bool,
+    stack: Stack, site_id: str, fleet: Fleet, token: str, rate: float, seconds: float
 ) -> dict[str, float]:
     samples = Samples()
     call_started: dict[str, float] = {}
     returned: dict[str, float] = {}
-    reported: dict[str, float] = {}
-    got_claim: dict[str, float] = {}
-    stop = asyncio.Event()
     run_id = f"{time.monotonic_ns()}"
-
-    async def collector_loop(c: SimCollector) -> None:
-        while not stop.is_set():
-            try:
-                raw = await (c.claim_ws(2.0) if wss else c.claim_https(2.0))
-            except Exception:
-                if stop.is_set():
-                    return
-                raise
-            if raw is None:
-                continue
-            dispatch_id = c.verify(raw)
-            now = time.perf_counter()
-            key = json.loads(raw)["idempotency_key"]
-            got_claim[key] = now
-            reported[key] = time.perf_counter()
-            await (c.report_ws(dispatch_id) if wss else c.report_https(dispatch_id))
+    got_claim, reported = fleet.got_claim, fleet.reported
 
     async with aio_channel(stack.router_address, token) as channel:
         stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
@@ -123,8 +137,6 @@ async def run_ours(
                     samples.call_to_claim.append(got_claim[key] - call_started[key])
                     samples.report_to_watch.append(seen - reported[key])
 
-        loops = [asyncio.create_task(collector_loop(c)) for c in collectors]
-        await asyncio.sleep(0.5)  # every collector holds a claim
         work: list[asyncio.Task[None]] = []
         start = time.perf_counter()
         next_at = start
@@ -136,9 +148,7 @@ async def run_ours(
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
             work.append(asyncio.create_task(submit_and_watch(f"{run_id}-{i}")))
             i += 1
-        await asyncio.wait_for(asyncio.gather(*work), 120)
-        stop.set()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(*work), 300)
     return samples.summary()
 
 
@@ -236,13 +246,15 @@ async def _bench(stack: Stack, pgq_url: str, args: argparse.Namespace) -> dict[s
     for transport in ("https", "wss"):
         if transport == "wss":
             await asyncio.gather(*(c.open_ws() for c in collectors))
+        fleet = Fleet(collectors, wss=transport == "wss")
+        await fleet.start()
         for rate in args.rates:
             runs = [
-                await run_ours(stack, site_id, collectors, token, rate, args.seconds, transport == "wss")
-                for _ in range(args.runs)
+                await run_ours(stack, site_id, fleet, token, rate, args.seconds) for _ in range(args.runs)
             ]
             results[f"ours_{transport}_{rate:g}"] = _median(runs)
             print(f"ours {transport} {rate:g}/s: {results[f'ours_{transport}_{rate:g}']}", flush=True)
+        await fleet.finish()
     for rate in args.rates:
         runs = [await run_pgqueuer(pgq_url, rate, args.seconds) for _ in range(args.runs)]
         results[f"pgqueuer_{rate:g}"] = _median(runs)

@@ -72,7 +72,9 @@ def internal_ca(settings: Settings, tls: GatewayTls | None) -> tuple[str, str] |
 def bind(host: str, port: int) -> socket.socket:
     """Bind the listening socket ourselves so a busy port is a clear startup error."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it a held claim's response (headers, then body) waits ~40 ms on the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -1,0 +1,126 @@
+"""Enrollment burst: many collectors enrolling at once, beside the cryptographic floor.
+
+    python -m bench.enroll [--collectors 1000] [--runs 3] [--json FILE]
+
+Ours: ``--collectors`` simulated collectors (bench/stack.py) post their CSR to
+the real gateway at the same moment (one TLS connection each), sharing one
+limited-use token; the gateway relays to the enrollment service, which checks
+the token under a row lock, verifies the CSR and signs a 90-day certificate.
+Reported: enrollments per second over the burst, p50/p99 of each collector's
+wait, and CPU seconds per enrollment by process.
+
+Floor, same run: the work no implementation can skip, done in one process
+without I/O — parse and verify a P-256 CSR, then build and sign its
+certificate with the CA key — as enrollments per second per core, times the
+cores. The ratio says how close the service gets to the machine's crypto limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from bench.stack import CpuMeter, Stack, enroll_many, machine, percentile, pin_load_generator, running_stack
+
+
+def crypto_floor(seconds: float = 2.0) -> float:
+    """CSR verify + certificate sign per second on one core (the enrollment's unavoidable crypto)."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "floor CA")])
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr_pem = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "col-x")]))
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
+    san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://x/site/s/collector/c")])
+    done = 0
+    started = time.process_time()
+    while time.process_time() - started < seconds:
+        csr = x509.load_pem_x509_csr(csr_pem)
+        assert csr.is_signature_valid
+        now = dt.datetime.now(dt.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(csr.subject)
+            .issuer_name(ca_name)
+            .public_key(csr.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(now + dt.timedelta(days=90))
+            .add_extension(san, critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert.public_bytes(serialization.Encoding.PEM)
+        done += 1
+    return done / (time.process_time() - started)
+
+
+async def burst(stack: Stack, count: int) -> dict[str, Any]:
+    meter = CpuMeter(stack)
+    before = meter.snapshot()
+    started = time.perf_counter()
+    _, collectors, durations = await enroll_many(stack, count, concurrency=count)
+    elapsed = time.perf_counter() - started
+    cpu = CpuMeter.delta(before, meter.snapshot())
+    await asyncio.gather(*(c.close() for c in collectors))
+    return {
+        "enrollments": len(durations),
+        "seconds": elapsed,
+        "per_second": len(durations) / elapsed,
+        "p50_ms": percentile(durations, 0.5) * 1000,
+        "p99_ms": percentile(durations, 0.99) * 1000,
+        "cpu_ms_per_enrollment": {k: v / len(durations) * 1000 for k, v in cpu.items()},
+    }
+
+
+def main() -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--collectors", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", dest="json_path", default="bench/results/enroll.json")
+    args = parser.parse_args()
+    floor_per_core = crypto_floor()
+    pinning = pin_load_generator()
+    runs = []
+    with running_stack() as stack:
+        for _ in range(args.runs):
+            runs.append(asyncio.run(burst(stack, args.collectors)))
+            print(json.dumps(runs[-1]), flush=True)
+    cores = machine()["cpus"] or 1
+    result = {
+        "per_second": statistics.median(r["per_second"] for r in runs),
+        "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+        "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+        "floor_per_second": floor_per_core * cores,
+        "runs": runs,
+    }
+    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": result}
+    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    cpu = runs[len(runs) // 2]["cpu_ms_per_enrollment"]
+    print("| Collectors at once | Enrollments/s | p50 | p99 | Crypto floor (all cores) | Ratio to floor |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {args.collectors} | {result['per_second']:.0f} | {result['p50_ms']:.0f} ms "
+        f"| {result['p99_ms']:.0f} ms "
+        f"| {result['floor_per_second']:.0f}/s | {result['per_second'] / result['floor_per_second']:.2f} |"
+    )
+    print("CPU ms per enrollment: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()))
+
+
+if __name__ == "__main__":
+    main()

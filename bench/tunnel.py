@@ -1,0 +1,257 @@
+"""Tunnel throughput and round-trip time beside raw loopback TCP and websockify, in one run.
+
+    python -m bench.tunnel [--mib 16] [--streams 1,8] [--pings 500] [--runs 3] [--json FILE]
+
+Every path ends at the same local TCP echo server:
+
+- *raw*: a TCP connection straight to the echo server (the physical limit here);
+- *websockify*: a `websockify` process relaying an unencrypted WebSocket to it,
+  driven by a `websockets` client (one hop, no TLS);
+- *ours*: `TunnelService/OpenTunnel` on the router (gRPC) → router → gateway
+  (WSS, TLS on, as deployed) → a real `versus-collector` process → the echo
+  server; every byte crosses four hops each way.
+
+Throughput: ``--mib`` MiB per stream sent and echoed back, ``--streams``
+concurrent streams, MiB/s of payload echoed. Round trip: ``--pings`` 64-byte
+messages, one at a time, p50 and p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import websockets
+from versus.router.v1 import tunnel_pb2 as pb
+from versus.router.v1 import tunnel_pb2_grpc
+from websockets.typing import Subprotocol
+
+from bench.stack import Stack, machine, percentile, pin_load_generator, running_stack
+from common.embedded.process import free_port
+from common.grpc_client import aio_channel
+from tests.e2e.collector_harness import Collector
+
+CHUNK = 64 * 1024
+
+
+class Pipe:
+    """One byte stream to the echo server: send, receive exactly n bytes, close."""
+
+    send: Callable[[bytes], Awaitable[None]]
+    recv: Callable[[], Awaitable[bytes]]
+    close: Callable[[], Awaitable[None]]
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    async def read_exactly(self, n: int) -> None:
+        while len(self.buffer) < n:
+            self.buffer += await self.recv()
+        del self.buffer[:n]
+
+
+async def echo_server() -> tuple[asyncio.Server, int]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def raw_pipe(port: int) -> Pipe:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    pipe = Pipe()
+
+    async def send(data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
+
+    async def recv() -> bytes:
+        return await reader.read(CHUNK)
+
+    async def close() -> None:
+        writer.close()
+
+    pipe.send, pipe.recv, pipe.close = send, recv, close
+    return pipe
+
+
+async def websockify_pipe(ws_port: int) -> Pipe:
+    ws = await websockets.connect(
+        f"ws://127.0.0.1:{ws_port}/", subprotocols=[Subprotocol("binary")], max_size=None
+    )
+    pipe = Pipe()
+
+    async def send(data: bytes) -> None:
+        await ws.send(data)
+
+    async def recv() -> bytes:
+        data = await ws.recv()
+        return data if isinstance(data, bytes) else data.encode()
+
+    async def close() -> None:
+        await ws.close()
+
+    pipe.send, pipe.recv, pipe.close = send, recv, close
+    return pipe
+
+
+async def tunnel_pipe(stack: Stack, token: str, collector_id: str, port: int) -> Pipe:
+    channel = aio_channel(stack.router_address, token)
+    outbox: asyncio.Queue[pb.OpenTunnelRequest | None] = asyncio.Queue(16)
+    await outbox.put(
+        pb.OpenTunnelRequest(open=pb.TunnelOpen(host="127.0.0.1", port=port, collector_id=collector_id))
+    )
+
+    async def requests() -> AsyncIterator[pb.OpenTunnelRequest]:
+        while (item := await outbox.get()) is not None:
+            yield item
+
+    call = tunnel_pb2_grpc.TunnelServiceStub(channel).OpenTunnel(requests())
+    first = cast(pb.OpenTunnelResponse, await call.read())
+    if first.WhichOneof("msg") != "ready":
+        raise RuntimeError(f"tunnel did not open: {first}")
+    pipe = Pipe()
+
+    async def send(data: bytes) -> None:
+        await outbox.put(pb.OpenTunnelRequest(data=data))
+
+    async def recv() -> bytes:
+        while True:
+            reply = cast(pb.OpenTunnelResponse | None, await call.read())
+            kind = reply.WhichOneof("msg") if reply is not None else None
+            if kind == "data":
+                return bytes(reply.data) if reply is not None else b""
+            if kind is None or kind == "closed":
+                raise RuntimeError("tunnel closed")
+
+    async def close() -> None:
+        await outbox.put(None)
+        call.cancel()
+        await channel.close(None)
+
+    pipe.send, pipe.recv, pipe.close = send, recv, close
+    return pipe
+
+
+async def throughput(open_pipe: Callable[[], Awaitable[Pipe]], streams: int, mib: int) -> float:
+    """MiB/s of payload sent and echoed back, over ``streams`` concurrent pipes."""
+    pipes = [await open_pipe() for _ in range(streams)]
+    block = os.urandom(CHUNK)
+    total = mib * 1024 * 1024
+
+    async def one(pipe: Pipe) -> None:
+        async def writer() -> None:
+            for _ in range(total // CHUNK):
+                await pipe.send(block)
+
+        sending = asyncio.create_task(writer())
+        await pipe.read_exactly(total)
+        await sending
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in pipes))
+    elapsed = time.perf_counter() - started
+    for pipe in pipes:
+        await pipe.close()
+    return streams * mib / elapsed
+
+
+async def round_trips(open_pipe: Callable[[], Awaitable[Pipe]], pings: int) -> tuple[float, float]:
+    pipe = await open_pipe()
+    message = b"x" * 64
+    samples = []
+    for _ in range(pings):
+        started = time.perf_counter()
+        await pipe.send(message)
+        await pipe.read_exactly(len(message))
+        samples.append(time.perf_counter() - started)
+    await pipe.close()
+    return percentile(samples, 0.5) * 1000, percentile(samples, 0.99) * 1000
+
+
+async def _bench(stack: Stack, collector_id: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
+    server, port = await echo_server()
+    ws_port = free_port()
+    websockify = shutil.which("websockify", path=str(Path(sys.executable).parent)) or "websockify"
+    relay = await asyncio.create_subprocess_exec(
+        websockify,
+        f"127.0.0.1:{ws_port}",
+        f"127.0.0.1:{port}",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    await asyncio.sleep(1.0)
+    paths: dict[str, Callable[[], Awaitable[Pipe]]] = {
+        "raw": lambda: raw_pipe(port),
+        "websockify": lambda: websockify_pipe(ws_port),
+        "ours": lambda: tunnel_pipe(stack, token, collector_id, port),
+    }
+    results: dict[str, Any] = {}
+    try:
+        for name, opener in paths.items():
+            for streams in args.streams:
+                runs = [await throughput(opener, streams, args.mib) for _ in range(args.runs)]
+                results[f"{name}_mibps_{streams}"] = statistics.median(runs)
+                print(
+                    f"{name} {streams} stream(s): {results[f'{name}_mibps_{streams}']:.1f} MiB/s", flush=True
+                )
+            rtts = [await round_trips(opener, args.pings) for _ in range(args.runs)]
+            results[f"{name}_rtt_p50_ms"] = statistics.median(r[0] for r in rtts)
+            results[f"{name}_rtt_p99_ms"] = statistics.median(r[1] for r in rtts)
+            print(f"{name} rtt p50 {results[f'{name}_rtt_p50_ms']:.2f} ms", flush=True)
+    finally:
+        relay.terminate()
+        await relay.wait()
+        server.close()
+    return results
+
+
+def main() -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--mib", type=int, default=16)
+    parser.add_argument("--streams", default="1,8")
+    parser.add_argument("--pings", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", dest="json_path", default="bench/results/tunnel.json")
+    args = parser.parse_args()
+    args.streams = [int(s) for s in args.streams.split(",")]
+    pinning = pin_load_generator()
+    with running_stack() as stack:
+        collector = Collector(stack.cp, stack.root / "collector", stack.root / "collector.log")
+        collector_id = collector.enroll()
+        collector.start()
+        try:
+            time.sleep(3.0)  # capabilities published, first claim held
+            token = stack.token("platform")
+            results = asyncio.run(_bench(stack, collector_id, token, args))
+        finally:
+            collector.stop()
+    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
+    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    print("| Path | " + " | ".join(f"{s} stream(s) MiB/s" for s in args.streams) + " | RTT p50 | RTT p99 |")
+    print("|---|" + "---:|" * (len(args.streams) + 2))
+    for name in ("raw", "websockify", "ours"):
+        cells = " | ".join(f"{results[f'{name}_mibps_{s}']:.1f}" for s in args.streams)
+        p50, p99 = results[f"{name}_rtt_p50_ms"], results[f"{name}_rtt_p99_ms"]
+        print(f"| {name} | {cells} | {p50:.2f} ms | {p99:.2f} ms |")
+    ratio = results["ours_mibps_1"] / results["websockify_mibps_1"]
+    print(f"one stream, ours / websockify: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
