@@ -276,7 +276,8 @@ async def enroll_many(
     """Enroll ``count`` simulated collectors, ``concurrency`` at a time: site, collectors, durations."""
     site_id, token = stack.enrollment_token(count)
     context = stack.ssl_context()
-    collectors = [SimCollector(f"bench-{i:05d}", stack.gateway_url, context) for i in range(count)]
+    batch = f"{time.monotonic_ns() % 10**8:08d}"  # collector ids are unique across bursts
+    collectors = [SimCollector(f"bench-{batch}-{i:05d}", stack.gateway_url, context) for i in range(count)]
     gate = asyncio.Semaphore(concurrency)
     durations: list[float] = []
 

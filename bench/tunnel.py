@@ -61,9 +61,12 @@ class Pipe:
 
 async def echo_server() -> tuple[asyncio.Server, int]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
+        try:
+            while data := await reader.read(CHUNK):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # the benchmark is over or the client hung up
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
