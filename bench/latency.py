@@ -38,6 +38,7 @@ from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
 from bench.stack import (
+    HOLD_S,
     SimCollector,
     Stack,
     enroll_many,
@@ -47,8 +48,6 @@ from bench.stack import (
     running_stack,
 )
 from common.grpc_client import aio_channel
-
-HOLD_S = 25.0
 
 
 @dataclass

@@ -46,6 +46,8 @@ from common.keys import PublicKey
 from tests.e2e.harness import ControlPlane, run_cli, service_env
 
 API = "/api/collector/v1"
+# Collectors hold each claim for the server's full hold (25 s by default), as real ones do.
+HOLD_S = 25.0
 
 
 def pin_load_generator() -> str:

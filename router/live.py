@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import Connection, event
@@ -248,19 +249,35 @@ def task_key(task_id: str) -> str:
 class TaskWakes:
     """Publishes a wake-up for every task a committed transaction moved, so WatchTask does not poll.
 
-    ``router.store.transition`` notes the task id on the connection; this hooks the engine's
-    commit and rollback events to publish (or drop) those ids.
+    ``router.store.transition`` notes the task id on the connection. The ids move
+    to a committed set on the engine's ``commit`` event (dropped on ``rollback``)
+    and are published when the connection goes back to the pool: the ``commit``
+    event fires *before* the database commits, and a watcher woken then would
+    read the old state and sleep until its fallback timer.
     """
 
     def __init__(self, engine: AsyncEngine, wake: WakeHub, changed_key: str):
         self.wake = wake
         self.changed_key = changed_key
+        self.committed_key = changed_key + ":committed"
         self._pending: set[asyncio.Task[None]] = set()
         event.listen(engine.sync_engine, "commit", self._on_commit)
         event.listen(engine.sync_engine, "rollback", self._on_rollback)
+        event.listen(engine.sync_engine.pool, "checkin", self._on_checkin)
 
     def _on_commit(self, conn: Connection) -> None:
         ids = conn.info.pop(self.changed_key, None)
+        if ids:
+            conn.info.setdefault(self.committed_key, set()).update(ids)
+
+    def _on_rollback(self, conn: Connection) -> None:
+        conn.info.pop(self.changed_key, None)
+
+    def _on_checkin(self, dbapi_connection: Any, record: Any) -> None:
+        if record is None:
+            return
+        ids = record.info.pop(self.committed_key, None)
+        record.info.pop(self.changed_key, None)
         if not ids:
             return
         try:
@@ -270,6 +287,3 @@ class TaskWakes:
         task = loop.create_task(self.wake.publish_many(task_key(i) for i in ids))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-
-    def _on_rollback(self, conn: Connection) -> None:
-        conn.info.pop(self.changed_key, None)
