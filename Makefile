@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel clean
+.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -65,7 +65,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-deps: $(BENCH_STAMP)
 
-bench: bench-envelope bench-latency bench-enroll bench-tunnel
+bench: bench-envelope bench-latency bench-throughput bench-enroll bench-tunnel bench-idle
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -90,3 +90,9 @@ bench-enroll: $(BENCH_STAMP)
 
 bench-tunnel: $(BENCH_STAMP)
 	$(BIN)/python -m bench.tunnel
+
+bench-idle: $(BENCH_STAMP)
+	$(BIN)/python -m bench.idle
+
+bench-throughput: $(BENCH_STAMP)
+	$(BIN)/python -m bench.throughput

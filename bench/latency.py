@@ -112,6 +112,8 @@ async def run_ours(
     returned: dict[str, float] = {}
     run_id = f"{time.monotonic_ns()}"
     got_claim, reported = fleet.got_claim, fleet.reported
+    for c in fleet.collectors:
+        c.overloaded = 0
 
     async with aio_channel(stack.router_address, token) as channel:
         stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
@@ -148,7 +150,9 @@ async def run_ours(
             work.append(asyncio.create_task(submit_and_watch(f"{run_id}-{i}")))
             i += 1
         await asyncio.wait_for(asyncio.gather(*work), 300)
-    return samples.summary()
+    summary = samples.summary()
+    summary["overloaded_5xx"] = sum(c.overloaded for c in fleet.collectors)
+    return summary
 
 
 async def run_pgqueuer(database_url: str, rate: float, seconds: float) -> dict[str, float]:

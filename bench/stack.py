@@ -48,6 +48,7 @@ from tests.e2e.harness import ControlPlane, run_cli, service_env
 API = "/api/collector/v1"
 # Collectors hold each claim for the server's full hold (25 s by default), as real ones do.
 HOLD_S = 25.0
+RETRY_S = 0.2
 
 
 def pin_load_generator() -> str:
@@ -162,6 +163,8 @@ class SimCollector:
     client: httpx.AsyncClient | None = None
     ws: Any = None
     seq: int = 0
+    # 5xx answers seen (the gateway sheds load when the router cannot answer within its deadline).
+    overloaded: int = 0
     _frames: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
     _reader: asyncio.Task[None] | None = None
 
@@ -207,6 +210,10 @@ class SimCollector:
         reply = await self._http().post(API + "/claim", json=body, headers=self.bearer())
         if reply.status_code == 204:
             return None
+        if reply.status_code >= 500:  # overloaded: back off briefly and claim again, as a collector does
+            self.overloaded += 1
+            await asyncio.sleep(RETRY_S)
+            return None
         reply.raise_for_status()
         raw = reply.content
         if b'"envelope":' not in raw:
@@ -215,8 +222,13 @@ class SimCollector:
 
     async def report_https(self, dispatch_id: str) -> None:
         body = {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
-        reply = await self._http().post(API + "/report", json=body, headers=self.bearer())
-        reply.raise_for_status()
+        while True:  # a collector re-sends a report until it is acknowledged
+            reply = await self._http().post(API + "/report", json=body, headers=self.bearer())
+            if reply.status_code < 500:
+                reply.raise_for_status()
+                return
+            self.overloaded += 1
+            await asyncio.sleep(RETRY_S)
 
     # --- WSS control socket ----------------------------------------------------------------------
     async def open_ws(self) -> None:
@@ -245,16 +257,24 @@ class SimCollector:
         status, text = await self._frame(
             "claim", {"claim_seq": 0, "held_task_ids": [], "wait_s": wait_s, "session_id": self.collector_id}
         )
+        if status >= 500:
+            self.overloaded += 1
+            await asyncio.sleep(RETRY_S)
         if status != 200 or '"envelope":' not in text:
             return None
         return text[text.index('"envelope":') + len('"envelope":') : -2].encode()
 
     async def report_ws(self, dispatch_id: str) -> None:
-        status, _ = await self._frame(
-            "report", {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
-        )
-        if status != 200:
-            raise RuntimeError(f"report refused: {status}")
+        while True:
+            status, _ = await self._frame(
+                "report", {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
+            )
+            if status < 500:
+                if status != 200:
+                    raise RuntimeError(f"report refused: {status}")
+                return
+            self.overloaded += 1
+            await asyncio.sleep(RETRY_S)
 
     def verify(self, raw: bytes) -> str:
         """Verify the envelope as a collector must; returns its dispatch id."""

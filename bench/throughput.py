@@ -1,0 +1,181 @@
+"""End-to-end throughput beside pgqueuer moving the same number of jobs on the same PostgreSQL.
+
+    python -m bench.throughput [--collectors 64] [--tasks 2000] [--in-flight 64] [--runs 3] [--json FILE]
+
+Ours: ``--tasks`` read tasks submitted one at a time over gRPC (at most
+``--in-flight`` outstanding) to ``--collectors`` simulated collectors on HTTPS
+(bench/stack.py: real tokens, real envelope verification), each claiming,
+verifying and reporting success. Throughput is tasks per second from the first
+submit to the last success acknowledged by the router; CPU milliseconds per
+task are split by process (router, gateway, PostgreSQL, Redis, load generator).
+
+Peer, same PostgreSQL server: pgqueuer (asyncpg driver) with jobs enqueued one
+at a time (same in-flight bound), dequeued by one worker and marked done by an
+empty handler; jobs per second from the first enqueue to the last completion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from versus.router.v1 import task_pb2, task_router_pb2_grpc
+from versus.router.v1 import task_router_pb2 as pb
+
+from bench.latency import install_pgqueuer
+from bench.stack import (
+    HOLD_S,
+    CpuMeter,
+    SimCollector,
+    Stack,
+    enroll_many,
+    machine,
+    pin_load_generator,
+    running_stack,
+)
+from common.grpc_client import aio_channel
+
+
+async def run_ours(
+    stack: Stack, site_id: str, fleet: list[SimCollector], token: str, args: Any
+) -> dict[str, Any]:
+    done = asyncio.Event()
+    completed = [0]
+    stop = asyncio.Event()
+
+    async def collector(c: SimCollector) -> None:
+        while not stop.is_set():
+            raw = await c.claim_https(HOLD_S)
+            if raw is None:
+                continue
+            await c.report_https(c.verify(raw))
+            completed[0] += 1
+            if completed[0] == args.tasks:
+                done.set()
+
+    meter = CpuMeter(stack)
+    loops = [asyncio.create_task(collector(c)) for c in fleet]
+    await asyncio.sleep(1.0)
+    before = meter.snapshot()
+    gate = asyncio.Semaphore(args.in_flight)
+    run_id = time.monotonic_ns()
+    async with aio_channel(stack.router_address, token) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+
+        async def submit(i: int) -> None:
+            deadline = Timestamp()
+            deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10))
+            async with gate:
+                await stub.SubmitTask(
+                    pb.SubmitTaskRequest(
+                        provider="stub", operation="echo", op_class=task_pb2.OP_CLASS_READ,
+                        target_ref=f"dev-{i % 500}", site_id=site_id, tenant_id="bench", params=b"{}",
+                        idempotency_key=f"tp-{run_id}-{i}", deadline=deadline,
+                    )
+                )  # fmt: skip
+
+        started = time.perf_counter()
+        await asyncio.gather(*(submit(i) for i in range(args.tasks)))
+        await asyncio.wait_for(done.wait(), 600)
+        elapsed = time.perf_counter() - started
+    cpu = CpuMeter.delta(before, meter.snapshot())
+    stop.set()
+    # Loops stay parked in held claims; they end with the fleet (the stack is torn down after).
+    for loop in loops:
+        loop.cancel()
+    await asyncio.gather(*loops, return_exceptions=True)
+    return {
+        "tasks_per_s": args.tasks / elapsed,
+        "cpu_ms_per_task": {k: v / args.tasks * 1000 for k, v in cpu.items()},
+    }
+
+
+async def run_pgqueuer(url: str, args: Any) -> dict[str, float]:
+    import asyncpg
+    from pgqueuer import PgQueuer
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.models import Job
+    from pgqueuer.queries import Queries
+
+    consumer = await asyncpg.connect(url)
+    producer = await asyncpg.connect(url)
+    pgq = PgQueuer(AsyncpgDriver(consumer))
+    done = asyncio.Event()
+    count = [0]
+
+    @pgq.entrypoint("tp")
+    async def handle(job: Job) -> None:
+        count[0] += 1
+        if count[0] == args.tasks:
+            done.set()
+
+    runner = asyncio.create_task(pgq.run())
+    await asyncio.sleep(0.5)
+    queries = Queries(AsyncpgDriver(producer))
+    gate = asyncio.Semaphore(args.in_flight)
+
+    async def enqueue(i: int) -> None:
+        async with gate:
+            await queries.enqueue("tp", str(i).encode())
+
+    started = time.perf_counter()
+    await asyncio.gather(*(enqueue(i) for i in range(args.tasks)))
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.perf_counter() - started
+    pgq.shutdown.set()
+    await asyncio.wait_for(runner, 30)
+    await consumer.close()
+    await producer.close()
+    return {"jobs_per_s": args.tasks / elapsed}
+
+
+async def _bench(stack: Stack, pgq_url: str, args: Any) -> dict[str, Any]:
+    site_id, fleet, _ = await enroll_many(stack, args.collectors)
+    await asyncio.gather(*(c.publish() for c in fleet))
+    token = stack.token("platform")
+    ours = [await run_ours(stack, site_id, fleet, token, args) for _ in range(args.runs)]
+    for r in ours:
+        print(json.dumps(r), flush=True)
+    peer = [await run_pgqueuer(pgq_url, args) for _ in range(args.runs)]
+    print(json.dumps(peer), flush=True)
+    middle = sorted(ours, key=lambda r: r["tasks_per_s"])[len(ours) // 2]
+    return {
+        "ours_tasks_per_s": statistics.median(r["tasks_per_s"] for r in ours),
+        "pgqueuer_jobs_per_s": statistics.median(r["jobs_per_s"] for r in peer),
+        "cpu_ms_per_task": middle["cpu_ms_per_task"],
+        "runs": {"ours": ours, "pgqueuer": peer},
+    }
+
+
+def main() -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument("--collectors", type=int, default=64)
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", dest="json_path", default="bench/results/throughput.json")
+    args = parser.parse_args()
+    pinning = pin_load_generator()
+    with running_stack() as stack:
+        pgq_url = install_pgqueuer(stack)
+        results = asyncio.run(_bench(stack, pgq_url, args))
+    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
+    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    ratio = results["ours_tasks_per_s"] / results["pgqueuer_jobs_per_s"]
+    print("| Ours tasks/s | pgqueuer jobs/s | Ratio (ours / pgqueuer) |")
+    print("|---:|---:|---:|")
+    print(f"| {results['ours_tasks_per_s']:.0f} | {results['pgqueuer_jobs_per_s']:.0f} | {ratio:.2f} |")
+    print("CPU ms per task: " + ", ".join(f"{k} {v:.1f}" for k, v in results["cpu_ms_per_task"].items()))
+
+
+if __name__ == "__main__":
+    main()
