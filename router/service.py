@@ -159,6 +159,11 @@ def _candidate(
     )
 
 
+# Queued tasks looked at per re-evaluation: a sweep or a collector coming back, and a freed slot.
+REEVALUATE_BATCH = 100
+FREED_SLOT_BATCH = 8
+
+
 class Router:
     def __init__(
         self,
@@ -421,13 +426,13 @@ class Router:
             )
         return usable[0]
 
-    def _reevaluate_effect(self, site_id: str) -> Effect:
+    def _reevaluate_effect(self, site_id: str, limit: int = REEVALUATE_BATCH) -> Effect:
         async def run() -> None:
-            await self.reevaluate(site_id)
+            await self.reevaluate(site_id, limit)
 
         return run
 
-    async def reevaluate(self, site_id: str | None = None, limit: int = 100) -> int:
+    async def reevaluate(self, site_id: str | None = None, limit: int = REEVALUATE_BATCH) -> int:
         """Try to place queued tasks again (each locked so replicas do not double-place)."""
         placed = 0
         async with self.engine.connect() as conn:
@@ -683,7 +688,9 @@ class Router:
         DISPATCH_STATES.labels(outcome.value).inc()
         collector, provider = d["collector_id"], d["provider"]
         effects.add(lambda: self.in_flight.add(collector, provider, -1))
-        effects.add(self._reevaluate_effect(task["site_id"]))
+        # One slot was freed: look at the oldest few queued tasks of the site, not the whole backlog
+        # (scanning 100 per report made a backlog cost O(queue) per report; the sweeper covers the rest).
+        effects.add(self._reevaluate_effect(task["site_id"], FREED_SLOT_BATCH))
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, outcome, result, effects)
         if current not in (S.DISPATCHED, S.RUNNING):
