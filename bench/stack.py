@@ -163,6 +163,7 @@ class SimCollector:
     client: httpx.AsyncClient | None = None
     ws: Any = None
     seq: int = 0
+    claim_no: int = 0
     # 5xx answers seen (the gateway sheds load when the router cannot answer within its deadline).
     overloaded: int = 0
     _frames: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
@@ -203,10 +204,21 @@ class SimCollector:
         reply = await self._http().post(API + "/capabilities", json=body, headers=self.bearer())
         reply.raise_for_status()
 
+    def _claim_body(self, wait_s: float) -> dict[str, Any]:
+        # Numbered claims, as the real collector sends: a claim abandoned by the client (the
+        # benchmark cancels loops between runs) may still be handed a task, and the next claim
+        # tells the router it never arrived. Tasks are reported before the next claim, so none is held.
+        self.claim_no += 1
+        return {
+            "claim_seq": self.claim_no,
+            "held_task_ids": [],
+            "wait_s": wait_s,
+            "session_id": self.collector_id,
+        }
+
     # --- HTTPS long-poll -------------------------------------------------------------------------
     async def claim_https(self, wait_s: float) -> bytes | None:
-        # Unnumbered claims: each simulated collector reports before it claims again.
-        body = {"claim_seq": 0, "held_task_ids": [], "wait_s": wait_s, "session_id": self.collector_id}
+        body = self._claim_body(wait_s)
         reply = await self._http().post(API + "/claim", json=body, headers=self.bearer())
         if reply.status_code == 204:
             return None
@@ -256,9 +268,7 @@ class SimCollector:
         return await future
 
     async def claim_ws(self, wait_s: float) -> bytes | None:
-        status, text = await self._frame(
-            "claim", {"claim_seq": 0, "held_task_ids": [], "wait_s": wait_s, "session_id": self.collector_id}
-        )
+        status, text = await self._frame("claim", self._claim_body(wait_s))
         if status >= 500:
             self.overloaded += 1
             await asyncio.sleep(RETRY_S)
