@@ -437,6 +437,9 @@ class Router:
         placed = 0
         async with self.engine.connect() as conn:
             queued = await store.queued_task_ids(conn, limit, site_id)
+        # Within one pass, a task just like one that found no collector would not find one either:
+        # skip its placement (the expensive part) rather than repeat it for the whole backlog.
+        blocked: set[tuple[Any, ...]] = set()
         # One task per transaction: each placement holds its locks only briefly.
         for task_id in queued:
             effects = Effects()
@@ -444,8 +447,14 @@ class Router:
                 task = await store.get_task(conn, task_id, lock=True, skip_locked=True)
                 if task is None or task["state"] != S.QUEUED:
                     continue  # another replica has it, or it moved on
+                shape = (task["site_id"], task["tenant_id"], task["provider"], task["operation"],
+                         task["op_class"], task["requires_fips"])  # fmt: skip
+                if shape in blocked:
+                    continue
                 if await self._place(conn, task, effects, refuse=False) == S.LEASED:
                     placed += 1
+                else:
+                    blocked.add(shape)
             await effects.run()
         return placed
 
