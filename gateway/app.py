@@ -32,6 +32,7 @@ from gateway import collector_api, control_ws, enroll_api, openapi_bodies, tunne
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
+from gateway.revocations import RevocationFeed
 from gateway.store import GatewayStore
 
 # Each readiness probe of a dependency must answer within this bound.
@@ -54,8 +55,9 @@ class GatewayConfig:
     body_deadline_s: float = BODY_DEADLINE_S
     # Longest a claim is held waiting for work before answering 204.
     claim_hold_s: float = 25.0
-    # How often an open control socket re-checks that its collector is still active.
-    revocation_check_s: float = 5.0
+    # How often an open socket re-checks its collector's standing in PostgreSQL; revocations are
+    # also broadcast over Redis and close sockets at once (gateway/revocations.py).
+    revocation_check_s: float = 60.0
     # API token (role service) presented to the router and the enrollment service.
     service_token: str = field(default="", repr=False)
 
@@ -124,11 +126,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.claim_hold_s = config.claim_hold_s
         app.state.service_token = config.service_token
         app.state.revocation_check_s = config.revocation_check_s
+        app.state.revocations = RevocationFeed(app.state.connections.redis)
+        app.state.revocations.start()
         app.state.gateway_ca = config.gateway_ca
         app.state.body_deadline_s = config.body_deadline_s
         try:
             yield
         finally:
+            await app.state.revocations.stop()
             await app.state.backends.close()
             await app.state.connections.close()
 

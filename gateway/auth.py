@@ -8,8 +8,11 @@ collector's status does not allow the endpoint.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import time
+from typing import Any
 
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
@@ -76,6 +79,22 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
         await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
         return None
     return claims
+
+
+async def standing_lapsed(state: Any, collector_id: str) -> str:
+    """Wait until the collector of an open socket loses its standing; returns the close reason.
+
+    Woken at once by a revocation broadcast (gateway/revocations.py), and checks
+    PostgreSQL every ``revocation_check_s`` regardless.
+    """
+    with state.revocations.watch(collector_id) as announced:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(announced.wait(), getattr(state, "revocation_check_s", 60.0))
+            announced.clear()
+            reason = await lapsed_standing(state.store, collector_id)
+            if reason is not None:
+                return reason
 
 
 async def lapsed_standing(store: GatewayStore, collector_id: str) -> str | None:

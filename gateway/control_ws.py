@@ -30,7 +30,7 @@ from starlette.websockets import WebSocketDisconnect
 from common import error_mapping
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
 from common.logs import get_logger, new_request_id
-from gateway.auth import admit_socket, lapsed_standing
+from gateway.auth import admit_socket, lapsed_standing, standing_lapsed
 from gateway.collector_api import OPERATIONS, ControlReply
 from gateway.metrics import CONTROL_SOCKETS
 
@@ -88,13 +88,8 @@ async def control(ws: WebSocket) -> None:
     lapsed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def watch_standing() -> None:
-        # An idle socket sends no frames: check on a timer too, so a revoke closes it within the period.
-        while True:
-            await asyncio.sleep(getattr(state, "revocation_check_s", 5.0))
-            reason = await lapsed_standing(state.store, collector_id)
-            if reason is not None:
-                lapsed.set_result(reason)
-                return
+        # An idle socket sends no frames: a revocation broadcast (or the periodic check) closes it.
+        lapsed.set_result(await standing_lapsed(state, collector_id))
 
     watcher = asyncio.create_task(watch_standing())
     try:

@@ -25,7 +25,7 @@ from versus.router.v1 import tunnel_pb2_grpc
 
 from common.grpc_client import aio_channel
 from common.logs import get_logger
-from gateway.auth import admit_socket, lapsed_standing
+from gateway.auth import admit_socket, standing_lapsed
 
 MAX_FRAME_BYTES = 64 * 1024
 EOF_FRAME = "eof"
@@ -85,15 +85,11 @@ async def tunnel(ws: WebSocket) -> None:
         call.cancel()
 
     async def watch_standing() -> None:
-        while True:
-            await asyncio.sleep(getattr(state, "revocation_check_s", 5.0))
-            lapsed = await lapsed_standing(state.store, claims.collector_id)
-            if lapsed is not None:
-                # Only the relay loop touches the socket; end it and let it close with 4401.
-                close_code[0], close_code[1] = 4401, lapsed
-                aborted.set()
-                call.cancel()
-                return
+        lapsed = await standing_lapsed(state, claims.collector_id)
+        # Only the relay loop touches the socket; end it and let it close with 4401.
+        close_code[0], close_code[1] = 4401, lapsed
+        aborted.set()
+        call.cancel()
 
     close_code: list[Any] = [1000, ""]
     aborted = asyncio.Event()

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.engine import RowMapping
 
+from common import revocations
 from common.errors import FailedPrecondition, InvalidArgument
 from common.rbac import current_actor
 from enrollment.store import EnrollmentStore
@@ -163,6 +164,7 @@ class Fleet:
             collector_id, {"pending", "active"}, "revoked", current_actor(), {"reason": reason}
         )
         await self.router.collector_removed(collector_id)
+        await revocations.announce(self.router.redis, collector_id)
         return await self.get(collector_id)
 
     async def set_vault_mode(self, collector_id: str, mode: str, integration_id: str) -> CollectorView:
