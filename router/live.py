@@ -12,15 +12,15 @@ its collector, without polling the database.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import Connection, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from common.fanout import Fanout, text
 from common.logs import get_logger
 from router.fleet_state import DEAD_AFTER_S
 
@@ -173,16 +173,11 @@ class InFlight:
         }
 
 
-class WakeHub:
-    """One pattern subscription per process, fanned out to local waiters by key.
-
-    Keys are collector ids (work was routed to it) and ``task:<id>`` (the task changed state).
-    """
+class WakeHub(Fanout):
+    """Wake-ups by key: collector ids (work was routed to it) and ``task:<id>`` (the task changed state)."""
 
     def __init__(self, redis: Redis):
-        self.redis = redis
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._task: asyncio.Task[None] | None = None
+        super().__init__(redis, pattern=_WAKE + "*", key_of=lambda m: text(m["channel"]).removeprefix(_WAKE))
 
     async def publish(self, collector_id: str) -> None:
         await self.redis.publish(_WAKE + collector_id, b"1")
@@ -195,50 +190,6 @@ class WakeHub:
             await pipe.execute()
         except Exception:  # a missed wake-up only delays a watcher until its fallback poll
             log.warning("task wake-up not published", exc_info=True)
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._listen())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    @contextlib.contextmanager
-    def listener(self, collector_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever work is routed to ``collector_id``.
-
-        Register before looking for work, so a wake-up between the look and the
-        wait is not lost.
-        """
-        event = asyncio.Event()
-        self._waiters[collector_id].add(event)
-        try:
-            yield event
-        finally:
-            self._waiters[collector_id].discard(event)
-            if not self._waiters[collector_id]:
-                del self._waiters[collector_id]
-
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async with self.redis.pubsub() as pubsub:
-                    await pubsub.psubscribe(_WAKE + "*")
-                    async for message in pubsub.listen():
-                        if message.get("type") != "pmessage":
-                            continue
-                        collector_id = message["channel"].decode().removeprefix(_WAKE)
-                        for event in self._waiters.get(collector_id, ()):
-                            event.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # Redis went away: waiters fall back to their timeout; resubscribe shortly
-                log.warning("wake-up subscription lost; retrying", exc_info=True)
-                await asyncio.sleep(1.0)
 
 
 def task_key(task_id: str) -> str:

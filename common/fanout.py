@@ -1,0 +1,89 @@
+"""One Redis subscription per process, fanned out to local waiters by key.
+
+Used for the router's wake-ups (work routed to a collector, a task changed
+state) and the gateway's revocation broadcast. Waiters register *before* they
+look at the state they wait on, so a message between the look and the wait is
+not lost. Redis is never the source of truth here: if the subscription drops,
+waiters fall back to their own timeouts and it is re-established.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from redis.asyncio import Redis
+
+from common.logs import get_logger
+
+log = get_logger("versus.fanout")
+
+
+class Fanout:
+    """Subscribe to ``channel`` (or ``pattern``) and set the events registered under ``key_of(message)``."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        key_of: Callable[[dict[str, Any]], str],
+        channel: str | None = None,
+        pattern: str | None = None,
+    ):
+        self.redis = redis
+        self._key_of = key_of
+        self._channel = channel
+        self._pattern = pattern
+        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._listen())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @contextlib.contextmanager
+    def listener(self, key: str) -> Iterator[asyncio.Event]:
+        """An event set whenever a message for ``key`` arrives while the block runs."""
+        event = asyncio.Event()
+        self._waiters[key].add(event)
+        try:
+            yield event
+        finally:
+            self._waiters[key].discard(event)
+            if not self._waiters[key]:
+                del self._waiters[key]
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async with self.redis.pubsub() as pubsub:
+                    if self._pattern is not None:
+                        await pubsub.psubscribe(self._pattern)
+                    else:
+                        await pubsub.subscribe(self._channel)
+                    async for message in pubsub.listen():
+                        if message.get("type") not in ("message", "pmessage"):
+                            continue
+                        for event in self._waiters.get(self._key_of(message), ()):
+                            event.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Redis went away: waiters fall back to their timeouts; resubscribe shortly
+                log.warning(
+                    "subscription lost; retrying", channel=self._channel or self._pattern, exc_info=True
+                )
+                await asyncio.sleep(1.0)
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
