@@ -380,3 +380,19 @@ async def test_approve_and_deny_are_audited_with_the_caller(stack: Stack, admin:
         "before": {"status": "pending"},
         "after": {"status": "denied"},
     }
+
+
+async def test_a_revoke_broadcast_closes_sockets_without_waiting_for_the_periodic_check(
+    stack: Stack, admin: Ops
+) -> None:
+    import websockets
+
+    stack.app.state.revocation_check_s = 600.0  # only the broadcast can close the socket in time
+    c = await _connected(stack, "col-bc")
+    async with await gw._ws(stack, c) as ws:
+        await asyncio.sleep(0.3)
+        await admin.fleet.RevokeCollector(fpb.RevokeCollectorRequest(collector_id="col-bc"))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")

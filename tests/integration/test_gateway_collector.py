@@ -87,6 +87,8 @@ class Stack:
     router: Router
     # The fleet service's clock: tests move it forward to age heartbeats.
     clock: OffsetClock
+    # The gateway app, for tests that tune its state (e.g. the periodic standing check).
+    app: Any
 
     async def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
@@ -171,9 +173,8 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         service_token=await mint(router.engine, Role.SERVICE),
     )
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_config=None, **WS_OPTIONS)
-    )
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, **WS_OPTIONS))
     task = asyncio.create_task(server.serve())
     while not server.started:  # noqa: ASYNC110 - uvicorn exposes only this flag
         await asyncio.sleep(0.01)
@@ -190,6 +191,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         platform_token,
         router,
         clock,
+        app,
     )
     await channel.close(None)
     server.should_exit = True
