@@ -23,7 +23,6 @@ import datetime as dt
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -31,7 +30,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bench.stack import CpuMeter, Stack, enroll_many, machine, percentile, pin_load_generator, running_stack
+from bench.stack import (
+    CpuMeter,
+    Stack,
+    enroll_many,
+    machine,
+    percentile,
+    pin_load_generator,
+    running_stack,
+    save_report,
+)
 
 
 def crypto_floor(seconds: float = 2.0) -> float:
@@ -108,9 +116,7 @@ def main() -> None:
         "floor_per_second": floor_per_core * cores,
         "runs": runs,
     }
-    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": result}
-    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    save_report(args.json_path, pinning, args, result)
     cpu = runs[len(runs) // 2]["cpu_ms_per_enrollment"]
     print("| Collectors at once | Enrollments/s | p50 | p99 | Crypto floor (all cores) | Ratio to floor |")
     print("|---:|---:|---:|---:|---:|---:|")

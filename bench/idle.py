@@ -20,14 +20,13 @@ import datetime as dt
 import hashlib
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import insert
 
-from bench.stack import HOLD_S, SimCollector, Stack, machine, pin_load_generator, running_stack
+from bench.stack import HOLD_S, SimCollector, Stack, pin_load_generator, running_stack, save_report
 from common.db import engine as db_engine
 from common.db.schema import collectors as collectors_table
 from common.db.schema import sites
@@ -142,9 +141,7 @@ def main() -> None:
             with running_stack() as stack:
                 results.append(asyncio.run(hold(stack, count, wss, args.window)))
                 print(json.dumps(results[-1]), flush=True)
-    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
-    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    save_report(args.json_path, pinning, args, results)
     print("| Collectors | Transport | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU |")
     print("|---:|---|---:|---:|---:|---:|")
     for r in results:

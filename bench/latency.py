@@ -42,10 +42,10 @@ from bench.stack import (
     SimCollector,
     Stack,
     enroll_many,
-    machine,
     percentile,
     pin_load_generator,
     running_stack,
+    save_report,
 )
 from common.grpc_client import aio_channel
 
@@ -302,11 +302,7 @@ def main() -> None:
     with running_stack() as stack:
         pgq_url = install_pgqueuer(stack)
         results = asyncio.run(_bench(stack, pgq_url, args))
-    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
-    from pathlib import Path
-
-    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    save_report(args.json_path, pinning, args, results)
     print(_table(results, args.rates))
 
 

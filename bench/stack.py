@@ -60,6 +60,13 @@ def pin_load_generator() -> str:
     return f"load generator pinned to CPU {cpus[-1]} of {len(cpus)}; servers unpinned"
 
 
+def save_report(json_path: str, pinning: str, args: Any, results: Any) -> None:
+    """Write a benchmark's results with the machine facts and the arguments that produced them."""
+    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(json_path).write_text(json.dumps(report, indent=2))
+
+
 def machine() -> dict[str, Any]:
     import platform
 

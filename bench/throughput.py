@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -36,9 +35,9 @@ from bench.stack import (
     SimCollector,
     Stack,
     enroll_many,
-    machine,
     pin_load_generator,
     running_stack,
+    save_report,
 )
 from common.grpc_client import aio_channel
 
@@ -169,9 +168,7 @@ def main() -> None:
     with running_stack() as stack:
         pgq_url = install_pgqueuer(stack)
         results = asyncio.run(_bench(stack, pgq_url, args))
-    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
-    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    save_report(args.json_path, pinning, args, results)
     ratio = results["ours_tasks_per_s"] / results["pgqueuer_jobs_per_s"]
     print("| Ours tasks/s | pgqueuer jobs/s | Ratio (ours / pgqueuer) |")
     print("|---:|---:|---:|")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -35,7 +34,7 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 from websockets.typing import Subprotocol
 
-from bench.stack import Stack, machine, percentile, pin_load_generator, running_stack
+from bench.stack import Stack, percentile, pin_load_generator, running_stack, save_report
 from common.embedded.process import free_port
 from common.grpc_client import aio_channel
 from tests.e2e.collector_harness import Collector
@@ -243,9 +242,7 @@ def main() -> None:
             results = asyncio.run(_bench(stack, collector_id, token, args))
         finally:
             collector.stop()
-    report = {"machine": machine(), "pinning": pinning, "args": vars(args), "results": results}
-    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_path).write_text(json.dumps(report, indent=2))
+    save_report(args.json_path, pinning, args, results)
     print("| Path | " + " | ".join(f"{s} stream(s) MiB/s" for s in args.streams) + " | RTT p50 | RTT p99 |")
     print("|---|" + "---:|" * (len(args.streams) + 2))
     for name in ("raw", "websockify", "ours"):
