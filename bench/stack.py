@@ -51,13 +51,32 @@ HOLD_S = 25.0
 RETRY_S = 0.2
 
 
+def _all_cpus() -> set[int]:
+    return set(range(os.cpu_count() or 1))
+
+
 def pin_load_generator() -> str:
-    """Pin this process to the last CPU; returns a description for the report."""
-    cpus = sorted(os.sched_getaffinity(0))
+    """Pin this process to the last CPU; returns a description for the report.
+
+    Processes started from here inherit the pin: start servers inside :func:`unpinned`
+    (running_stack does), or they would share the load generator's CPU.
+    """
+    cpus = sorted(_all_cpus())
     if len(cpus) < 2:
         return f"not pinned ({len(cpus)} CPU)"
     os.sched_setaffinity(0, {cpus[-1]})
-    return f"load generator pinned to CPU {cpus[-1]} of {len(cpus)}; servers unpinned"
+    return f"load generator pinned to CPU {cpus[-1]} of {len(cpus)}; servers unpinned (all CPUs)"
+
+
+@contextmanager
+def unpinned() -> Iterator[None]:
+    """Start child processes on every CPU, whatever this process is pinned to."""
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _all_cpus())
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
 
 
 def save_report(json_path: str, pinning: str, args: Any, results: Any) -> None:
@@ -123,8 +142,9 @@ class Stack:
 @contextmanager
 def running_stack(**env: str) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="versus-bench-"))
-    postgres = EmbeddedPostgres(root / "pg").start()
-    redis = EmbeddedRedis(root / "redis").start()
+    with unpinned():
+        postgres = EmbeddedPostgres(root / "pg").start()
+        redis = EmbeddedRedis(root / "redis").start()
     cp = ControlPlane(
         service_env(
             root / "state", DATABASE_URL=postgres.url, REDIS_URL=redis.url, VERSUS_LOG_LEVEL="WARNING", **env
@@ -132,7 +152,8 @@ def running_stack(**env: str) -> Iterator[Stack]:
         root / "up.log",
     )
     try:
-        cp.start()
+        with unpinned():
+            cp.start()
         yield Stack(root, postgres, redis, cp)
     finally:
         if cp.proc.poll() is None:

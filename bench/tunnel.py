@@ -34,7 +34,7 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 from websockets.typing import Subprotocol
 
-from bench.stack import Stack, percentile, pin_load_generator, running_stack, save_report
+from bench.stack import Stack, percentile, pin_load_generator, running_stack, save_report, unpinned
 from common.embedded.process import free_port
 from common.grpc_client import aio_channel
 from tests.e2e.collector_harness import Collector
@@ -188,13 +188,14 @@ async def _bench(stack: Stack, collector_id: str, token: str, args: argparse.Nam
     server, port = await echo_server()
     ws_port = free_port()
     websockify = shutil.which("websockify", path=str(Path(sys.executable).parent)) or "websockify"
-    relay = await asyncio.create_subprocess_exec(
-        websockify,
-        f"127.0.0.1:{ws_port}",
-        f"127.0.0.1:{port}",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    with unpinned():  # a server, like ours: not on the load generator's CPU
+        relay = await asyncio.create_subprocess_exec(
+            websockify,
+            f"127.0.0.1:{ws_port}",
+            f"127.0.0.1:{port}",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     await asyncio.sleep(1.0)
     paths: dict[str, Callable[[], Awaitable[Pipe]]] = {
         "raw": lambda: raw_pipe(port),

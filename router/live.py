@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -49,26 +50,28 @@ class Liveness:
 
     async def touch(self, collector_id: str, now: float, session: Mapping[str, str] | None = None) -> bool:
         """Record a claim (and what the collector said about itself); True when it just came back."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zscore(_LIVE, collector_id)
-        pipe.zadd(_LIVE, {collector_id: now})
-        if session:
-            fields: dict[str | bytes, str] = {"last_claim": str(now)}
-            for key, value in session.items():
-                fields[key] = value
-            pipe.hset(_SESSION + collector_id, mapping=fields)  # type: ignore[arg-type]
-            pipe.expire(_SESSION + collector_id, SESSION_TTL_S)
-        previous = (await pipe.execute())[0]
-        return previous is None or now - float(previous) > self.window_s
+        _, came_back = await self.heartbeat(collector_id, "", now, session or {})
+        return came_back
 
-    async def adopt_session(self, collector_id: str, session_id: str, now: float) -> int:
-        """Make ``session_id`` the collector's current session: 1 if it just became current, 0 if it
-        already was, -1 if a newer session superseded it (its claims are refused from then on)."""
-        result = await self.redis.eval(
-            _ADOPT_SESSION, 2, _SESSION + collector_id, _SUPERSEDED + collector_id, session_id, str(now),
-            str(SESSION_TTL_S),
+    async def heartbeat(
+        self, collector_id: str, session_id: str, now: float, session: Mapping[str, str]
+    ) -> tuple[int, bool]:
+        """Adopt ``session_id`` and record the claim, atomically and in one round trip.
+
+        Returns (adopted, came_back): adopted is 1 if the session just became current, 0 if it
+        already was and -1 if a newer session superseded it (then nothing is recorded: a
+        superseded process must not overwrite the current session's details); came_back is
+        True when the collector had not claimed within the liveness window.
+        """
+        fields: list[str] = ["last_claim", str(now)]
+        for key, value in session.items():
+            fields += [key, value]
+        adopted, previous = await self.redis.eval(
+            _HEARTBEAT, 3, _SESSION + collector_id, _SUPERSEDED + collector_id, _LIVE,
+            session_id, str(now), str(SESSION_TTL_S), collector_id, *fields,
         )  # fmt: skip
-        return int(result)
+        came_back = not previous or now - float(previous) > self.window_s
+        return int(adopted), came_back
 
     async def is_superseded(self, collector_id: str, session_id: str) -> bool:
         return bool(await self.redis.sismember(_SUPERSEDED + collector_id, session_id))
@@ -110,17 +113,27 @@ class Liveness:
 
 
 # Atomic so two sessions claiming at once cannot both become current.
-_ADOPT_SESSION = """
-if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return -1 end
-local current = redis.call('HGET', KEYS[1], 'session_id')
-if current == ARGV[1] then return 0 end
-if current then
-  redis.call('SADD', KEYS[2], current)
-  redis.call('EXPIRE', KEYS[2], ARGV[3])
+# KEYS: session hash, superseded set, live set. ARGV: session id ('' = none), now, ttl,
+# collector id, then field/value pairs for the session hash.
+_HEARTBEAT = """
+local adopted = 0
+if ARGV[1] ~= '' then
+  if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {-1, ''} end
+  local current = redis.call('HGET', KEYS[1], 'session_id')
+  if current ~= ARGV[1] then
+    if current then
+      redis.call('SADD', KEYS[2], current)
+      redis.call('EXPIRE', KEYS[2], ARGV[3])
+    end
+    redis.call('HSET', KEYS[1], 'session_id', ARGV[1], 'established_at', ARGV[2])
+    adopted = 1
+  end
 end
-redis.call('HSET', KEYS[1], 'session_id', ARGV[1], 'established_at', ARGV[2])
+local previous = redis.call('ZSCORE', KEYS[3], ARGV[4]) or ''
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
+if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5, #ARGV)) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
+return {adopted, previous}
 """
 
 
@@ -157,10 +170,12 @@ class InFlight:
         log.debug("in-flight counters rebuilt from PostgreSQL", collectors=len(per_collector))
 
     async def add(self, collector_id: str, provider: str, delta: int) -> None:
-        await self.ensure_built()
+        # No marker check here: after a flush this creates a partial counter, and the next read
+        # sees the marker missing and rebuilds everything from PostgreSQL (one round trip saved).
         await self.redis.hincrby(_INFLIGHT + collector_id, provider, delta)
 
     async def get(self, collector_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Counts per provider of each collector (for operators; placement uses placement_view)."""
         await self.ensure_built()
         ids = list(collector_ids)
         pipe = self.redis.pipeline(transaction=False)
@@ -168,9 +183,61 @@ class InFlight:
             pipe.hgetall(_INFLIGHT + cid)
         rows = await pipe.execute()
         return {
-            cid: {k.decode(): max(int(v), 0) for k, v in row.items()}
+            cid: {_text(k): max(int(v), 0) for k, v in row.items()}
             for cid, row in zip(ids, rows, strict=True)
         }
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementView:
+    """What Redis says about some collectors: live ones, in-flight counts, self-declared drains."""
+
+    live: set[str]
+    loads: dict[str, dict[str, int]]
+    draining: set[str]
+
+
+# One command for the whole candidate list (a pipeline of per-collector commands cost more
+# in client-side packing and parsing than the placement itself). Returns false when the
+# counters' marker is missing. Keys are derived from ids inside the script, so this needs a
+# single Redis server, not a cluster.
+# KEYS: marker, live set. ARGV: in-flight prefix, session prefix, provider, ids...
+_PLACEMENT_VIEW = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local out = {}
+for i = 4, #ARGV do
+  local cid = ARGV[i]
+  out[#out + 1] = redis.call('ZSCORE', KEYS[2], cid) or ''
+  out[#out + 1] = redis.call('HGET', ARGV[1] .. cid, ARGV[3]) or '0'
+  out[#out + 1] = redis.call('HGET', ARGV[2] .. cid, 'draining') or ''
+end
+return out
+"""
+
+
+async def placement_view(
+    redis: Redis, in_flight: InFlight, collector_ids: list[str], provider: str, now: float, window_s: int
+) -> PlacementView:
+    """Liveness, ``provider`` loads and drain flags of ``collector_ids`` in one Redis round trip.
+
+    A missing counters' marker (Redis restarted or flushed) triggers a rebuild and one retry.
+    """
+    if not collector_ids:
+        return PlacementView(set(), {}, set())
+    args = (_INFLIGHT, _SESSION, provider, *collector_ids)
+    reply = await redis.eval(_PLACEMENT_VIEW, 2, _BUILT, _LIVE, *args)
+    if not reply:
+        await in_flight.ensure_built()
+        reply = await redis.eval(_PLACEMENT_VIEW, 2, _BUILT, _LIVE, *args) or []
+    view = PlacementView(set(), {}, set())
+    for i, cid in enumerate(collector_ids):
+        score, load, draining = reply[3 * i : 3 * i + 3] or (b"", b"0", b"")
+        if score and now - float(score) <= window_s:
+            view.live.add(cid)
+        view.loads[cid] = {provider: max(int(load), 0)}
+        if draining == b"1":
+            view.draining.add(cid)
+    return view
 
 
 class WakeHub(Fanout):
@@ -222,6 +289,10 @@ class TaskWakes:
             conn.info.setdefault(self.committed_key, set()).update(ids)
 
     def _on_rollback(self, conn: Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            # Each statement committed on its own; the "rollback" at close undoes nothing.
+            self._on_commit(conn)
+            return
         conn.info.pop(self.changed_key, None)
 
     def _on_checkin(self, dbapi_connection: Any, record: Any) -> None:

@@ -14,7 +14,6 @@ import datetime as dt
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +34,10 @@ from common.errors import (
 from common.keys import SigningKey
 from common.logs import get_logger
 from router import fleet_state, ladder, placement, store
+from router.candidates import CandidateLoader
 from router.live import InFlight, Liveness, TaskWakes, WakeHub
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
-from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
+from router.placement import Candidate, OperationCap, PlacementRequest
 from router.states import TERMINAL, State, cancellable, check_transition
 from router.submit import SubmitRequest, fingerprint, validate
 
@@ -124,41 +124,6 @@ def _task_values(req: SubmitRequest, digest: bytes) -> dict[str, Any]:
     }
 
 
-def _candidate(
-    row: RowMapping,
-    live: set[str],
-    in_flight: Mapping[str, Mapping[str, int]],
-    draining: AbstractSet[str] = frozenset(),
-) -> Candidate:
-    manifest: Mapping[str, Any] = row["manifest"]
-    providers = {
-        name: ProviderCap(
-            max_concurrency=int(p.get("max_concurrency", 1)),
-            operations={
-                op["name"]: OperationCap(
-                    op_class=op["op_class"],
-                    parallel_safe=bool(op.get("parallel_safe", False)),
-                    reconcile_operation=str(op.get("reconcile_operation", "")),
-                )
-                for op in p.get("operations", [])
-            },
-        )
-        for name, p in manifest.get("providers", {}).items()
-    }
-    cid = row["collector_id"]
-    return Candidate(
-        collector_id=cid,
-        site_id=row["site_id"],
-        tenant_id=row["tenant_id"],
-        active=row["status"] == "active",
-        draining=bool(row["draining"]) or row["collector_id"] in draining,
-        live=cid in live,
-        fips=bool(row["fips"]),
-        providers=providers,
-        in_flight=in_flight.get(cid, {}),
-    )
-
-
 # Queued tasks looked at per re-evaluation: a sweep or a collector coming back, and a freed slot.
 REEVALUATE_BATCH = 100
 FREED_SLOT_BATCH = 8
@@ -175,6 +140,9 @@ class Router:
         dispatch_ttl_s: int = DISPATCH_TTL_S,
     ):
         self.engine = engine
+        # Single statements that need no transaction (reads, the claim's take) run in autocommit:
+        # no BEGIN and COMMIT round trips on the hot path.
+        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.redis = redis
         self.signing_key = signing_key
         self.max_attempts = max_attempts
@@ -182,6 +150,7 @@ class Router:
         self.liveness = Liveness(redis)
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)
+        self.candidates = CandidateLoader(redis, self.in_flight, self.liveness.window_s)
         self.task_wakes = TaskWakes(engine, self.wake, store.CHANGED_TASKS)
         self._background: set[asyncio.Task[Any]] = set()
         # Set by the server when this process also serves tunnels (router/tunnels.py).
@@ -190,6 +159,14 @@ class Router:
     async def _load_in_flight(self) -> Mapping[tuple[str, str], int]:
         async with self.engine.connect() as conn:
             return await store.all_in_flight(conn)
+
+    def _in_background(self, start: Effect) -> Effect:
+        """An effect that starts ``start`` without waiting for it (the caller's answer goes first)."""
+
+        async def run() -> None:
+            self._spawn(start())
+
+        return run
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -216,12 +193,9 @@ class Router:
         digest = fingerprint(req)
         effects = Effects()
         async with self.engine.begin() as conn:
-            existing = await store.task_by_key(conn, req.idempotency_key)
-            created = None
-            if existing is None:
-                created = await store.insert_task(conn, _task_values(req, digest))
-                # None: another submitter inserted the same key a moment ago.
-                existing = await store.task_by_key(conn, req.idempotency_key) if created is None else None
+            created = await store.insert_task(conn, _task_values(req, digest))
+            # None: the key exists (a retry, or another submitter a moment ago).
+            existing = await store.task_by_key(conn, req.idempotency_key) if created is None else None
             if existing is not None:
                 if existing["request_sha256"] != digest:
                     raise Conflict(
@@ -258,12 +232,16 @@ class Router:
                 raise
             await store.transition(conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code)
             return S.FAILED
-        # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under a lock.
-        await store.lock_collectors(conn, [c.collector_id for c in eligible])
+        # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under the
+        # collector's lock. Only the first lock may wait (store.lock_collector says why).
+        locked_one = False
         while eligible:
             chosen = placement.pick(req, eligible)
             assert chosen is not None
             eligible.remove(chosen)
+            if not await store.lock_collector(conn, chosen.collector_id, skip_locked=locked_one):
+                continue
+            locked_one = True
             cap = chosen.providers[req.provider].max_concurrency
             if await store.in_flight(conn, chosen.collector_id, req.provider) >= cap:
                 continue
@@ -364,15 +342,13 @@ class Router:
             await store.set_lease_dispatch(conn, task["target_ref"], task_id, dispatch_id)
         DISPATCH_STATES.labels(S.LEASED.value).inc()
         if kind == "execute":
-            await store.transition(
-                conn, task_id, from_state, S.ROUTED, f"collector {chosen.collector_id}", dispatch_id
-            )
-            await store.transition(
+            await store.transitions(
                 conn,
                 task_id,
-                S.ROUTED,
-                S.LEASED,
-                f"lease epoch {epoch}" if epoch else "no lease needed",
+                [
+                    (from_state, S.ROUTED, f"collector {chosen.collector_id}"),
+                    (S.ROUTED, S.LEASED, f"lease epoch {epoch}" if epoch else "no lease needed"),
+                ],
                 dispatch_id,
                 attempts=attempt,
                 current_dispatch_id=dispatch_id,
@@ -395,12 +371,7 @@ class Router:
 
     async def _candidates(self, conn: AsyncConnection, req: PlacementRequest) -> list[Candidate]:
         """Collectors of the request's site and tenant with their liveness, load and drain state."""
-        rows = await store.candidates(conn, req.site_id, req.tenant_id)
-        ids = [r["collector_id"] for r in rows]
-        live = await self.liveness.live(ids, time.time())
-        loads = await self.in_flight.get(ids)
-        draining = await self.liveness.self_draining(ids)
-        return [_candidate(r, live, loads, draining) for r in rows]
+        return await self.candidates.load(conn, req.site_id, req.tenant_id, req.provider)
 
     async def pick_tunnel_collector(self, collector_id: str, site_id: str, tenant_id: str) -> str:
         """The live, active collector that will carry a tunnel: the one named, or one of the site's."""
@@ -425,6 +396,25 @@ class Router:
                 f"no live collector serves site {site_id!r}", code="no_eligible_collector"
             )
         return usable[0]
+
+    async def fill_slot(self, site_id: str, tenant_id: str, provider: str) -> bool:
+        """Place the oldest queued task of the site, tenant and provider after a slot was freed.
+
+        Scanning the site's queue on every report made a backlog cost O(queue) per report (and
+        most of the router's CPU); one indexed, SKIP LOCKED pick does the job. When that task
+        cannot be placed (it needs a FIPS collector, say) a short general pass follows; the
+        sweeper's pass covers the rest.
+        """
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            task = await store.next_queued(conn, site_id, tenant_id, provider)
+            if task is None:
+                return False
+            state = await self._place(conn, task, effects, refuse=False)
+        await effects.run()
+        if state != S.LEASED:
+            return await self.reevaluate(site_id, FREED_SLOT_BATCH) > 0
+        return True
 
     def _reevaluate_effect(self, site_id: str, limit: int = REEVALUATE_BATCH) -> Effect:
         async def run() -> None:
@@ -465,11 +455,11 @@ class Router:
         return claimed
 
     async def _check_standing(
-        self, collector_id: str, session_id: str, vault_mode: str
+        self, collector_id: str, session_id: str, vault_mode: str, *, check_session: bool = True
     ) -> RestartWith | None:
         """Refuse a claim from a collector that is no longer active or from a superseded session;
         say what to restart with when the recorded vault settings differ from the running ones."""
-        async with self.engine.connect() as conn:
+        async with self.autocommit.connect() as conn:
             row = await store.collector_standing(conn, collector_id)
         status = fleet_state.collector_status(row["status"], row["cert_not_after"], _now()) if row else None
         if status is fleet_state.CollectorStatus.REVOKED:
@@ -478,11 +468,8 @@ class Router:
             raise Unauthenticated("the collector certificate has expired", code="certificate_expired")
         if row is None or status is not fleet_state.CollectorStatus.ACTIVE:
             raise PermissionDenied(f"collector is {status or 'unknown'}", code="collector_not_active")
-        if session_id and await self.liveness.is_superseded(collector_id, session_id):
-            raise Conflict(
-                "a newer session of this collector replaced this one; stop this process",
-                code="session_superseded",
-            )
+        if check_session and session_id and await self.liveness.is_superseded(collector_id, session_id):
+            raise _superseded()
         if vault_mode and vault_mode != row["vault_mode"]:
             return RestartWith(
                 row["vault_mode"], row["vault_integration_id"] or "", row["address"] or "",
@@ -513,11 +500,8 @@ class Router:
         what to restart with, and no work.
         """
         started = time.monotonic()
-        restart = await self._check_standing(collector_id, session_id, vault_mode)
-        now = time.time()
-        if session_id and await self.liveness.adopt_session(collector_id, session_id, now) == 1:
-            # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
-            await self.wake.publish(collector_id)
+        # The session is checked by the heartbeat below (same round trip as recording the claim).
+        restart = await self._check_standing(collector_id, session_id, vault_mode, check_session=False)
         session = {
             "draining": "1" if draining else "0",
             "agent_version": agent_version,
@@ -525,7 +509,13 @@ class Router:
             "transport": transport,
             "vault_mode": vault_mode,
         }
-        if await self.liveness.touch(collector_id, now, session):
+        adopted, came_back = await self.liveness.heartbeat(collector_id, session_id, time.time(), session)
+        if adopted < 0:
+            raise _superseded()
+        if adopted == 1:
+            # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
+            await self.wake.publish(collector_id)
+        if came_back:
             self._spawn(self._reevaluate_for(collector_id))
         if restart is not None:
             return None, (), restart
@@ -563,21 +553,10 @@ class Router:
             await self.reevaluate(site_id)
 
     async def _take(self, collector_id: str, claim_seq: int) -> Claimed | None:
-        async with self.engine.begin() as conn:
-            row = await store.take_leased(conn, collector_id)
+        async with self.autocommit.connect() as conn:
+            row = await store.take_leased(conn, collector_id, claim_seq)
             if row is None:
                 return None
-            await store.update_dispatch(
-                conn,
-                row["dispatch_id"],
-                state=S.DISPATCHED.value,
-                handed_claim_seq=claim_seq,
-                handed_at=_now(),
-            )
-            if row["kind"] == "execute":
-                await store.transition(
-                    conn, row["task_id"], S.LEASED, S.DISPATCHED, "claimed", row["dispatch_id"]
-                )
         DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
         SUBMIT_TO_CLAIM.observe((_now() - row["created_at"]).total_seconds())
         return Claimed(row["dispatch_id"], bytes(row["envelope"]))
@@ -585,6 +564,9 @@ class Router:
     async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:
         if claim_seq <= 0:
             return
+        async with self.autocommit.connect() as conn:
+            if not await store.any_handed_out(conn, collector_id, claim_seq):
+                return
         effects = Effects()
         async with self.engine.begin() as conn:
             for d in await store.handed_out(conn, collector_id, claim_seq):
@@ -697,9 +679,9 @@ class Router:
         DISPATCH_STATES.labels(outcome.value).inc()
         collector, provider = d["collector_id"], d["provider"]
         effects.add(lambda: self.in_flight.add(collector, provider, -1))
-        # One slot was freed: look at the oldest few queued tasks of the site, not the whole backlog
-        # (scanning 100 per report made a backlog cost O(queue) per report; the sweeper covers the rest).
-        effects.add(self._reevaluate_effect(task["site_id"], FREED_SLOT_BATCH))
+        # One slot of this provider was freed: give it the oldest queued task that could use it.
+        site_id, tenant_id = task["site_id"], task["tenant_id"]
+        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, outcome, result, effects)
         if current not in (S.DISPATCHED, S.RUNNING):
@@ -761,6 +743,11 @@ class Router:
         cands = [c for c in await self._candidates(conn, req) if c.live and not c.draining]
         usable = [c for c in cands if (op := _op(c, req)) is not None and op.reconcile_operation]
         chosen = placement.pick(req, usable)
+        while chosen is not None and not await store.lock_collector(
+            conn, chosen.collector_id, skip_locked=False
+        ):
+            usable.remove(chosen)  # revoked, expired or drained since the candidate list was read
+            chosen = placement.pick(req, usable)
         if chosen is None:
             return await self._indeterminate(
                 conn, task, S.RECONCILING, "no collector can run the reconcile-read"
@@ -871,6 +858,7 @@ class Router:
         async with self.engine.begin() as conn:
             stored = await store.upsert_capabilities(conn, collector_id, epoch, manifest, fips, version)
         if stored == epoch:
+            self.candidates.invalidate()
             self._spawn(self._reevaluate_for(collector_id))
         return stored
 
@@ -950,6 +938,12 @@ class Router:
         # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
         await self.in_flight.rebuild()
         return counts
+
+
+def _superseded() -> Conflict:
+    return Conflict(
+        "a newer session of this collector replaced this one; stop this process", code="session_superseded"
+    )
 
 
 def _placement_request(task: RowMapping) -> PlacementRequest:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, func, insert, or_, select, update
+from sqlalchemy import RowMapping, String, and_, func, insert, literal, or_, select, text, union_all, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -60,19 +60,43 @@ async def transition(
     The task id is noted on the connection; once the transaction commits, watchers of the
     task are woken (router/live.py ``TaskWakes``).
     """
+    await transitions(conn, task_id, [(from_state, to_state, reason)], dispatch_id, **values)
+
+
+async def transitions(
+    conn: AsyncConnection,
+    task_id: str,
+    steps: Sequence[tuple[State, State, str]],
+    dispatch_id: str | None = None,
+    **values: Any,
+) -> None:
+    """Move a locked task through ``steps`` (from, to, reason), recording each, in one statement.
+
+    The task row update and the history rows go together (``WITH moved AS (UPDATE ...) INSERT``):
+    one round trip instead of two per step, on the path every task takes several times.
+    """
     conn.info.setdefault(CHANGED_TASKS, set()).add(task_id)
-    await conn.execute(
+    moved = (
         update(tasks)
         .where(tasks.c.task_id == task_id)
-        .values(state=to_state.value, updated_at=func.now(), **values)
+        .values(state=steps[-1][1].value, updated_at=func.now(), **values)
+        .returning(tasks.c.task_id)
+        .cte("moved")
     )
+    rows = [
+        select(
+            moved.c.task_id,
+            literal(dispatch_id, String),
+            literal(from_state.value, String),
+            literal(to_state.value, String),
+            literal(reason, String),
+        )
+        for from_state, to_state, reason in steps
+    ]
+    history_rows = rows[0] if len(rows) == 1 else union_all(*rows)
     await conn.execute(
-        insert(task_transitions).values(
-            task_id=task_id,
-            dispatch_id=dispatch_id,
-            from_state=from_state.value,
-            to_state=to_state.value,
-            reason=reason,
+        insert(task_transitions).from_select(
+            ["task_id", "dispatch_id", "from_state", "to_state", "reason"], history_rows
         )
     )
 
@@ -121,14 +145,15 @@ async def history(conn: AsyncConnection, task_id: str) -> Sequence[RowMapping]:
 
 
 async def candidates(conn: AsyncConnection, site_id: str, tenant_id: str) -> Sequence[RowMapping]:
-    """Active, unexpired collectors of the site and tenant that published a manifest."""
+    """Active, unexpired collectors of the site and tenant that published a manifest (its version only)."""
     query = (
         select(
             collectors.c.collector_id,
             collectors.c.site_id,
             collectors.c.tenant_id,
             collectors.c.status,
-            collector_capabilities.c.manifest,
+            collector_capabilities.c.epoch,
+            collector_capabilities.c.updated_at,
             collector_capabilities.c.fips,
             collector_capabilities.c.draining,
         )
@@ -143,15 +168,39 @@ async def candidates(conn: AsyncConnection, site_id: str, tenant_id: str) -> Seq
     return (await conn.execute(query)).mappings().all()
 
 
-async def lock_collectors(conn: AsyncConnection, collector_ids: Sequence[str]) -> None:
-    """Lock these collectors' rows, always in id order, so concurrent placements cannot deadlock."""
-    if collector_ids:
-        await conn.execute(
-            select(collector_capabilities.c.collector_id)
-            .where(collector_capabilities.c.collector_id.in_(sorted(collector_ids)))
-            .order_by(collector_capabilities.c.collector_id)
-            .with_for_update()
+async def manifests(conn: AsyncConnection, collector_ids: Sequence[str]) -> Sequence[Any]:
+    """(collector id, manifest, epoch, updated_at) of these collectors."""
+    query = select(
+        collector_capabilities.c.collector_id,
+        collector_capabilities.c.manifest,
+        collector_capabilities.c.epoch,
+        collector_capabilities.c.updated_at,
+    ).where(collector_capabilities.c.collector_id.in_(list(collector_ids)))
+    return (await conn.execute(query)).all()
+
+
+async def lock_collector(conn: AsyncConnection, collector_id: str, *, skip_locked: bool) -> bool:
+    """Lock one collector's capabilities row (its capacity) if it may take work now.
+
+    False when the collector is no longer active, its certificate ended, an operator drains
+    it, or (with ``skip_locked``) another placement holds the lock. This is the authoritative
+    check: the candidate list placement starts from may be up to a second old.
+
+    A placement waits only for the first collector it tries and skips locked ones after that,
+    so two placements never wait on each other while holding a collector lock: no deadlock.
+    """
+    result = await conn.execute(
+        select(collector_capabilities.c.collector_id)
+        .join(collectors, collectors.c.collector_id == collector_capabilities.c.collector_id)
+        .where(
+            collector_capabilities.c.collector_id == collector_id,
+            collectors.c.status == "active",
+            collectors.c.cert_not_after > func.now(),
+            collector_capabilities.c.draining.is_(False),
         )
+        .with_for_update(of=collector_capabilities, skip_locked=skip_locked)
+    )
+    return result.first() is not None
 
 
 async def in_flight(conn: AsyncConnection, collector_id: str, provider: str) -> int:
@@ -254,24 +303,45 @@ async def update_dispatch(conn: AsyncConnection, dispatch_id: str, **values: Any
     )
 
 
-async def take_leased(conn: AsyncConnection, collector_id: str) -> RowMapping | None:
-    """The oldest unexpired leased dispatch of this collector and its task, both locked.
-
-    SKIP LOCKED: concurrent claims (and a concurrent cancel) never wait on each other here.
+# One statement, one round trip, atomic on its own (it runs outside an explicit transaction):
+# lock the oldest unexpired leased dispatch of the collector together with its task (SKIP
+# LOCKED on both, so concurrent claims and a concurrent cancel never wait on each other), mark
+# it handed out in this numbered claim, move an execute task leased -> dispatched and record it.
+_TAKE = text(
     """
-    query = (
-        select(*dispatches.c, tasks.c.state.label("task_state"))
-        .join(tasks, tasks.c.task_id == dispatches.c.task_id)
-        .where(
-            dispatches.c.collector_id == collector_id,
-            dispatches.c.state == State.LEASED.value,
-            dispatches.c.expires_at > func.now(),
-        )
-        .order_by(dispatches.c.created_at)
-        .limit(1)
-        .with_for_update(skip_locked=True)
+WITH picked AS (
+    SELECT d.dispatch_id, d.task_id, d.kind
+    FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
+    WHERE d.collector_id = :collector_id AND d.state = 'leased' AND d.expires_at > now()
+    ORDER BY d.created_at
+    LIMIT 1
+    FOR UPDATE OF d, t SKIP LOCKED
+), handed AS (
+    UPDATE dispatches d
+    SET state = 'dispatched', handed_claim_seq = :claim_seq, handed_at = now(), updated_at = now()
+    FROM picked WHERE d.dispatch_id = picked.dispatch_id
+    RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at
+), moved AS (
+    UPDATE tasks t SET state = 'dispatched', updated_at = now()
+    FROM handed WHERE t.task_id = handed.task_id AND handed.kind = 'execute'
+    RETURNING t.task_id, handed.dispatch_id
+), recorded AS (
+    INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
+    SELECT task_id, dispatch_id, 'leased', 'dispatched', 'claimed' FROM moved
+)
+SELECT dispatch_id, task_id, kind, envelope, created_at FROM handed
+"""
+)
+
+
+async def take_leased(conn: AsyncConnection, collector_id: str, claim_seq: int) -> RowMapping | None:
+    """Hand out the collector's oldest unexpired leased dispatch (see ``_TAKE``); None if it has none."""
+    row = (
+        (await conn.execute(_TAKE, {"collector_id": collector_id, "claim_seq": claim_seq})).mappings().first()
     )
-    return (await conn.execute(query)).mappings().first()
+    if row is not None and row["kind"] == "execute":
+        conn.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
+    return row
 
 
 async def leased_to(conn: AsyncConnection, collector_id: str) -> Sequence[RowMapping]:
@@ -284,20 +354,49 @@ async def leased_to(conn: AsyncConnection, collector_id: str) -> Sequence[RowMap
     return (await conn.execute(query)).mappings().all()
 
 
+async def any_handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq: int) -> bool:
+    """Whether :func:`handed_out` would find anything (an unlocked read; almost always false)."""
+    query = select(dispatches.c.dispatch_id).where(*_handed_out(collector_id, before_claim_seq)).limit(1)
+    return (await conn.execute(query)).first() is not None
+
+
+def _handed_out(collector_id: str, before_claim_seq: int) -> tuple[Any, ...]:
+    return (
+        dispatches.c.collector_id == collector_id,
+        dispatches.c.state == State.DISPATCHED.value,
+        dispatches.c.reported_at.is_(None),
+        dispatches.c.handed_claim_seq > 0,
+        dispatches.c.handed_claim_seq < before_claim_seq,
+    )
+
+
 async def handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq: int) -> Sequence[RowMapping]:
     """Dispatched, unreported dispatches handed out in an earlier numbered claim, locked (skip locked)."""
     query = (
         select(*dispatches.c)
-        .where(
-            dispatches.c.collector_id == collector_id,
-            dispatches.c.state == State.DISPATCHED.value,
-            dispatches.c.reported_at.is_(None),
-            dispatches.c.handed_claim_seq > 0,
-            dispatches.c.handed_claim_seq < before_claim_seq,
-        )
+        .where(*_handed_out(collector_id, before_claim_seq))
         .with_for_update(skip_locked=True)
     )
     return (await conn.execute(query)).mappings().all()
+
+
+async def next_queued(
+    conn: AsyncConnection, site_id: str, tenant_id: str, provider: str
+) -> RowMapping | None:
+    """The oldest queued task a freed slot of this site, tenant and provider could take, locked."""
+    query = (
+        select(*tasks.c)
+        .where(
+            tasks.c.state == State.QUEUED.value,
+            tasks.c.site_id == site_id,
+            tasks.c.tenant_id == tenant_id,
+            tasks.c.provider == provider,
+        )
+        .order_by(tasks.c.created_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().first()
 
 
 async def queued_task_ids(conn: AsyncConnection, limit: int, site_id: str | None = None) -> Sequence[str]:

@@ -39,13 +39,21 @@ def describe(url: str) -> str:
     return f"{host}:{port}/{parsed.database or ''}"
 
 
-def create_async(url: str, *, pool_size: int = 10, max_overflow: int = 10) -> AsyncEngine:
-    """The async engine used by services. Connections are verified before use."""
+def create_async(
+    url: str, *, pool_size: int = 10, max_overflow: int = 10, pre_ping: bool = True
+) -> AsyncEngine:
+    """The async engine used by services.
+
+    With ``pre_ping`` every checkout first verifies its connection (one round trip). Without
+    it, the first statement on a connection the server dropped fails, and SQLAlchemy then
+    discards every pooled connection older than that failure, so a database restart costs
+    each process one failed operation instead of one round trip per transaction forever.
+    """
     return create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "versus-cp"},
     )
 

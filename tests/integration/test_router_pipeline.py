@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import func, select, update
 
-from common.db.schema import device_leases, dispatches, tasks
+from common.db.schema import collectors, device_leases, dispatches, tasks
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, PayloadTooLarge, PermissionDenied
 from router.placement import OpClassMismatch
 from router.service import DeviceLeased
@@ -139,6 +139,35 @@ async def test_capacity_is_respected_and_freed_work_is_placed(env: RouterEnv) ->
     await env.router.report("col-1", got.dispatch_id, S.SUCCESS, b"")
     await _settle(env)
     assert await _state(env, second["task_id"]) == "leased"
+
+
+async def test_a_freed_slot_skips_a_head_of_queue_task_it_cannot_take(env: RouterEnv) -> None:
+    # The oldest queued task needs a FIPS collector nobody has; the next one fits the freed slot.
+    await env.add_collector("col-1", max_concurrency=1)
+    first, _ = await env.router.submit(env.request("echo", target="a"))
+    fips, _ = await env.router.submit(env.request("echo", target="b", requires_fips=True))
+    plain, _ = await env.router.submit(env.request("echo", target="c"))
+    assert (first["state"], fips["state"], plain["state"]) == ("leased", "queued", "queued")
+    got = await env.router.claim("col-1", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    assert got is not None
+    await env.router.report("col-1", got.dispatch_id, S.SUCCESS, b"")
+    await _settle(env)
+    assert await _state(env, plain["task_id"]) == "leased"
+    assert await _state(env, fips["task_id"]) == "queued"
+
+
+async def test_a_collector_revoked_a_moment_ago_gets_no_work(env: RouterEnv) -> None:
+    # Placement reuses a site's candidate rows for a second; the lock taken before leasing
+    # re-checks the collector in PostgreSQL.
+    await env.add_collector("col-1")
+    warm, _ = await env.router.submit(env.request("echo", target="a"))
+    assert warm["state"] == "leased"
+    async with env.router.engine.begin() as conn:
+        await conn.execute(
+            update(collectors).where(collectors.c.collector_id == "col-1").values(status="revoked")
+        )
+    task, _ = await env.router.submit(env.request("echo", target="b"))
+    assert (task["state"], task["condition"]) == ("queued", "no_eligible_collector")
 
 
 async def _dispatch(env: RouterEnv, op: str, target: str) -> tuple[str, str]:
