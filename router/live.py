@@ -271,7 +271,9 @@ class TaskWakes:
     to a committed set on the engine's ``commit`` event (dropped on ``rollback``)
     and are published when the connection goes back to the pool: the ``commit``
     event fires *before* the database commits, and a watcher woken then would
-    read the old state and sleep until its fallback timer.
+    read the old state and sleep until its fallback timer. On an autocommit
+    connection each statement commits by itself and the closing "rollback"
+    counts as the commit.
     """
 
     def __init__(self, engine: AsyncEngine, wake: WakeHub, changed_key: str):
