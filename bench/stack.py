@@ -217,9 +217,9 @@ class SimCollector:
         self.dispatch_keys = {k["kid"]: PublicKey.from_json(k) for k in reply.json()["dispatch_keys"]}
         return time.perf_counter() - started
 
-    async def publish(self, max_concurrency: int = 8) -> None:
+    async def publish(self, max_concurrency: int = 8, epoch: int = 1) -> None:
         body = {
-            "capability_epoch": 1,
+            "capability_epoch": epoch,
             "agent_version": "bench",
             "providers": [
                 {
@@ -232,17 +232,20 @@ class SimCollector:
         reply = await self._http().post(API + "/capabilities", json=body, headers=self.bearer())
         reply.raise_for_status()
 
-    def _claim_body(self, wait_s: float) -> dict[str, Any]:
+    def _claim_body(self, wait_s: float, max_tasks: int = 1) -> dict[str, Any]:
         # Numbered claims, as the real collector sends: a claim abandoned by the client (the
         # benchmark cancels loops between runs) may still be handed a task, and the next claim
         # tells the router it never arrived. Tasks are reported before the next claim, so none is held.
         self.claim_no += 1
-        return {
+        body: dict[str, Any] = {
             "claim_seq": self.claim_no,
             "held_task_ids": [],
             "wait_s": wait_s,
             "session_id": self.collector_id,
         }
+        if max_tasks > 1:
+            body["max_tasks"] = max_tasks
+        return body
 
     # --- HTTPS long-poll -------------------------------------------------------------------------
     async def claim_https(self, wait_s: float) -> bytes | None:
@@ -259,6 +262,27 @@ class SimCollector:
         if b'"envelope":' not in raw:
             return None
         return raw[raw.index(b'"envelope":') + len(b'"envelope":') : -1]
+
+    async def claim_batch_https(self, wait_s: float, max_tasks: int) -> list[bytes]:
+        """A batched claim: every envelope in the answer (raw bytes), oldest first."""
+        reply = await self._http().post(
+            API + "/claim", json=self._claim_body(wait_s, max_tasks), headers=self.bearer()
+        )
+        if reply.status_code == 204:
+            return []
+        if reply.status_code >= 500:
+            self.overloaded += 1
+            await asyncio.sleep(RETRY_S)
+            return []
+        reply.raise_for_status()
+        body = reply.json()
+        if "envelope" not in body:
+            return []
+        # Re-encoding compactly gives back the exact bytes (the wire JSON is compact, keys in order).
+        return [
+            json.dumps(item["envelope"], separators=(",", ":")).encode()
+            for item in [body, *body.get("more", [])]
+        ]
 
     async def report_https(self, dispatch_id: str) -> bool:
         """Report success; True when the router has it recorded (now or by an earlier attempt)."""

@@ -1,6 +1,7 @@
 """End-to-end throughput beside pgqueuer moving the same number of jobs on the same PostgreSQL.
 
-    python -m bench.throughput [--collectors 64] [--tasks 2000] [--in-flight 64] [--runs 3] [--json FILE]
+    python -m bench.throughput [--collectors 64] [--tasks 2000] [--in-flight 64] [--batch 16]
+                               [--runs 3] [--json FILE]
 
 Ours: ``--tasks`` read tasks submitted one at a time over gRPC (at most
 ``--in-flight`` outstanding) to ``--collectors`` simulated collectors on HTTPS
@@ -9,9 +10,15 @@ verifying and reporting success. Throughput is tasks per second from the first
 submit to the last success acknowledged by the router; CPU milliseconds per
 task are split by process (router, gateway, PostgreSQL, Redis, load generator).
 
+Two variants. *Single*: each collector runs one task at a time and claims one
+task per claim. *Batched*: each collector declares ``--batch`` slots and claims
+up to ``--batch`` tasks per claim (``max_tasks``), running them concurrently.
+
 Peer, same PostgreSQL server: pgqueuer (asyncpg driver) with jobs enqueued one
 at a time (same in-flight bound), dequeued by one worker and marked done by an
 empty handler; jobs per second from the first enqueue to the last completion.
+Its single variant dequeues one job per query (``batch_size=1``), its batched
+variant ``--batch`` per query (pgqueuer's batched drain).
 """
 
 from __future__ import annotations
@@ -43,22 +50,29 @@ from common.grpc_client import aio_channel
 
 
 async def run_ours(
-    stack: Stack, site_id: str, fleet: list[SimCollector], token: str, args: Any
+    stack: Stack, site_id: str, fleet: list[SimCollector], token: str, args: Any, batch: int
 ) -> dict[str, Any]:
     done = asyncio.Event()
     completed: set[str] = set()
+    finished: list[float] = []
     stop = asyncio.Event()
+
+    async def run_one(c: SimCollector, raw: bytes) -> None:
+        key = json.loads(raw)["idempotency_key"]
+        if await c.report_https(c.verify(raw)):
+            completed.add(key)  # a task re-run after a lost answer counts once
+            finished.append(time.perf_counter())
+            if len(completed) == args.tasks:
+                done.set()
 
     async def collector(c: SimCollector) -> None:
         while not stop.is_set():
-            raw = await c.claim_https(HOLD_S)
-            if raw is None:
-                continue
-            key = json.loads(raw)["idempotency_key"]
-            if await c.report_https(c.verify(raw)):
-                completed.add(key)  # a task re-run after a lost answer counts once
-                if len(completed) == args.tasks:
-                    done.set()
+            if batch == 1:
+                raw = await c.claim_https(HOLD_S)
+                envelopes = [raw] if raw is not None else []
+            else:
+                envelopes = await c.claim_batch_https(HOLD_S, batch)
+            await asyncio.gather(*(run_one(c, raw) for raw in envelopes))
 
     meter = CpuMeter(stack)
     loops = [asyncio.create_task(collector(c)) for c in fleet]
@@ -91,13 +105,16 @@ async def run_ours(
     for loop in loops:
         loop.cancel()
     await asyncio.gather(*loops, return_exceptions=True)
+    ends = sorted(finished)
+    stall = max((b - a for a, b in zip(ends, ends[1:], strict=False)), default=0.0)
     return {
         "tasks_per_s": args.tasks / elapsed,
+        "longest_gap_between_completions_s": stall,
         "cpu_ms_per_task": {k: v / args.tasks * 1000 for k, v in cpu.items()},
     }
 
 
-async def run_pgqueuer(url: str, args: Any) -> dict[str, float]:
+async def run_pgqueuer(url: str, args: Any, batch: int) -> dict[str, float]:
     import asyncpg
     from pgqueuer import PgQueuer
     from pgqueuer.db import AsyncpgDriver
@@ -116,7 +133,7 @@ async def run_pgqueuer(url: str, args: Any) -> dict[str, float]:
         if count[0] == args.tasks:
             done.set()
 
-    runner = asyncio.create_task(pgq.run())
+    runner = asyncio.create_task(pgq.run(batch_size=batch))
     await asyncio.sleep(0.5)
     queries = Queries(AsyncpgDriver(producer))
     gate = asyncio.Semaphore(args.in_flight)
@@ -136,22 +153,33 @@ async def run_pgqueuer(url: str, args: Any) -> dict[str, float]:
     return {"jobs_per_s": args.tasks / elapsed}
 
 
-async def _bench(stack: Stack, pgq_url: str, args: Any) -> dict[str, Any]:
-    site_id, fleet, _ = await enroll_many(stack, args.collectors)
-    # Each simulated collector works one task at a time: say so, or leases queue up and expire.
-    await asyncio.gather(*(c.publish(max_concurrency=1) for c in fleet))
+async def _variant(
+    stack: Stack, pgq_url: str, site_id: str, fleet: list[SimCollector], args: Any, batch: int
+) -> dict[str, Any]:
+    # Each simulated collector declares as many slots as it claims tasks at once.
+    epoch = time.time_ns()
+    await asyncio.gather(*(c.publish(max_concurrency=batch, epoch=epoch) for c in fleet))
     token = stack.token("platform")
-    ours = [await run_ours(stack, site_id, fleet, token, args) for _ in range(args.runs)]
+    ours = [await run_ours(stack, site_id, fleet, token, args, batch) for _ in range(args.runs)]
     for r in ours:
-        print(json.dumps(r), flush=True)
-    peer = [await run_pgqueuer(pgq_url, args) for _ in range(args.runs)]
-    print(json.dumps(peer), flush=True)
+        print(json.dumps({"batch": batch, **r}), flush=True)
+    peer = [await run_pgqueuer(pgq_url, args, batch) for _ in range(args.runs)]
+    print(json.dumps({"batch": batch, "pgqueuer": peer}), flush=True)
     middle = sorted(ours, key=lambda r: r["tasks_per_s"])[len(ours) // 2]
     return {
+        "batch": batch,
         "ours_tasks_per_s": statistics.median(r["tasks_per_s"] for r in ours),
         "pgqueuer_jobs_per_s": statistics.median(r["jobs_per_s"] for r in peer),
         "cpu_ms_per_task": middle["cpu_ms_per_task"],
         "runs": {"ours": ours, "pgqueuer": peer},
+    }
+
+
+async def _bench(stack: Stack, pgq_url: str, args: Any) -> dict[str, Any]:
+    site_id, fleet, _ = await enroll_many(stack, args.collectors)
+    return {
+        "single": await _variant(stack, pgq_url, site_id, fleet, args, 1),
+        "batched": await _variant(stack, pgq_url, site_id, fleet, args, args.batch),
     }
 
 
@@ -161,6 +189,7 @@ def main() -> None:
     parser.add_argument("--collectors", type=int, default=64)
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16, help="tasks per claim in the batched variant")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", dest="json_path", default="bench/results/throughput.json")
     args = parser.parse_args()
@@ -169,11 +198,15 @@ def main() -> None:
         pgq_url = install_pgqueuer(stack)
         results = asyncio.run(_bench(stack, pgq_url, args))
     save_report(args.json_path, pinning, args, results)
-    ratio = results["ours_tasks_per_s"] / results["pgqueuer_jobs_per_s"]
-    print("| Ours tasks/s | pgqueuer jobs/s | Ratio (ours / pgqueuer) |")
-    print("|---:|---:|---:|")
-    print(f"| {results['ours_tasks_per_s']:.0f} | {results['pgqueuer_jobs_per_s']:.0f} | {ratio:.2f} |")
-    print("CPU ms per task: " + ", ".join(f"{k} {v:.1f}" for k, v in results["cpu_ms_per_task"].items()))
+    print("| Variant | Ours tasks/s | pgqueuer jobs/s | Ratio (ours / pgqueuer) |")
+    print("|---|---:|---:|---:|")
+    for name, r in results.items():
+        ratio = r["ours_tasks_per_s"] / r["pgqueuer_jobs_per_s"]
+        label = f"{name} (batch {r['batch']})"
+        print(f"| {label} | {r['ours_tasks_per_s']:.0f} | {r['pgqueuer_jobs_per_s']:.0f} | {ratio:.2f} |")
+    for name, r in results.items():
+        cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms_per_task"].items())
+        print(f"CPU ms per task, {name}: {cpu}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ CollectorBridgeService RPC on the router.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
@@ -26,6 +28,7 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import task_pb2
 
 from common.errors import InvalidArgument
+from common.limits import MAX_CLAIM_BATCH
 from gateway.auth import authenticate
 from gateway.body import read_json_body
 from gateway.clients import CALL_TIMEOUT_S, call
@@ -74,6 +77,12 @@ class ClaimBody(BaseModel):
     )
     vault_mode: Literal["", "local", "relayed", "external"] = Field(
         default="", description="vault mode the running process applies"
+    )
+    max_tasks: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_CLAIM_BATCH,
+        description="most tasks one answer may carry; tasks after the first are in `more`",
     )
 
 
@@ -162,6 +171,7 @@ async def claim_op(
                 session_id=body.session_id,
                 transport=transport,
                 vault_mode=body.vault_mode,
+                max_dispatches=body.max_tasks,
             ),
             request_id,
             timeout_s=hold + CALL_TIMEOUT_S,
@@ -192,9 +202,20 @@ async def claim_op(
     }
     if not reply.HasField("envelope"):
         return ControlReply(200, json.dumps(fields, separators=(",", ":")).encode())
-    # The envelope is embedded byte for byte: the gateway never re-serialises signed material.
+    # Envelopes are embedded byte for byte: the gateway never re-serialises signed material.
     head = json.dumps({"dispatch_id": reply.dispatch_id, **fields}, separators=(",", ":"))
-    return ControlReply(200, head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json + b"}")
+    payload = head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json
+    if reply.more:
+        items = (
+            b'{"dispatch_id":'
+            + json.dumps(m.dispatch_id).encode()
+            + b',"envelope":'
+            + m.envelope.envelope_json
+            + b"}"
+            for m in reply.more
+        )
+        payload += b',"more":[' + b",".join(items) + b"]"
+    return ControlReply(200, payload + b"}")
 
 
 async def report_op(
@@ -279,11 +300,43 @@ OPERATIONS: dict[str, tuple[Operation, int]] = {
 }
 
 
+# Logged and counted for a held claim whose collector hung up (nginx's "client closed request").
+CLIENT_GONE = 499
+
+
+async def _client_gone(request: Request) -> None:
+    """Return once the client disconnects (the body has been read, so nothing else arrives)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[ControlReply]) -> ControlReply:
+    """Run ``work``, cancelling it if the client disconnects first.
+
+    A held claim whose collector hung up would otherwise stay parked in the router until the
+    hold ends and could be handed a task nobody will read (recovered only by the collector's
+    next numbered claim). Cancelling the call ends the router's wait at once.
+    """
+    call = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not call.done():
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        return ControlReply(CLIENT_GONE)
+    return call.result()
+
+
 async def _http(request: Request, name: str) -> Response:
     claims, _ = await authenticate(request, request.app.state.store)
     operation, limit = OPERATIONS[name]
     raw = await read_json_body(request, limit)
-    reply = await operation(request.app.state, claims.collector_id, raw, request.state.request_id, "https")
+    work = operation(request.app.state, claims.collector_id, raw, request.state.request_id, "https")
+    reply = await (_unless_client_leaves(request, work) if name == "claim" else work)
     media_type = "application/json" if reply.payload else None
     return Response(reply.payload, status_code=reply.status, headers=reply.headers, media_type=media_type)
 

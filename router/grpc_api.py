@@ -282,6 +282,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             session_id=request.session_id,
             transport=request.transport,
             vault_mode=request.vault_mode,
+            max_dispatches=request.max_dispatches,
         )
         now = ts(dt.datetime.now(dt.UTC))
         reply = bridge_pb.ClaimResponse(
@@ -302,9 +303,12 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
                     vault_kv_mount=restart.vault_kv_mount,
                 )
             )
-        if claimed is not None:
-            reply.envelope.envelope_json = claimed.envelope
-            reply.dispatch_id = claimed.dispatch_id
+        if claimed:
+            first, *more = claimed
+            reply.envelope.envelope_json = first.envelope
+            reply.dispatch_id = first.dispatch_id
+            for c in more:
+                reply.more.add(dispatch_id=c.dispatch_id).envelope.envelope_json = c.envelope
         return reply
 
     async def Report(self, request: bridge_pb.ReportRequest, context: Context) -> bridge_pb.ReportResponse:

@@ -32,6 +32,7 @@ from common.errors import (
     Unauthenticated,
 )
 from common.keys import SigningKey
+from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from router import fleet_state, ladder, placement, store
 from router.candidates import CandidateLoader
@@ -434,8 +435,8 @@ class Router:
         for task_id in queued:
             effects = Effects()
             async with self.engine.begin() as conn:
-                task = await store.get_task(conn, task_id, lock=True, skip_locked=True)
-                if task is None or task["state"] != S.QUEUED:
+                task = await store.lock_if_queued(conn, task_id)
+                if task is None:
                     continue  # another replica has it, or it moved on
                 shape = (task["site_id"], task["tenant_id"], task["provider"], task["operation"],
                          task["op_class"], task["requires_fips"])  # fmt: skip
@@ -450,9 +451,9 @@ class Router:
 
     # --- claim -------------------------------------------------------------------------------------
     async def claim(self, collector_id: str, **kwargs: Any) -> Claimed | None:
-        """:meth:`claim_with_offers` for callers that only take dispatches."""
+        """:meth:`claim_with_offers` for callers that take one dispatch at a time."""
         claimed, _, _ = await self.claim_with_offers(collector_id, **kwargs)
-        return claimed
+        return claimed[0] if claimed else None
 
     async def _check_standing(
         self, collector_id: str, session_id: str, vault_mode: str, *, check_session: bool = True
@@ -489,8 +490,10 @@ class Router:
         session_id: str = "",
         transport: str = "",
         vault_mode: str = "",
-    ) -> tuple[Claimed | None, tuple[Offer, ...], RestartWith | None]:
-        """Hand the collector its next leased dispatch and any offers, waiting up to ``wait_s`` for either.
+        max_dispatches: int = 1,
+    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], RestartWith | None]:
+        """Hand the collector its next leased dispatches (up to ``max_dispatches``, capped at
+        :data:`MAX_CLAIM_BATCH`) and any offers, waiting up to ``wait_s`` for either.
 
         The claim is the collector's heartbeat: it refreshes liveness and the
         session details (drain state, agent version, session id, transport,
@@ -518,9 +521,10 @@ class Router:
         if came_back:
             self._spawn(self._reevaluate_for(collector_id))
         if restart is not None:
-            return None, (), restart
+            return (), (), restart
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
+        limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)
         with self.wake.listener(collector_id) as woken:
             first = True
             while True:
@@ -528,18 +532,18 @@ class Router:
                     # Woken: the wake-up may be a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, vault_mode)
                     if restart is not None:
-                        return None, (), restart
+                        return (), (), restart
                 first = False
                 woken.clear()
                 offers = tuple(await self.tunnels.take_offers(collector_id)) if self.tunnels else ()
-                got = await self._take(collector_id, claim_seq)
-                if got is not None or offers:
+                got = await self._take(collector_id, claim_seq, limit)
+                if got or offers:
                     CLAIM_WAIT.observe(time.monotonic() - started)
                     return got, offers, None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return None, (), None
+                    return (), (), None
                 try:
                     async with asyncio.timeout(remaining):
                         await woken.wait()
@@ -552,14 +556,14 @@ class Router:
         if site_id is not None:
             await self.reevaluate(site_id)
 
-    async def _take(self, collector_id: str, claim_seq: int) -> Claimed | None:
+    async def _take(self, collector_id: str, claim_seq: int, limit: int) -> tuple[Claimed, ...]:
         async with self.autocommit.connect() as conn:
-            row = await store.take_leased(conn, collector_id, claim_seq)
-            if row is None:
-                return None
-        DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
-        SUBMIT_TO_CLAIM.observe((_now() - row["created_at"]).total_seconds())
-        return Claimed(row["dispatch_id"], bytes(row["envelope"]))
+            rows = await store.take_leased(conn, collector_id, claim_seq, limit)
+        now = _now()
+        for row in rows:
+            DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
+            SUBMIT_TO_CLAIM.observe((now - row["created_at"]).total_seconds())
+        return tuple(Claimed(row["dispatch_id"], bytes(row["envelope"])) for row in rows)
 
     async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:
         if claim_seq <= 0:

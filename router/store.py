@@ -135,6 +135,21 @@ async def get_task(
     return (await conn.execute(query)).mappings().first()
 
 
+async def lock_if_queued(conn: AsyncConnection, task_id: str) -> RowMapping | None:
+    """The task, locked, if it is still queued and no one else holds it; else None.
+
+    Only a queued row is locked: locking a task that was leased meanwhile, however briefly,
+    would make its collector's claim skip it (SKIP LOCKED) and wait for a wake-up that
+    already went out.
+    """
+    query = (
+        select(*tasks.c)
+        .where(tasks.c.task_id == task_id, tasks.c.state == State.QUEUED.value)
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().first()
+
+
 async def history(conn: AsyncConnection, task_id: str) -> Sequence[RowMapping]:
     query = (
         select(*task_transitions.c)
@@ -304,9 +319,10 @@ async def update_dispatch(conn: AsyncConnection, dispatch_id: str, **values: Any
 
 
 # One statement, one round trip, atomic on its own (it runs outside an explicit transaction):
-# lock the oldest unexpired leased dispatch of the collector together with its task (SKIP
-# LOCKED on both, so concurrent claims and a concurrent cancel never wait on each other), mark
-# it handed out in this numbered claim, move an execute task leased -> dispatched and record it.
+# lock the oldest unexpired leased dispatches of the collector (up to :limit) together with
+# their tasks (SKIP LOCKED on both, so concurrent claims and a concurrent cancel never wait on
+# each other), mark them handed out in this numbered claim, move execute tasks leased ->
+# dispatched and record it.
 _TAKE = text(
     """
 WITH picked AS (
@@ -314,7 +330,7 @@ WITH picked AS (
     FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
     WHERE d.collector_id = :collector_id AND d.state = 'leased' AND d.expires_at > now()
     ORDER BY d.created_at
-    LIMIT 1
+    LIMIT :limit
     FOR UPDATE OF d, t SKIP LOCKED
 ), handed AS (
     UPDATE dispatches d
@@ -329,19 +345,21 @@ WITH picked AS (
     INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
     SELECT task_id, dispatch_id, 'leased', 'dispatched', 'claimed' FROM moved
 )
-SELECT dispatch_id, task_id, kind, envelope, created_at FROM handed
+SELECT dispatch_id, task_id, kind, envelope, created_at FROM handed ORDER BY created_at
 """
 )
 
 
-async def take_leased(conn: AsyncConnection, collector_id: str, claim_seq: int) -> RowMapping | None:
-    """Hand out the collector's oldest unexpired leased dispatch (see ``_TAKE``); None if it has none."""
-    row = (
-        (await conn.execute(_TAKE, {"collector_id": collector_id, "claim_seq": claim_seq})).mappings().first()
-    )
-    if row is not None and row["kind"] == "execute":
-        conn.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
-    return row
+async def take_leased(
+    conn: AsyncConnection, collector_id: str, claim_seq: int, limit: int = 1
+) -> Sequence[RowMapping]:
+    """Hand out up to ``limit`` of the collector's oldest unexpired leased dispatches (``_TAKE``)."""
+    params = {"collector_id": collector_id, "claim_seq": claim_seq, "limit": limit}
+    rows = (await conn.execute(_TAKE, params)).mappings().all()
+    for row in rows:
+        if row["kind"] == "execute":
+            conn.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
+    return rows
 
 
 async def leased_to(conn: AsyncConnection, collector_id: str) -> Sequence[RowMapping]:

@@ -78,9 +78,20 @@ def short_socket_dir(preferred: Path, name: str) -> Path:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """An unused TCP port on ``host`` (for tests and second instances)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct unused TCP ports: all are held open until every one is chosen, so
+    the kernel cannot hand the same port out twice (separate free_port calls can collide)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def tail(path: Path, lines: int = 5) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from common.embedded.process import free_port
+from common.embedded.process import free_ports
 
 BANNER = "Versus control plane is up."
 
@@ -21,14 +21,15 @@ BANNER = "Versus control plane is up."
 def service_env(state_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a control plane on its own state directory and free ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERSUS_", "DATABASE_URL", "REDIS_URL"))}
+    gateway, router, router_metrics, enrollment, enrollment_metrics = free_ports(5)
     env.update(
         {
             "VERSUS_STATE_DIR": str(state_dir),
-            "VERSUS_GATEWAY_PORT": str(free_port()),
-            "VERSUS_ROUTER_PORT": str(free_port()),
-            "VERSUS_ROUTER_METRICS_PORT": str(free_port()),
-            "VERSUS_ENROLLMENT_PORT": str(free_port()),
-            "VERSUS_ENROLLMENT_METRICS_PORT": str(free_port()),
+            "VERSUS_GATEWAY_PORT": str(gateway),
+            "VERSUS_ROUTER_PORT": str(router),
+            "VERSUS_ROUTER_METRICS_PORT": str(router_metrics),
+            "VERSUS_ENROLLMENT_PORT": str(enrollment),
+            "VERSUS_ENROLLMENT_METRICS_PORT": str(enrollment_metrics),
             "VERSUS_SHUTDOWN_GRACE_S": "5",
         }
     )

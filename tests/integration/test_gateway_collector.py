@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
@@ -246,6 +247,44 @@ class _NoJournal:
         return None
 
 
+def _envelopes(raw: bytes) -> list[bytes]:
+    """Each embedded envelope of a claim answer, byte for byte (first, then those in ``more``)."""
+    body = json.loads(raw)
+    out = []
+    for item in [body, *body.get("more", [])]:
+        exact = json.dumps(item["envelope"], separators=(",", ":")).encode()
+        assert exact in raw  # what the router signed is what arrives: never re-serialised
+        out.append(exact)
+    return out
+
+
+async def test_a_batched_claim_carries_up_to_max_tasks_oldest_first(stack: Stack) -> None:
+    c = await stack.enroll("col-batch")
+    await stack.publish(c, max_concurrency=8)
+    assert (await stack.post("/claim", {"wait_s": 0}, c.bearer())).status_code == 204  # now live
+    keys = [f"batch-{i}" for i in range(5)]
+    for key in keys:
+        await stack.submit(key)
+    first = await stack.post("/claim", {"claim_seq": 1, "max_tasks": 3}, c.bearer())
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert len(body["more"]) == 2
+    got = [
+        verify(e, VerifyContext("col-batch", int(time.time()), c.dispatch_keys, set(), _NoJournal()))
+        for e in _envelopes(first.content)
+    ]
+    assert [a.envelope.fields.idempotency_key for a in got] == keys[:3]
+    assert body["dispatch_id"] == got[0].envelope.fields.task_id
+    held = [a.envelope.fields.task_id for a in got]
+    rest = await stack.post("/claim", {"claim_seq": 2, "held_task_ids": held, "max_tasks": 3}, c.bearer())
+    assert len(_envelopes(rest.content)) == 2 and "more" in rest.json()
+    await stack.submit("batch-single")
+    one = await stack.post("/claim", {"claim_seq": 3, "held_task_ids": held}, c.bearer())
+    assert one.status_code == 200 and "more" not in one.json()  # max_tasks defaults to 1
+    too_many = await stack.post("/claim", {"max_tasks": 33}, c.bearer())
+    assert (too_many.status_code, too_many.json()["error"]["code"]) == (400, "invalid_body")
+
+
 async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -> None:
     c = await stack.enroll("col-2")
     await stack.publish(c)
@@ -263,6 +302,24 @@ async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -
     reply = await waiting
     assert reply.status_code == 200
     assert time.monotonic() - submitted_at < 1.0  # well before the 3 s hold
+
+
+async def test_a_held_claim_whose_collector_hung_up_takes_no_task(stack: Stack) -> None:
+    c = await stack.enroll("col-gone")
+    await stack.publish(c)
+    abandoned = asyncio.create_task(stack.post("/claim", {"claim_seq": 1}, c.bearer()))
+    await asyncio.sleep(0.5)  # parked in the router
+    abandoned.cancel()  # the client closes its connection mid-hold
+    with contextlib.suppress(asyncio.CancelledError):
+        await abandoned
+    await asyncio.sleep(0.3)
+    submitted = await stack.submit("gone-1")
+    await asyncio.sleep(0.3)
+    # Nobody took it: the abandoned claim's router call was cancelled, not left to hand it into the void.
+    task = await stack.tasks.GetTask(pb.GetTaskRequest(task_id=submitted.task.task_id))
+    assert task.task.state == task_pb2.TASK_STATE_LEASED
+    claimed = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0}, c.bearer())
+    assert claimed.status_code == 200 and claimed.json()["dispatch_id"]
 
 
 def _b64url(data: bytes) -> str:

@@ -11,6 +11,7 @@ from sqlalchemy import func, select, update
 
 from common.db.schema import collectors, device_leases, dispatches, tasks
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, PayloadTooLarge, PermissionDenied
+from router import store
 from router.placement import OpClassMismatch
 from router.service import DeviceLeased
 from router.states import State
@@ -154,6 +155,39 @@ async def test_a_freed_slot_skips_a_head_of_queue_task_it_cannot_take(env: Route
     await _settle(env)
     assert await _state(env, plain["task_id"]) == "leased"
     assert await _state(env, fips["task_id"]) == "queued"
+
+
+async def test_a_batch_member_missing_from_the_next_claim_is_placed_again(env: RouterEnv) -> None:
+    await env.add_collector("col-1")
+    tasks = [(await env.router.submit(env.request("echo", target=f"t{i}")))[0] for i in range(3)]
+    got, _, _ = await env.router.claim_with_offers(
+        "col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=0, max_dispatches=5
+    )
+    assert len(got) == 3
+    assert [open_envelope(c.envelope, "col-1")["idempotency_key"] for c in got] == [
+        t["idempotency_key"] for t in tasks
+    ]
+    # The next claim holds the first two only: the third never arrived and goes back to the queue.
+    held = frozenset(c.dispatch_id for c in got[:2])
+    again, _, _ = await env.router.claim_with_offers(
+        "col-1", claim_seq=2, held_task_ids=held, wait_s=0, max_dispatches=5
+    )
+    assert len(again) == 1 and again[0].dispatch_id not in {c.dispatch_id for c in got}
+    assert [await _state(env, t["task_id"]) for t in tasks] == ["dispatched"] * 3
+    assert ("dispatched", "queued") in await env.history(tasks[2]["task_id"])
+
+
+async def test_a_queue_pass_never_locks_a_leased_task_against_its_claim(env: RouterEnv) -> None:
+    # A re-evaluation pass looks at task ids read a moment earlier; one may have been leased since.
+    # Locking it then, however briefly, made the collector's claim skip it (SKIP LOCKED) and wait
+    # out its whole hold for a wake-up that had already been sent.
+    await env.add_collector("col-1")
+    task, _ = await env.router.submit(env.request("echo", target="a"))
+    assert task["state"] == "leased"
+    async with env.router.engine.begin() as conn:
+        assert await store.lock_if_queued(conn, task["task_id"]) is None
+        got = await env.router.claim("col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=0)
+    assert got is not None
 
 
 async def test_a_collector_revoked_a_moment_ago_gets_no_work(env: RouterEnv) -> None:

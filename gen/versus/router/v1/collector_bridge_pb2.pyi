@@ -80,6 +80,7 @@ class ClaimRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TRANSPORT_FIELD_NUMBER: _builtins.int
     VAULT_MODE_FIELD_NUMBER: _builtins.int
+    MAX_DISPATCHES_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
@@ -93,6 +94,8 @@ class ClaimRequest(_message.Message):
     """How the claim reached the gateway: "https" or "wss"."""
     vault_mode: _builtins.str
     """Vault mode the running process applies ("local", "relayed", "external"); empty if unknown."""
+    max_dispatches: _builtins.int
+    """Most dispatches one answer may carry (0 means 1; the router caps it, see docs/gateway.md)."""
     @_builtins.property
     def free_slots(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Free concurrency per provider as the collector sees it."""
@@ -120,10 +123,11 @@ class ClaimRequest(_message.Message):
         session_id: _builtins.str = ...,
         transport: _builtins.str = ...,
         vault_mode: _builtins.str = ...,
+        max_dispatches: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -226,6 +230,7 @@ class ClaimResponse(_message.Message):
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     OFFERS_FIELD_NUMBER: _builtins.int
     RESTART_WITH_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     @_builtins.property
@@ -242,6 +247,10 @@ class ClaimResponse(_message.Message):
     def restart_with(self) -> Global___CollectorConfig:
         """Present when the collector must restart to apply recorded settings; no envelope then."""
 
+    @_builtins.property
+    def more(self) -> _containers.RepeatedCompositeFieldContainer[Global___HandedDispatch]:
+        """Dispatches after the first, when the request allowed more than one."""
+
     def __init__(
         self,
         *,
@@ -250,14 +259,40 @@ class ClaimResponse(_message.Message):
         dispatch_id: _builtins.str = ...,
         offers: _abc.Iterable[Global___Offer] | None = ...,
         restart_with: Global___CollectorConfig | None = ...,
+        more: _abc.Iterable[Global___HandedDispatch] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "offers", b"offers", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "more", b"more", "offers", b"offers", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimResponse: _TypeAlias = ClaimResponse  # noqa: Y015
+
+@_typing.final
+class HandedDispatch(_message.Message):
+    """One more dispatch handed out by a batched claim."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    ENVELOPE_FIELD_NUMBER: _builtins.int
+    dispatch_id: _builtins.str
+    @_builtins.property
+    def envelope(self) -> Global___SignedEnvelope: ...
+    def __init__(
+        self,
+        *,
+        dispatch_id: _builtins.str = ...,
+        envelope: Global___SignedEnvelope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandedDispatch: _TypeAlias = HandedDispatch  # noqa: Y015
 
 @_typing.final
 class ReportRequest(_message.Message):

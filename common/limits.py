@@ -1,0 +1,7 @@
+"""Limits that more than one service enforces, defined once (see docs/configuration.md)."""
+
+from __future__ import annotations
+
+# Most tasks one claim answer carries: the gateway refuses a larger ``max_tasks`` with 400 and
+# the router caps ``max_dispatches`` at it. Large enough to amortise a claim over a burst.
+MAX_CLAIM_BATCH = 32
