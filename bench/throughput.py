@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
 import statistics
 import time
@@ -106,7 +107,7 @@ async def run_ours(
         loop.cancel()
     await asyncio.gather(*loops, return_exceptions=True)
     ends = sorted(finished)
-    stall = max((b - a for a, b in zip(ends, ends[1:], strict=False)), default=0.0)
+    stall = max((b - a for a, b in itertools.pairwise(ends)), default=0.0)
     return {
         "tasks_per_s": args.tasks / elapsed,
         "longest_gap_between_completions_s": stall,
