@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+from redis import exceptions as redis_exc
+from sqlalchemy import exc as sa_exc
 
 from common import errors
 
@@ -60,8 +62,26 @@ _GRPC_TO_KIND: dict[grpc.StatusCode, type[errors.VersusError]] = {
 GRPC_CODE_METADATA_KEY = "versus-error-code"
 
 
+def _infrastructure(error: BaseException) -> errors.VersusError | None:
+    """A lost PostgreSQL or Redis connection as a retryable domain error (503 / UNAVAILABLE).
+
+    A database restart or network blip is not a bug in the request: callers should back
+    off and retry, and they can tell which dependency failed from the code.
+    """
+    if isinstance(error, sa_exc.DBAPIError) and (
+        error.connection_invalidated or isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
+    ):
+        return errors.Unavailable("the database is unavailable; retry shortly", code="database_unavailable")
+    if isinstance(error, sa_exc.TimeoutError):  # no pooled connection came free in time
+        return errors.Unavailable("the database is overloaded; retry shortly", code="database_unavailable")
+    if isinstance(error, redis_exc.ConnectionError | redis_exc.TimeoutError):
+        return errors.Unavailable("Redis is unavailable; retry shortly", code="redis_unavailable")
+    return None
+
+
 def status_for(error: BaseException) -> TransportStatus:
     """Transport status for any exception; anything unexpected is an internal error."""
+    error = _infrastructure(error) or error
     if isinstance(error, errors.VersusError):
         for kind in type(error).__mro__:
             if kind in _BY_KIND:
@@ -71,6 +91,7 @@ def status_for(error: BaseException) -> TransportStatus:
 
 def public_error(error: BaseException) -> errors.VersusError:
     """The error as a caller may see it: unexpected exceptions never leak their text."""
+    error = _infrastructure(error) or error
     if isinstance(error, errors.VersusError):
         return error
     return errors.VersusError("internal error", code="internal")

@@ -23,7 +23,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from common import error_mapping, rbac
-from common.errors import StartupError, Unauthenticated
+from common.errors import StartupError, Unauthenticated, VersusError
 from common.logs import REQUEST_ID_HEADER, bind_request_id, clean_request_id, get_logger, unbind_request_id
 from common.metrics import GRPC_LATENCY, GRPC_REQUESTS
 
@@ -232,6 +232,8 @@ async def _abort_for(
         public = error_mapping.public_error(exc)
         if code == grpc.StatusCode.INTERNAL:
             log.exception("unhandled error in rpc", service=service, method=method)
+        elif not isinstance(exc, VersusError):
+            log.warning("dependency unavailable", service=service, method=method, error=type(exc).__name__)
         context.set_trailing_metadata(((error_mapping.GRPC_CODE_METADATA_KEY, public.code),))
         await context.abort(code, public.message)
 

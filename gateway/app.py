@@ -168,8 +168,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(error_mapping.public_error(exc), 500)
+        status = error_mapping.status_for(exc).http_status
+        if status == 500:
+            log.exception("unhandled error")
+        else:
+            log.warning("dependency unavailable", error=type(exc).__name__)
+        return error_response(error_mapping.public_error(exc), status)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Health:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from redis import exceptions as redis_exc
+from sqlalchemy import exc as sa_exc
 
 from common import error_mapping, errors
 
@@ -57,3 +59,34 @@ def test_grpc_failure_round_trips_to_domain_error() -> None:
     assert error_mapping.status_for(err).http_status == 404
     unknown = error_mapping.from_grpc(grpc.StatusCode.DATA_LOSS, "", None)
     assert unknown.code == "internal"
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (
+            sa_exc.OperationalError("SELECT 1", {}, Exception("server closed the connection")),
+            "database_unavailable",
+        ),
+        (
+            sa_exc.InterfaceError("SELECT 1", {}, Exception("connection already closed")),
+            "database_unavailable",
+        ),
+        (sa_exc.TimeoutError("QueuePool limit reached"), "database_unavailable"),
+        (redis_exc.ConnectionError("Connection refused"), "redis_unavailable"),
+        (redis_exc.TimeoutError("Timeout reading from socket"), "redis_unavailable"),
+    ],
+)
+def test_a_lost_dependency_is_retryable_not_internal(error: Exception, code: str) -> None:
+    status = error_mapping.status_for(error)
+    assert (status.http_status, status.grpc_code) == (503, grpc.StatusCode.UNAVAILABLE)
+    public = error_mapping.public_error(error)
+    assert public.code == code and "closed" not in public.message and "refused" not in public.message
+
+
+def test_a_database_bug_stays_internal() -> None:
+    integrity = sa_exc.IntegrityError(
+        "INSERT", {}, Exception("duplicate key value violates unique constraint")
+    )
+    assert error_mapping.status_for(integrity).http_status == 500
+    assert error_mapping.public_error(integrity).code == "internal"
