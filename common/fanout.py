@@ -22,6 +22,18 @@ from common.logs import get_logger
 log = get_logger("versus.fanout")
 
 
+class Wake(asyncio.Event):
+    """An event that also keeps the payloads of the messages that set it since it was cleared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.payloads: set[str] = set()
+
+    def clear(self) -> None:
+        super().clear()
+        self.payloads = set()
+
+
 class Fanout:
     """Subscribe to ``channel`` (or ``pattern``) and set the events registered under ``key_of(message)``."""
 
@@ -37,7 +49,7 @@ class Fanout:
         self._key_of = key_of
         self._channel = channel
         self._pattern = pattern
-        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self._waiters: dict[str, set[Wake]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -52,9 +64,9 @@ class Fanout:
             self._task = None
 
     @contextlib.contextmanager
-    def listener(self, key: str) -> Iterator[asyncio.Event]:
+    def listener(self, key: str) -> Iterator[Wake]:
         """An event set whenever a message for ``key`` arrives while the block runs."""
-        event = asyncio.Event()
+        event = Wake()
         self._waiters[key].add(event)
         try:
             yield event
@@ -75,6 +87,7 @@ class Fanout:
                         if message.get("type") not in ("message", "pmessage"):
                             continue
                         for event in self._waiters.get(self._key_of(message), ()):
+                            event.payloads.add(text(message.get("data", b"")))
                             event.set()
             except asyncio.CancelledError:
                 raise

@@ -240,14 +240,25 @@ async def placement_view(
     return view
 
 
+# Payload of a wake-up that only announces work: a woken claim skips its standing re-check.
+WORK = b"w"
+
+
+def wake_channel(key: str) -> str:
+    """The pub/sub channel that wakes waiters on ``key`` (a collector id or a task key)."""
+    return _WAKE + key
+
+
 class WakeHub(Fanout):
     """Wake-ups by key: collector ids (work was routed to it) and ``task:<id>`` (the task changed state)."""
 
     def __init__(self, redis: Redis):
         super().__init__(redis, pattern=_WAKE + "*", key_of=lambda m: text(m["channel"]).removeprefix(_WAKE))
 
-    async def publish(self, collector_id: str) -> None:
-        await self.redis.publish(_WAKE + collector_id, b"1")
+    async def publish(self, collector_id: str, payload: bytes = b"1") -> None:
+        """Wake the collector's waiting claim. ``WORK`` says only that work was routed to it;
+        anything else (the default) also makes the claim re-check the collector's standing."""
+        await self.redis.publish(_WAKE + collector_id, payload)
 
     async def publish_many(self, keys: Iterable[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -36,7 +36,7 @@ from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from router import fleet_state, ladder, placement, store
 from router.candidates import CandidateLoader
-from router.live import InFlight, Liveness, TaskWakes, WakeHub
+from router.live import WORK, InFlight, Liveness, TaskWakes, WakeHub
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
 from router.placement import Candidate, OperationCap, PlacementRequest
 from router.states import TERMINAL, State, cancellable, check_transition
@@ -367,7 +367,7 @@ class Router:
             )
         provider, collector = task["provider"], chosen.collector_id
         effects.add(lambda: self.in_flight.add(collector, provider, 1))
-        effects.add(lambda: self.wake.publish(collector))
+        effects.add(lambda: self.wake.publish(collector, WORK))
         return S.LEASED
 
     async def _candidates(self, conn: AsyncConnection, req: PlacementRequest) -> list[Candidate]:
@@ -528,8 +528,8 @@ class Router:
         with self.wake.listener(collector_id) as woken:
             first = True
             while True:
-                if not first:
-                    # Woken: the wake-up may be a revoke, a newer session or a vault-mode change.
+                if not first and woken.payloads != {WORK.decode()}:
+                    # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, vault_mode)
                     if restart is not None:
                         return (), (), restart

@@ -28,6 +28,7 @@ from versus.router.v1 import tunnel_pb2_grpc
 from common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from common.grpc_server import Context
 from common.logs import get_logger
+from router.live import WORK, wake_channel
 
 OFFER_WAIT_S = 30.0
 IDLE_TIMEOUT_S = 300.0
@@ -85,7 +86,7 @@ class TunnelHub:
         pipe.set(_SESSION + session.session_id, json.dumps(record), ex=int(OFFER_WAIT_S + MAX_SESSION_S))
         pipe.rpush(_OFFERS + collector_id, offer)
         pipe.expire(_OFFERS + collector_id, int(OFFER_WAIT_S))
-        pipe.publish("versus:wake:" + collector_id, b"1")
+        pipe.publish(wake_channel(collector_id), WORK)
         await pipe.execute()
         return session
 

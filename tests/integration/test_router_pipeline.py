@@ -10,8 +10,16 @@ import pytest
 from sqlalchemy import func, select, update
 
 from common.db.schema import collectors, device_leases, dispatches, tasks
-from common.errors import Conflict, FailedPrecondition, InvalidArgument, PayloadTooLarge, PermissionDenied
+from common.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    PayloadTooLarge,
+    PermissionDenied,
+    Unauthenticated,
+)
 from router import store
+from router.live import WORK
 from router.placement import OpClassMismatch
 from router.service import DeviceLeased
 from router.states import State
@@ -188,6 +196,22 @@ async def test_a_queue_pass_never_locks_a_leased_task_against_its_claim(env: Rou
         assert await store.lock_if_queued(conn, task["task_id"]) is None
         got = await env.router.claim("col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=0)
     assert got is not None
+
+
+async def test_a_work_wake_skips_the_standing_check_and_any_other_wake_runs_it(env: RouterEnv) -> None:
+    await env.add_collector("col-1")
+    held = asyncio.create_task(env.router.claim("col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=10))
+    await asyncio.sleep(0.3)
+    async with env.router.engine.begin() as conn:  # revoked behind the router's back: no wake-up
+        await conn.execute(
+            update(collectors).where(collectors.c.collector_id == "col-1").values(status="revoked")
+        )
+    await env.router.wake.publish("col-1", WORK)
+    await asyncio.sleep(0.3)
+    assert not held.done()  # new work only: no database read of the collector's standing
+    await env.router.wake.publish("col-1")
+    with pytest.raises(Unauthenticated, match="revoked"):
+        await asyncio.wait_for(held, 5)
 
 
 async def test_a_collector_revoked_a_moment_ago_gets_no_work(env: RouterEnv) -> None:
