@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput clean
+.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -16,6 +16,7 @@ help:
 	@echo "make vectors  - regenerate vectors/envelope/ from tools/gen_envelope_vectors.py"
 	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
+	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
 
 venv: $(STAMP)
 
@@ -78,6 +79,10 @@ integration: $(STAMP)
 
 e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e
+
+# Faults against real processes for five minutes; a short smoke run is part of `make test`.
+chaos: $(STAMP)
+	$(BIN)/python -m chaos.run --seed $${SEED:-1} --seconds 300 --rate 4 --fault-every 8 --json chaos-report.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

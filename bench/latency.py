@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import psycopg
 from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
@@ -57,9 +58,13 @@ class Samples:
     report_to_watch: list[float] = field(default_factory=list)
     submitted: int = 0
     completed: int = 0
+    # Calls that failed (the router sheds or cancels calls when far past saturation).
+    rpc_errors: int = 0
 
     def summary(self) -> dict[str, float]:
-        out: dict[str, float] = {"submitted": self.submitted, "completed": self.completed}
+        out: dict[str, float] = {
+            "submitted": self.submitted, "completed": self.completed, "rpc_errors": self.rpc_errors,
+        }  # fmt: skip
         for name in ("submit_to_claim", "call_to_claim", "report_to_watch"):
             values = getattr(self, name)
             out[f"{name}_p50_ms"] = percentile(values, 0.50) * 1000
@@ -127,16 +132,19 @@ async def run_ours(
                 params=b"{}", idempotency_key=key, deadline=deadline,
             )  # fmt: skip
             call_started[key] = time.perf_counter()
-            reply = await stub.SubmitTask(request)
-            returned[key] = time.perf_counter()
-            samples.submitted += 1
-            async for update in stub.WatchTask(pb.WatchTaskRequest(task_id=reply.task.task_id)):
-                if update.task.state == task_pb2.TASK_STATE_SUCCESS:
-                    seen = time.perf_counter()
-                    samples.completed += 1
-                    samples.submit_to_claim.append(max(0.0, got_claim[key] - returned[key]))
-                    samples.call_to_claim.append(got_claim[key] - call_started[key])
-                    samples.report_to_watch.append(seen - reported[key])
+            try:
+                reply = await stub.SubmitTask(request)
+                returned[key] = time.perf_counter()
+                samples.submitted += 1
+                async for update in stub.WatchTask(pb.WatchTaskRequest(task_id=reply.task.task_id)):
+                    if update.task.state == task_pb2.TASK_STATE_SUCCESS:
+                        seen = time.perf_counter()
+                        samples.completed += 1
+                        samples.submit_to_claim.append(max(0.0, got_claim[key] - returned[key]))
+                        samples.call_to_claim.append(got_claim[key] - call_started[key])
+                        samples.report_to_watch.append(seen - reported[key])
+            except grpc.aio.AioRpcError:
+                samples.rpc_errors += 1
 
         work: list[asyncio.Task[None]] = []
         start = time.perf_counter()

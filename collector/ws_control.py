@@ -84,6 +84,8 @@ class WsControl:
             async for message in self._conn:
                 text = message if isinstance(message, str) else message.decode()
                 frame = json.loads(text)
+                if not isinstance(frame, dict):
+                    raise ValueError("control frame is not an object")
                 future = self._pending.get(str(frame.get("id")))
                 if future is None or future.done():
                     continue
@@ -92,8 +94,8 @@ class WsControl:
                 marker = '"body":'
                 raw = text[text.index(marker) + len(marker) : -1].encode() if body is not None else b""
                 future.set_result((int(frame["status"]), raw))
-        except (websockets.WebSocketException, OSError, ValueError):
-            pass
+        except (websockets.WebSocketException, OSError, ValueError, KeyError, TypeError, RecursionError):
+            pass  # a broken or garbled socket: pending calls fail below and the agent falls back
         finally:
             self._fail_pending("control socket closed")
 

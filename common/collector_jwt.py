@@ -85,7 +85,7 @@ def verify(token: str, public_key: ec.EllipticCurvePublicKey, now: int) -> Beare
             audience=AUDIENCE,
             leeway=LEEWAY_S,
             options={
-                "require": ["sub", "aud", "iat", "exp", "jti"],
+                "require": ["iss", "sub", "aud", "iat", "exp", "jti"],
                 "verify_iat": False,
                 "verify_exp": False,
             },

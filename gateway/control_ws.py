@@ -162,7 +162,7 @@ def _parse(text: str) -> tuple[str, str, bytes]:
     """Validate the frame envelope; the body's own schema is checked by the operation."""
     try:
         frame: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         raise InvalidArgument("frame is not JSON", code="malformed_frame") from None
     if not isinstance(frame, dict) or frame.get("v") != PROTOCOL_VERSION:
         raise InvalidArgument(f"frames must be objects with v={PROTOCOL_VERSION}", code="malformed_frame")

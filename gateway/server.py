@@ -32,6 +32,19 @@ WS_PING_INTERVAL_S = 20.0
 WS_PING_TIMEOUT_S = 20.0
 
 
+# asyncio reads TLS through a per-connection buffer of ``SSLProtocol.max_size`` bytes, 256 KiB by
+# default: with 10,000 parked collectors that is 2.5 GiB of buffers that are nearly always
+# empty. A TLS record carries at most 16 KiB, so 32 KiB still takes two records per read.
+TLS_READ_BUFFER_BYTES = 32 * 1024
+
+
+def limit_tls_read_buffer(size: int = TLS_READ_BUFFER_BYTES) -> None:
+    """Make every TLS connection this process accepts from now on read through ``size`` bytes."""
+    from asyncio import sslproto
+
+    sslproto.SSLProtocol.max_size = size
+
+
 # The WebSocket settings of the gateway's uvicorn server (tests serve the app with the same).
 WS_OPTIONS: dict[str, Any] = {
     "ws": "websockets-sansio",
@@ -129,6 +142,7 @@ async def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
     server = uvicorn.Server(config)
+    limit_tls_read_buffer()
     # Uvicorn re-raises the signal it caught once it has shut down; with these
     # handlers in place that re-raise is harmless and the process exits 0.
     signal.signal(signal.SIGTERM, lambda *_: None)

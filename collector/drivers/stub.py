@@ -6,7 +6,10 @@
     apply_once    mutate_terminal      appends to the device file, not safely repeatable
 
 Each device is a file ``<state>/stub-devices/<target_ref>``, so tests can count
-exactly how often each mutation was applied. Params may ask for a delay
+exactly how often each mutation was applied. ``VERSUS_STUB_DEVICE_DIR`` puts
+the devices in a directory several collectors share, as real devices are
+reachable from every collector of a site (the fault-injection suite, chaos/,
+runs its collectors that way). Params may ask for a delay
 (``{"sleep": seconds}``, after the change; echo honours it too) to leave time
 to kill the collector mid-task.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from pathlib import Path
 from typing import ClassVar
@@ -22,6 +26,7 @@ from typing import ClassVar
 from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Task
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+DEVICE_DIR_ENV = "VERSUS_STUB_DEVICE_DIR"
 
 
 class StubDriver:
@@ -35,7 +40,8 @@ class StubDriver:
     }
 
     def __init__(self, ctx: DriverContext):
-        self.devices = ctx.state_dir / "stub-devices"
+        shared = os.environ.get(DEVICE_DIR_ENV, "")
+        self.devices = Path(shared) if shared else ctx.state_dir / "stub-devices"
         self.devices.mkdir(parents=True, exist_ok=True)
 
     def device(self, target_ref: str) -> Path:

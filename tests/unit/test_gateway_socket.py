@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+from pathlib import Path
+from typing import Any
 
 from common.embedded.process import free_port
-from gateway.server import bind
+from common.tls import ensure_gateway_tls
+from gateway.server import TLS_READ_BUFFER_BYTES, bind, limit_tls_read_buffer
 
 
 async def test_accepted_connections_have_nodelay() -> None:
@@ -29,3 +33,38 @@ async def test_accepted_connections_have_nodelay() -> None:
             await asyncio.sleep(0.01)
         writer.close()
     assert seen and seen[0] != 0
+
+
+async def test_accepted_tls_connections_read_through_a_small_buffer(tmp_path: Path) -> None:
+    # asyncio's default is a 256 KiB read buffer per TLS connection: 2.5 GiB for 10,000 parked
+    # collectors. The gateway lowers it before serving.
+    from asyncio import sslproto
+
+    tls = ensure_gateway_tls(tmp_path, "gw.test", [])
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    client_ctx = ssl.create_default_context(cafile=str(tls.ca_file))
+    buffers: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ssl_protocol: Any = writer.transport._ssl_protocol  # type: ignore[attr-defined]
+        buffers.append(len(ssl_protocol._ssl_buffer))
+        writer.close()
+
+    default = sslproto.SSLProtocol.max_size
+    try:
+        limit_tls_read_buffer()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_ctx)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            _, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=client_ctx, server_hostname="gw.test"
+            )
+            for _ in range(100):
+                if buffers:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+    finally:
+        sslproto.SSLProtocol.max_size = default
+    assert buffers == [TLS_READ_BUFFER_BYTES] and TLS_READ_BUFFER_BYTES <= 64 * 1024 < default

@@ -1,0 +1,120 @@
+"""The platform side: a seeded mix of reads and mutations over a few devices, and what came of it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from versus.router.v1 import task_pb2, task_router_pb2_grpc
+from versus.router.v1 import task_router_pb2 as pb
+
+from common.error_mapping import GRPC_CODE_METADATA_KEY
+
+# (operation, op_class, weight): reads, repeatable mutations with a check, one-shot mutations.
+MIX = (
+    ("echo", task_pb2.OP_CLASS_READ, 2),
+    ("append", task_pb2.OP_CLASS_MUTATE_RECONCILABLE, 1),
+    ("apply_once", task_pb2.OP_CLASS_MUTATE_TERMINAL, 1),
+)
+TERMINAL = {"success", "failed", "expired", "cancelled", "indeterminate"}
+
+
+@dataclass
+class Submitted:
+    key: str
+    operation: str
+    target: str
+    task_id: str = ""  # empty: never accepted (refused, or every attempt failed)
+    refused: str = ""  # stable code of a definite refusal
+    state: str = ""
+
+
+@dataclass
+class Workload:
+    """Submits ``rate`` tasks per second for ``seconds`` and records every answer."""
+
+    seed: int
+    devices: int
+    site_id: str
+    deadline_s: float
+    tasks: list[Submitted] = field(default_factory=list)
+    # (monotonic time, what failed): errors that are only acceptable inside a fault window.
+    errors: list[tuple[float, str]] = field(default_factory=list)
+
+    async def run(self, channel: grpc.aio.Channel, rate: float, seconds: float) -> None:
+        rng = random.Random(self.seed)
+        stub: Any = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        pending: set[asyncio.Task[None]] = set()
+        ends = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < ends:
+            operation, op_class, _ = rng.choices(MIX, weights=[w for *_, w in MIX])[0]
+            item = Submitted(f"chaos-{self.seed}-{n}", operation, f"dev-{rng.randrange(self.devices)}")
+            # A delay inside the task leaves time for a fault to land mid-execute.
+            params = {"sleep": round(rng.uniform(0, 1.5), 2)}
+            self.tasks.append(item)
+            task = asyncio.create_task(self._submit(stub, item, op_class, params))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            n += 1
+            await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*pending)
+
+    async def _submit(self, stub: Any, item: Submitted, op_class: Any, params: dict[str, float]) -> None:
+        deadline = Timestamp()
+        deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.deadline_s))
+        request = pb.SubmitTaskRequest(
+            provider="stub", operation=item.operation, op_class=op_class, target_ref=item.target,
+            site_id=self.site_id, tenant_id="chaos", params=json.dumps(params).encode(),
+            idempotency_key=item.key, deadline=deadline,
+        )  # fmt: skip
+        # Retried with the same idempotency key while the control plane is unavailable.
+        for _ in range(20):
+            try:
+                reply = await stub.SubmitTask(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                code = _versus_code(exc)
+                if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                    item.refused = code or exc.code().name
+                    return
+                self.errors.append((time.monotonic(), f"SubmitTask {exc.code().name} {code}"))
+                await asyncio.sleep(1.0)
+                continue
+            item.task_id = reply.task.task_id
+            return
+
+    async def settle(self, channel: grpc.aio.Channel, within_s: float) -> None:
+        """Wait until every accepted task is terminal (or the time is up); record final states."""
+        stub: Any = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        ends = time.monotonic() + within_s
+        open_items = [t for t in self.tasks if t.task_id]
+        while open_items and time.monotonic() < ends:
+            still = []
+            for item in open_items:
+                try:
+                    reply = await stub.GetTask(pb.GetTaskRequest(task_id=item.task_id), timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    self.errors.append((time.monotonic(), f"GetTask {exc.code().name}"))
+                    still.append(item)
+                    continue
+                item.state = task_pb2.TaskState.Name(reply.task.state).removeprefix("TASK_STATE_").lower()
+                if item.state not in TERMINAL:
+                    still.append(item)
+            open_items = still
+            if open_items:
+                await asyncio.sleep(1.0)
+
+
+def _versus_code(exc: grpc.aio.AioRpcError) -> str:
+    metadata: Any = exc.trailing_metadata() or ()
+    for key, value in metadata:
+        if key == GRPC_CODE_METADATA_KEY:
+            return str(value)
+    return ""
