@@ -7,7 +7,8 @@
 3. A refused submission left no task behind.
 4. No two mutating dispatches of one device were out at the same time (router bookkeeping).
 5. Redis in-flight counters equal PostgreSQL's count of leased, dispatched and running work.
-6. No 5xx answer (gateway) and no UNAVAILABLE/INTERNAL call (platform) outside a fault window.
+6. No 5xx answer (gateway) and no failed call (platform) outside a fault window, and no internal
+   error (500 / INTERNAL) at all.
 """
 
 from __future__ import annotations
@@ -142,9 +143,15 @@ def server_errors(gateway_log: Path, started_wall: float, started_mono: float) -
 def outside_windows(
     errors: Iterable[tuple[float, str]], windows: Sequence[Window], origin: float
 ) -> list[str]:
-    """Errors (monotonic time, what) that no fault window covers, timed from ``origin``."""
+    """Errors (monotonic time, what) that no fault window covers, timed from ``origin``; an internal
+    error (500, INTERNAL) counts anywhere: a fault should make things unavailable, never broken."""
     return [
-        f"{what} at +{at - origin:.1f}s outside any fault window"
+        f"{what} at +{at - origin:.1f}s "
+        + ("(internal error)" if _internal(what) else "outside any fault window")
         for at, what in errors
-        if not any(w.covers(at) for w in windows)
+        if _internal(what) or not any(w.covers(at) for w in windows)
     ]
+
+
+def _internal(what: str) -> bool:
+    return what.endswith(" 500") or "INTERNAL" in what

@@ -297,11 +297,18 @@ class TaskWakes:
         event.listen(engine.sync_engine.pool, "checkin", self._on_checkin)
 
     def _on_commit(self, conn: Connection) -> None:
+        if conn.invalidated:
+            return
         ids = conn.info.pop(self.changed_key, None)
         if ids:
             conn.info.setdefault(self.committed_key, set()).update(ids)
 
     def _on_rollback(self, conn: Connection) -> None:
+        if conn.invalidated:
+            # The connection was lost (a database restart): touching ``info`` now would raise
+            # PendingRollbackError from inside the rollback and hide the real error. Its
+            # record's ids are dropped at checkin.
+            return
         if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
             # Each statement committed on its own; the "rollback" at close undoes nothing.
             self._on_commit(conn)

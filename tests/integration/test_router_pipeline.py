@@ -214,6 +214,20 @@ async def test_a_work_wake_skips_the_standing_check_and_any_other_wake_runs_it(e
         await asyncio.wait_for(held, 5)
 
 
+async def test_a_lost_connection_surfaces_as_itself_not_as_a_rollback_error(env: RouterEnv) -> None:
+    # Found by chaos/: after a database restart the task wake-up hook touched the invalidated
+    # connection during rollback, and PendingRollbackError (an internal error) hid the real,
+    # retryable one.
+    class Lost(Exception):
+        pass
+
+    with pytest.raises(Lost):
+        async with env.router.engine.begin() as conn:
+            await conn.execute(select(1))
+            await conn.invalidate()
+            raise Lost
+
+
 async def test_a_collector_revoked_a_moment_ago_gets_no_work(env: RouterEnv) -> None:
     # Placement reuses a site's candidate rows for a second; the lock taken before leasing
     # re-checks the collector in PostgreSQL.
