@@ -221,11 +221,14 @@ async def test_a_lost_connection_surfaces_as_itself_not_as_a_rollback_error(env:
     class Lost(Exception):
         pass
 
-    with pytest.raises(Lost):
+    async def lose_the_connection() -> None:
         async with env.router.engine.begin() as conn:
             await conn.execute(select(1))
             await conn.invalidate()
             raise Lost
+
+    with pytest.raises(Lost):
+        await lose_the_connection()
 
 
 async def test_a_collector_revoked_a_moment_ago_gets_no_work(env: RouterEnv) -> None:
