@@ -1,6 +1,6 @@
 """Idle fleet: memory and CPU of one gateway holding many idle collectors, on HTTPS and on WSS.
 
-    python -m bench.idle [--fleet 1000,10000] [--window 30] [--json FILE]
+    python -m bench.idle [--fleet 1000,10000] [--window 30] [--transports https,wss] [--json FILE]
 
 ``--fleet`` simulated collectors (bench/stack.py) each hold a claim at all
 times, re-claiming when the 25 s hold ends, over HTTPS long-poll or over the
@@ -130,13 +130,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--fleet", default="1000,10000")
     parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--transports", default="https,wss", help="https, wss or both")
     parser.add_argument("--json", dest="json_path", default="bench/results/idle.json")
     args = parser.parse_args()
     sizes = [int(n) for n in args.fleet.split(",")]
     pinning = pin_load_generator()
     results = []
     for count in sizes:
-        for wss in (False, True):
+        for wss in [t == "wss" for t in args.transports.split(",")]:
             # A fresh control plane per point: memory is measured from a clean gateway.
             with running_stack() as stack:
                 results.append(asyncio.run(hold(stack, count, wss, args.window)))
