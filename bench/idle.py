@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import psutil
+import websockets
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import insert
 
@@ -78,11 +79,18 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
     fleet = await make_fleet(stack, count, f"{'w' if wss else 'h'}{count}")
     stop = asyncio.Event()
     connected = [0]
+    retries = [0]
     all_connected = asyncio.Event()
 
     async def loop(c: SimCollector) -> None:
-        if wss:
-            await c.open_ws()
+        while wss:
+            # During a 10,000-socket ramp the gateway sheds some handshakes; a collector retries.
+            try:
+                await c.open_ws()
+                break
+            except (OSError, websockets.WebSocketException, TimeoutError):
+                retries[0] += 1
+                await asyncio.sleep(1.0)
         first = True
         while not stop.is_set():
             claim = c.claim_ws(HOLD_S) if wss else c.claim_https(HOLD_S)
@@ -116,6 +124,7 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
         "gateway_cpu_pct": (_cpu(gateway) - g0) / elapsed * 100,
         "router_cpu_pct": (_cpu(router) - r0) / elapsed * 100,
         "gateway_connections": len(gateway.net_connections(kind="tcp")),
+        "connect_retries": retries[0],
     }
     stop.set()
     for task in tasks:
