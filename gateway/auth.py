@@ -15,13 +15,17 @@ import time
 from typing import Any
 
 from starlette.requests import HTTPConnection
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket
 
 from common import collector_jwt, error_mapping
 from common.collector_jwt import BearerClaims, BearerError
 from common.errors import PermissionDenied, VersusError
+from common.logs import get_logger
 from gateway.metrics import AUTH_FAILURES
 from gateway.store import CollectorAuthRecord, GatewayStore
+
+log = get_logger("versus.gateway.auth")
 
 ACTIVE_ONLY = frozenset({"active"})
 # The enrollment status endpoint answers pending and denied collectors too, so they can learn their fate.
@@ -77,6 +81,21 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
         claims, _ = await authenticate(ws, store)
     except VersusError as exc:
         await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+        return None
+    except Exception as exc:
+        # A dependency failed (say, no database connection free during a reconnect storm): answer
+        # the handshake 503 with the stable code, so the collector backs off and retries, instead
+        # of an unhandled error per socket (whose tracebacks alone cost the gateway its CPU).
+        status = error_mapping.status_for(exc)
+        public = error_mapping.public_error(exc)
+        if status.http_status == 500:
+            log.exception("socket admission failed")
+        else:
+            log.warning("socket refused: dependency unavailable", error=type(exc).__name__)
+        try:
+            await ws.send_denial_response(JSONResponse(public.to_dict(), status_code=status.http_status))
+        except RuntimeError:  # the server cannot send a denial response: close (the client sees 403)
+            await ws.close(code=status.ws_close_code, reason=public.code)
         return None
     return claims
 

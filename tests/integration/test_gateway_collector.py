@@ -587,6 +587,26 @@ async def test_control_socket_refusals(stack: Stack) -> None:
         assert oversize.value.rcvd is not None and oversize.value.rcvd.code == 1009
 
 
+async def test_a_socket_refused_for_a_lost_dependency_gets_503_with_its_code(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen at 10,000 sockets connecting at once: no database connection came free in time, and
+    # each handshake ended in an unhandled error (and a logged traceback) instead of a 503.
+    import websockets
+    from sqlalchemy import exc as sa_exc
+
+    c = await stack.enroll("col-ws-503")
+
+    async def pool_exhausted(collector_id: str) -> None:
+        raise sa_exc.TimeoutError("QueuePool limit of size 10 overflow 10 reached")
+
+    monkeypatch.setattr(stack.app.state.store, "collector_auth", pool_exhausted)
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await _ws(stack, c)
+    assert refused.value.response.status_code == 503
+    assert json.loads(refused.value.response.body)["error"]["code"] == "database_unavailable"
+
+
 async def test_revocation_closes_an_open_control_socket_on_its_next_frame(stack: Stack) -> None:
     import websockets
 
