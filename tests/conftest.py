@@ -17,11 +17,18 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from hypothesis import settings
 
 from common.db.migrate import upgrade
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import DATABASES, EmbeddedRedis
 from tests.support.urls import with_database, with_redis_db
+
+# Property tests explore the same examples on every run, so a green main stays green;
+# HYPOTHESIS_PROFILE=explore draws new random examples (and keeps any failure it finds in .hypothesis/).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 ROOT = Path(__file__).resolve().parent
 
