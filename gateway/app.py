@@ -19,7 +19,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -165,6 +167,19 @@ def create_app(config: GatewayConfig) -> FastAPI:
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         what = str(first.get("msg", "invalid request"))
         return error_response(InvalidArgument(f"{where}: {what}" if where else what), 400)
+
+    async def _dependency(_: Request, exc: Exception) -> JSONResponse:
+        # Registered by class so Starlette answers it inside the middleware stack: the access log
+        # and metrics then see the real status (503) instead of the 500 of an unhandled error.
+        status = error_mapping.status_for(exc).http_status
+        if status == 500:
+            log.exception("unhandled error")
+        else:
+            log.warning("dependency unavailable", error=type(exc).__name__)
+        return error_response(error_mapping.public_error(exc), status)
+
+    app.add_exception_handler(SQLAlchemyError, _dependency)
+    app.add_exception_handler(RedisError, _dependency)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

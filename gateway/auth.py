@@ -111,7 +111,11 @@ async def standing_lapsed(state: Any, collector_id: str) -> str:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(announced.wait(), getattr(state, "revocation_check_s", 60.0))
             announced.clear()
-            reason = await lapsed_standing(state.store, collector_id)
+            try:
+                reason = await lapsed_standing(state.store, collector_id)
+            except Exception:  # a dependency failed: keep the socket, check again next period
+                log.warning("standing check failed; retrying next period", exc_info=True)
+                continue
             if reason is not None:
                 return reason
 

@@ -115,7 +115,11 @@ async def control(ws: WebSocket) -> None:
                 return
             # Every frame re-checks the collector's standing, so a revocation bites on the next one
             # even between the periodic checks.
-            reason = await lapsed_standing(state.store, collector_id)
+            try:
+                reason = await lapsed_standing(state.store, collector_id)
+            except Exception as exc:  # a dependency failed: answer this frame 503, keep the socket
+                await send(_frame(frame_id, kind, _error(error_mapping.public_error(exc))))
+                continue
             if reason is not None:
                 await ws.close(code=4401, reason=reason)
                 return

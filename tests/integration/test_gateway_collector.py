@@ -607,6 +607,32 @@ async def test_a_socket_refused_for_a_lost_dependency_gets_503_with_its_code(
     assert json.loads(refused.value.response.body)["error"]["code"] == "database_unavailable"
 
 
+async def test_a_database_outage_is_503_on_https_and_on_an_open_socket(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by chaos/ (a PostgreSQL restart): the HTTPS answer was logged as 500 and an open
+    # control socket died with an unhandled error on its next frame.
+    from sqlalchemy import exc as sa_exc
+
+    c = await stack.enroll("col-db-down")
+    await stack.publish(c)
+
+    async def database_down(collector_id: str) -> None:
+        raise sa_exc.OperationalError("SELECT", {}, Exception("the database system is shutting down"))
+
+    async with await _ws(stack, c) as ws:
+        monkeypatch.setattr(stack.app.state.store, "collector_auth", database_down)
+        claimed = await stack.post("/claim", {"wait_s": 0}, c.bearer())
+        assert (claimed.status_code, claimed.json()["error"]["code"]) == (503, "database_unavailable")
+        await ws.send(json.dumps({"v": 1, "id": "1", "type": "claim", "body": {"wait_s": 0}}))
+        reply = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert (reply["status"], reply["body"]["error"]["code"]) == (503, "database_unavailable")
+        monkeypatch.undo()
+        await ws.send(json.dumps({"v": 1, "id": "2", "type": "claim", "body": {"wait_s": 0}}))
+        again = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert again["id"] == "2" and again["status"] == 204  # the socket survived the outage
+
+
 async def test_revocation_closes_an_open_control_socket_on_its_next_frame(stack: Stack) -> None:
     import websockets
 
