@@ -168,20 +168,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
         what = str(first.get("msg", "invalid request"))
         return error_response(InvalidArgument(f"{where}: {what}" if where else what), 400)
 
-    async def _dependency(_: Request, exc: Exception) -> JSONResponse:
-        # Registered by class so Starlette answers it inside the middleware stack: the access log
-        # and metrics then see the real status (503) instead of the 500 of an unhandled error.
-        status = error_mapping.status_for(exc).http_status
-        if status == 500:
-            log.exception("unhandled error")
-        else:
-            log.warning("dependency unavailable", error=type(exc).__name__)
-        return error_response(error_mapping.public_error(exc), status)
-
-    app.add_exception_handler(SQLAlchemyError, _dependency)
-    app.add_exception_handler(RedisError, _dependency)
-
-    @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         status = error_mapping.status_for(exc).http_status
         if status == 500:
@@ -189,6 +175,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         else:
             log.warning("dependency unavailable", error=type(exc).__name__)
         return error_response(error_mapping.public_error(exc), status)
+
+    # Dependency errors are registered by class so Starlette answers them inside the middleware
+    # stack: the access log and metrics then see the real status (503), not an unhandled 500.
+    app.add_exception_handler(SQLAlchemyError, _unexpected)
+    app.add_exception_handler(RedisError, _unexpected)
+    app.add_exception_handler(Exception, _unexpected)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Health:
