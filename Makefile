@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos clean
+.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos fuzz clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -17,6 +17,7 @@ help:
 	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
+	@echo "make fuzz     - schemathesis against the gateway's OpenAPI document (EXAMPLES=n per operation)"
 
 venv: $(STAMP)
 
@@ -83,6 +84,11 @@ e2e: $(STAMP)
 # Faults against real processes for five minutes; a short smoke run is part of `make test`.
 chaos: $(STAMP)
 	$(BIN)/python -m chaos.run --seed $${SEED:-1} --seconds 300 --rate 4 --fault-every 8 --json chaos-report.json
+
+# Schemathesis against docs/openapi.json with fresh random draws (the test command runs 30 examples each).
+fuzz: $(STAMP)
+	VERSUS_FUZZ_EXAMPLES=$${EXAMPLES:-1000} HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -q \
+		tests/e2e/test_fuzz_gateway.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from sqlalchemy import insert
 
 from bench.stack import HOLD_S, SimCollector, Stack, pin_load_generator, running_stack, save_report
+from collector.agent import backoff
 from common.db import engine as db_engine
 from common.db.schema import collectors as collectors_table
 from common.db.schema import sites
@@ -78,41 +79,55 @@ def _cpu(proc: psutil.Process) -> float:
 async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, Any]:
     fleet = await make_fleet(stack, count, f"{'w' if wss else 'h'}{count}")
     stop = asyncio.Event()
-    connected = [0]
-    retries = [0]
-    all_connected = asyncio.Event()
+    online: set[str] = set()
+    counts = {"connect_retries": 0, "drops": 0}
+    all_online = asyncio.Event()
+
+    def mark(c: SimCollector, up: bool) -> None:
+        if up:
+            online.add(c.collector_id)
+            if len(online) == count:
+                all_online.set()
+        elif c.collector_id in online:
+            online.discard(c.collector_id)
+            counts["drops"] += 1
 
     async def loop(c: SimCollector) -> None:
-        while wss:
-            # During a 10,000-socket ramp the gateway sheds some handshakes; a collector retries.
-            try:
-                await c.open_ws()
-                break
-            except (OSError, websockets.WebSocketException, TimeoutError):
-                retries[0] += 1
-                await asyncio.sleep(1.0)
-        first = True
+        attempt = 0
         while not stop.is_set():
+            if wss and not c.ws_open:
+                # As the reference collector: a refused or failed handshake (the gateway sheds
+                # handshakes during a storm) is retried after a jittered exponential backoff.
+                try:
+                    await c.open_ws()
+                except (OSError, websockets.WebSocketException, TimeoutError):
+                    counts["connect_retries"] += 1
+                    await asyncio.sleep(backoff(attempt, base=0.5))
+                    attempt += 1
+                    continue
+                attempt = 0
             claim = c.claim_ws(HOLD_S) if wss else c.claim_https(HOLD_S)
-            if first:
-                connected[0] += 1
-                if connected[0] == count:
-                    all_connected.set()
-                first = False
-            await claim
+            mark(c, True)
+            try:
+                await claim
+            except (ConnectionError, websockets.WebSocketException):
+                mark(c, False)
 
     gateway, router = _process(stack, "gateway"), _process(stack, "router")
     idle_rss = gateway.memory_info().rss
+    ramp_started = time.monotonic()
     tasks = []
     for start in range(0, count, 250):  # ramp in batches so handshakes do not time out
         tasks += [asyncio.create_task(loop(c)) for c in fleet[start : start + 250]]
         await asyncio.sleep(0.5)
-    await all_connected.wait()
+    await all_online.wait()
     deadline = time.monotonic() + 600
     # Ready when the gateway holds a connection per collector (TLS handshakes take a while at 10k).
     while len(gateway.net_connections(kind="tcp")) < count and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(1.0)
+    ramp_s = time.monotonic() - ramp_started
     await asyncio.sleep(5)  # every claim is parked at the gateway
+    drops_before = counts["drops"]
     g0, r0, t0 = _cpu(gateway), _cpu(router), time.perf_counter()
     await asyncio.sleep(window)
     elapsed = time.perf_counter() - t0
@@ -124,7 +139,12 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
         "gateway_cpu_pct": (_cpu(gateway) - g0) / elapsed * 100,
         "router_cpu_pct": (_cpu(router) - r0) / elapsed * 100,
         "gateway_connections": len(gateway.net_connections(kind="tcp")),
-        "connect_retries": retries[0],
+        "online_at_end": len(online),
+        "ramp_s": ramp_s,
+        "connect_retries": counts["connect_retries"],
+        "drops_during_ramp": drops_before,
+        # Must be 0 for the figures to describe a steady fleet.
+        "drops_during_window": counts["drops"] - drops_before,
     }
     stop.set()
     for task in tasks:
@@ -152,13 +172,17 @@ def main() -> None:
                 results.append(asyncio.run(hold(stack, count, wss, args.window)))
                 print(json.dumps(results[-1]), flush=True)
     save_report(args.json_path, pinning, args, results)
-    print("| Collectors | Transport | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print(
+        "| Collectors | Transport | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU "
+        "| Ramp | Handshake retries | Drops in window |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['collectors']} | {r['transport']} | {r['gateway_rss_mib']:.0f} MiB "
             f"| {r['gateway_rss_idle_mib']:.0f} MiB "
-            f"| {r['gateway_cpu_pct']:.0f} % | {r['router_cpu_pct']:.0f} % |"
+            f"| {r['gateway_cpu_pct']:.0f} % | {r['router_cpu_pct']:.0f} % "
+            f"| {r['ramp_s']:.0f} s | {r['connect_retries']} | {r['drops_during_window']} |"
         )
 
 

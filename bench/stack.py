@@ -299,17 +299,38 @@ class SimCollector:
     # --- WSS control socket ----------------------------------------------------------------------
     async def open_ws(self) -> None:
         url = self.gateway_url.replace("https://", "wss://") + API + "/control"
+        # As the reference collector connects (no compression), except that the client never drops
+        # the socket for a late pong: with thousands of sockets in one load generator, its own
+        # scheduling delays would be counted against the gateway. The gateway's pings still apply.
         self.ws = await websockets.connect(
-            url, ssl=self.context, additional_headers=self.bearer(), max_size=4 * 1024 * 1024
+            url,
+            ssl=self.context,
+            additional_headers=self.bearer(),
+            max_size=4 * 1024 * 1024,
+            compression=None,
+            ping_timeout=None,
+            open_timeout=30,
         )
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        async for text in self.ws:
-            head = json.loads(text) if isinstance(text, str) else {}
-            future = self._frames.pop(str(head.get("id")), None)
-            if future is not None and not future.done():
-                future.set_result((int(head.get("status", 0)), text))
+        try:
+            async for text in self.ws:
+                head = json.loads(text) if isinstance(text, str) else {}
+                future = self._frames.pop(str(head.get("id")), None)
+                if future is not None and not future.done():
+                    future.set_result((int(head.get("status", 0)), text))
+        except websockets.ConnectionClosed:
+            pass
+        finally:  # the socket is gone: nothing pending will be answered
+            for future in self._frames.values():
+                if not future.done():
+                    future.set_exception(ConnectionError("control socket closed"))
+            self._frames.clear()
+
+    @property
+    def ws_open(self) -> bool:
+        return self.ws is not None and self._reader is not None and not self._reader.done()
 
     async def _frame(self, kind: str, body: dict[str, Any]) -> tuple[int, str]:
         self.seq += 1

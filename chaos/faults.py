@@ -9,12 +9,23 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import psycopg
+
 from chaos.stack import ChaosStack
 
 # Kind -> weight. Every kind a production deployment must survive without losing or repeating work.
 KINDS = {
     "collector_sigkill": 3,
     "collector_sigstop": 2,
+    # Frozen past its dispatches' timeouts: the router gives up on the silent holder (sweep, ladder)
+    # while other faults go on; the collector then wakes holding stale work. Runs in the background.
+    "collector_long_stop": 1,
+    # Every collector connection (WSS control and HTTPS alike) cut mid-flight, no process restarted.
+    "connection_drop": 2,
+    # SIGKILL of the collector that holds a mutation right now (found in PostgreSQL): recorded as
+    # collector_sigkill_<dispatch state>, leased = mid-claim, dispatched/running = the change may
+    # be applied and the report not sent yet (the stub sleeps after applying).
+    "collector_sigkill_holder": 3,
     "router_restart": 2,
     "gateway_restart": 2,
     "postgres_restart": 1,
@@ -23,6 +34,10 @@ KINDS = {
 }
 # After a fault ends, errors seen this long are still blamed on it (clients back off and retry).
 RECOVERY_S = 15.0
+# How long a collector_long_stop freezes its victim: around the stub operations' 30-60 s timeouts.
+LONG_STOP_S = (20.0, 50.0)
+# How long collector_sigkill_holder looks for a collector holding a mutation before killing any.
+HOLDER_SEARCH_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +56,7 @@ class Injector:
     stack: ChaosStack
     seed: int
     windows: list[Window] = field(default_factory=list)
+    _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
     def counts(self) -> Counter[str]:
@@ -57,11 +73,55 @@ class Injector:
                 return
             kind = rng.choices(kinds, weights)[0]
             started = time.monotonic()
+            if kind == "collector_long_stop":
+                self._background.append(asyncio.create_task(self._long_stop(rng)))
+                continue
             detail = await asyncio.to_thread(self._inject, kind, rng)
+            if kind == "collector_sigkill_holder":
+                kind, _, detail = detail.partition(" ")
             self.windows.append(Window(kind, started, time.monotonic(), detail))
+
+    async def finish(self) -> None:
+        """Wait for background faults (long stops) to end: every process is running again after."""
+        await asyncio.gather(*self._background)
+
+    async def _long_stop(self, rng: random.Random) -> None:
+        victim = rng.choice(self.stack.collectors)
+        pause = rng.uniform(*LONG_STOP_S)
+        started = time.monotonic()
+        victim.signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(pause)
+        finally:
+            # A SIGKILL fault meanwhile restarts the victim (Proc.kill continues it first).
+            victim.signal(signal.SIGCONT)
+        self.windows.append(Window("collector_long_stop", started, time.monotonic(), f"{victim.name}"))
+
+    def _kill_holder(self, rng: random.Random) -> str:
+        """SIGKILL a collector holding a mutation; '<kind> <detail>' (a random one if none holds any)."""
+        deadline = time.monotonic() + HOLDER_SEARCH_S
+        while time.monotonic() < deadline:
+            with psycopg.connect(self.stack.postgres.url) as conn:
+                holders = conn.execute(
+                    "SELECT collector_id, dispatch_id, state FROM dispatches"
+                    " WHERE op_class <> 'read' AND state IN ('leased', 'dispatched', 'running')"
+                    " ORDER BY dispatch_id"
+                ).fetchall()
+            holders = [h for h in holders if h[0] in self.stack.by_collector_id]
+            if holders:
+                collector_id, dispatch_id, state = rng.choice(holders)
+                victim = self.stack.by_collector_id[collector_id]
+                victim.kill()
+                time.sleep(rng.uniform(1, 4))
+                victim.start()
+                return f"collector_sigkill_{state} {victim.name} holding {dispatch_id}"
+            time.sleep(0.05)
+        return "collector_sigkill " + self._inject("collector_sigkill", rng)
 
     def _inject(self, kind: str, rng: random.Random) -> str:
         stack = self.stack
+        if kind == "collector_sigkill_holder":
+            return self._kill_holder(rng)
         if kind in ("collector_sigkill", "collector_sigstop"):
             victim = rng.choice(stack.collectors)
             if kind == "collector_sigkill":
@@ -74,6 +134,8 @@ class Injector:
             time.sleep(pause)
             victim.signal(signal.SIGCONT)
             return f"{victim.name} for {pause:.1f}s"
+        if kind == "connection_drop":
+            return f"{stack.proxy.cut()} connections cut"
         if kind in ("router_restart", "gateway_restart"):
             service = stack.services[kind.removesuffix("_restart")]
             service.kill()

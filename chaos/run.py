@@ -67,6 +67,7 @@ async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
             workload.run(channel, config.rate, config.seconds),
             injector.run(config.seconds, config.fault_every),
         )
+        await injector.finish()
         # Every accepted task must be settled by its deadline plus a sweep (and the time the
         # last fault's recovery took, which the deadline already covers).
         await workload.settle(channel, config.deadline + 3 * SWEEP_S)

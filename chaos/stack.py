@@ -30,6 +30,7 @@ from collector.drivers.stub import DEVICE_DIR_ENV
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
 from tests.e2e.harness import BANNER, service_env
+from tests.support.tcp_proxy import CuttableProxy
 
 SERVICES = ("router", "enrollment", "gateway")
 
@@ -97,6 +98,9 @@ class ChaosStack:
     services: dict[str, Proc] = field(default_factory=dict)
     collectors: list[Proc] = field(default_factory=list)
     site_id: str = ""
+    proxy: CuttableProxy = field(init=False)
+    # Each collector's process by its enrolled id (faults aimed at the holder of a dispatch).
+    by_collector_id: dict[str, Proc] = field(default_factory=dict)
 
     @property
     def devices(self) -> Path:
@@ -177,6 +181,10 @@ class ChaosStack:
         self.site_id = str(site["site_id"])
         issued = self.cli("tokens", "issue", "--site", self.site_id, "--max-uses", str(count))
         command = shlex.split(str(issued["enroll_command"]))[1:]
+        # Collectors reach the gateway through a proxy whose connections a fault can cut.
+        self.proxy = CuttableProxy(int(self.env["VERSUS_GATEWAY_PORT"]))
+        url = command.index("--url") + 1
+        command[url] = command[url].replace(f":{self.env['VERSUS_GATEWAY_PORT']}", f":{self.proxy.port}")
         env = {**self.env, DEVICE_DIR_ENV: str(self.devices)}
         for i in range(count):
             state = self.root / f"collector-{i}"
@@ -193,6 +201,7 @@ class ChaosStack:
             proc = Proc(f"collector-{i}", argv, env, self.root / f"collector-{i}.log")
             proc.start()
             self.collectors.append(proc)
+            self.by_collector_id[json.loads((state / "identity.json").read_text())["collector_id"]] = proc
 
     def redis_client(self) -> Redis:
         return Redis.from_url(self.redis.url)
@@ -200,5 +209,7 @@ class ChaosStack:
     def stop(self) -> None:
         for proc in [*self.collectors, *self.services.values()]:
             proc.terminate(10)
+        if hasattr(self, "proxy"):
+            self.proxy.close()
         self.redis.stop()
         self.postgres.stop()

@@ -21,6 +21,10 @@ from common.logs import get_logger
 
 log = get_logger("versus.fanout")
 
+# How many times, and how long each, stop() waits for the subscription task to end.
+STOP_ATTEMPTS = 10
+STOP_ATTEMPT_S = 0.2
+
 
 class Wake(asyncio.Event):
     """An event that also keeps the payloads of the messages that set it since it was cleared."""
@@ -57,11 +61,20 @@ class Fanout:
             self._task = asyncio.create_task(self._listen())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._task is None:
+            return
+        task, self._task = self._task, None
+        # redis-py can swallow a cancellation that lands while it is inside its own read timeout
+        # (seen at shutdown right after start), which left shutdown waiting forever: cancel again
+        # until the task ends, and give up with a warning after a bound.
+        for _ in range(STOP_ATTEMPTS):
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_ATTEMPT_S)
+            if task.done():
+                if not task.cancelled() and task.exception() is not None:
+                    log.warning("subscription task failed", exc_info=task.exception())
+                return
+        log.warning("subscription task did not stop", channel=self._channel or self._pattern)
 
     @contextlib.contextmanager
     def listener(self, key: str) -> Iterator[Wake]:
@@ -75,6 +88,16 @@ class Fanout:
             if not self._waiters[key]:
                 del self._waiters[key]
 
+    def keys(self) -> list[str]:
+        """The keys someone in this process is listening for right now."""
+        return list(self._waiters)
+
+    def wake(self, key: str, payload: str = "") -> None:
+        """Set the events of ``key``'s listeners in this process, as a message for ``key`` would."""
+        for event in self._waiters.get(key, ()):
+            event.payloads.add(payload)
+            event.set()
+
     async def _listen(self) -> None:
         while True:
             try:
@@ -86,9 +109,7 @@ class Fanout:
                     async for message in pubsub.listen():
                         if message.get("type") not in ("message", "pmessage"):
                             continue
-                        for event in self._waiters.get(self._key_of(message), ()):
-                            event.payloads.add(text(message.get("data", b"")))
-                            event.set()
+                        self.wake(self._key_of(message), text(message.get("data", b"")))
             except asyncio.CancelledError:
                 raise
             except Exception:  # Redis went away: waiters fall back to their timeouts; resubscribe shortly

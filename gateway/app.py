@@ -31,10 +31,12 @@ from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
 from gateway import collector_api, control_ws, enroll_api, openapi_bodies, tunnel_ws
+from gateway.auth import AdmissionGate
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
 from gateway.revocations import RevocationFeed
+from gateway.standing import sweeping
 from gateway.store import GatewayStore
 
 # Each readiness probe of a dependency must answer within this bound.
@@ -73,7 +75,10 @@ class Connections:
 
     @classmethod
     def connect(cls, database_url: str, redis_url: str) -> Connections:
-        return cls(engine=db_engine.create_async(database_url, pool_size=10), redis=create_redis(redis_url))
+        return cls(
+            engine=db_engine.create_async(database_url, pool_size=10, pre_ping=False),
+            redis=create_redis(redis_url),
+        )
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -130,10 +135,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.revocation_check_s = config.revocation_check_s
         app.state.revocations = RevocationFeed(app.state.connections.redis)
         app.state.revocations.start()
+        app.state.admissions = AdmissionGate()
         app.state.gateway_ca = config.gateway_ca
         app.state.body_deadline_s = config.body_deadline_s
         try:
-            yield
+            async with sweeping(app.state):
+                yield
         finally:
             await app.state.revocations.stop()
             await app.state.backends.close()
@@ -218,6 +225,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
             "/api/collector/v1/report": collector_api.ReportBody,
             "/api/collector/v1/capabilities": collector_api.CapabilitiesBody,
         },
+        bearer_paths=[
+            f"/api/collector/v1/{name}" for name in ("enrollment", "renew", "claim", "report", "capabilities")
+        ],
     )
 
     @app.get("/metrics", include_in_schema=False)

@@ -8,11 +8,10 @@ collector's status does not allow the endpoint.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import time
-from typing import Any
+from collections.abc import Iterator
 
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
@@ -20,9 +19,9 @@ from starlette.websockets import WebSocket
 
 from common import collector_jwt, error_mapping
 from common.collector_jwt import BearerClaims, BearerError
-from common.errors import PermissionDenied, VersusError
+from common.errors import PermissionDenied, Unavailable, VersusError
 from common.logs import get_logger
-from gateway.metrics import AUTH_FAILURES
+from gateway.metrics import AUTH_FAILURES, SOCKETS_SHED
 from gateway.store import CollectorAuthRecord, GatewayStore
 
 log = get_logger("versus.gateway.auth")
@@ -30,6 +29,14 @@ log = get_logger("versus.gateway.auth")
 ACTIVE_ONLY = frozenset({"active"})
 # The enrollment status endpoint answers pending and denied collectors too, so they can learn their fate.
 ANY_ENROLLED = frozenset({"pending", "active", "denied"})
+
+# WebSocket admissions in progress at once per gateway process, beyond which handshakes are shed
+# (see AdmissionGate). Each holds one short database read: 512 queued on a 20-connection pool
+# drain in well under a second when the database is healthy; when it is not, the excess is
+# refused at once instead of timing out together 30 s later.
+MAX_PENDING_ADMISSIONS = 512
+# What a shed handshake's Retry-After says; collectors add their own jittered backoff.
+SHED_RETRY_AFTER_S = 2
 
 
 async def authenticate(
@@ -67,6 +74,34 @@ async def _authenticate(
     return claims, record
 
 
+class AdmissionGate:
+    """Bounds the WebSocket admissions (token check, one database read) in progress at once.
+
+    When a whole fleet reconnects at once (a gateway restart), admitting every
+    handshake immediately queues thousands on the database pool; they time out
+    together, keepalive pings go unanswered and open sockets drop, which brings
+    more reconnects. Beyond ``limit`` admissions in progress a handshake is
+    refused at once with 503 ``gateway_busy`` and ``Retry-After``; collectors
+    back off with jitter, which spreads the storm.
+    """
+
+    def __init__(self, limit: int = MAX_PENDING_ADMISSIONS):
+        self.limit = limit
+        self.pending = 0
+
+    @contextlib.contextmanager
+    def enter(self) -> Iterator[bool]:
+        """Yields whether this admission may proceed; it counts as in progress until the block ends."""
+        if self.pending >= self.limit:
+            yield False
+            return
+        self.pending += 1
+        try:
+            yield True
+        finally:
+            self.pending -= 1
+
+
 async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | None:
     """The verified claims of a collector opening a WebSocket, or None after refusing it.
 
@@ -77,54 +112,38 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
     if ws.headers.get("origin") is not None:
         await ws.close(code=4403, reason="origin_not_allowed")
         return None
-    try:
-        claims, _ = await authenticate(ws, store)
-    except VersusError as exc:
-        await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
-        return None
-    except Exception as exc:
-        # A dependency failed (say, no database connection free during a reconnect storm): answer
-        # the handshake 503 with the stable code, so the collector backs off and retries, instead
-        # of an unhandled error per socket (whose tracebacks alone cost the gateway its CPU).
-        status = error_mapping.status_for(exc)
-        public = error_mapping.public_error(exc)
-        if status.http_status == 500:
-            log.exception("socket admission failed")
-        else:
-            log.warning("socket refused: dependency unavailable", error=type(exc).__name__)
+    gate: AdmissionGate = ws.app.state.admissions
+    with gate.enter() as admitted:
+        if not admitted:
+            SOCKETS_SHED.inc()
+            busy = Unavailable("the gateway is admitting too many sockets; retry soon", code="gateway_busy")
+            await _deny(ws, busy, {"Retry-After": str(SHED_RETRY_AFTER_S)})
+            return None
         try:
-            await ws.send_denial_response(JSONResponse(public.to_dict(), status_code=status.http_status))
-        except RuntimeError:  # the server cannot send a denial response: close (the client sees 403)
-            await ws.close(code=status.ws_close_code, reason=public.code)
-        return None
+            claims, _ = await authenticate(ws, store)
+        except VersusError as exc:
+            await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+            return None
+        except Exception as exc:
+            # A dependency failed (say, no database connection free during a reconnect storm): answer
+            # the handshake 503 with the stable code, so the collector backs off and retries, instead
+            # of an unhandled error per socket (whose tracebacks alone cost the gateway its CPU).
+            public = error_mapping.public_error(exc)
+            if error_mapping.status_for(exc).http_status == 500:
+                log.exception("socket admission failed")
+            else:
+                log.warning("socket refused: dependency unavailable", error=type(exc).__name__)
+            await _deny(ws, public)
+            return None
     return claims
 
 
-async def standing_lapsed(state: Any, collector_id: str) -> str:
-    """Wait until the collector of an open socket loses its standing; returns the close reason.
-
-    Woken at once by a revocation broadcast (gateway/revocations.py), and checks
-    PostgreSQL every ``revocation_check_s`` regardless.
-    """
-    with state.revocations.watch(collector_id) as announced:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(announced.wait(), getattr(state, "revocation_check_s", 60.0))
-            announced.clear()
-            try:
-                reason = await lapsed_standing(state.store, collector_id)
-            except Exception:  # a dependency failed: keep the socket, check again next period
-                log.warning("standing check failed; retrying next period", exc_info=True)
-                continue
-            if reason is not None:
-                return reason
-
-
-async def lapsed_standing(store: GatewayStore, collector_id: str) -> str | None:
-    """Why an open socket's collector may no longer use it (the close reason), or None while it is active."""
-    record = await store.collector_auth(collector_id)
-    if record is None or record.cert_not_after <= dt.datetime.now(dt.UTC):
-        return "collector_not_active"
-    if record.status != "active":
-        return "collector_revoked" if record.status == "revoked" else "collector_not_active"
-    return None
+async def _deny(ws: WebSocket, error: VersusError, headers: dict[str, str] | None = None) -> None:
+    """Refuse a handshake with an HTTP answer carrying the error body (the client sees its status)."""
+    status = error_mapping.status_for(error)
+    try:
+        await ws.send_denial_response(
+            JSONResponse(error.to_dict(), status_code=status.http_status, headers=headers)
+        )
+    except RuntimeError:  # the server cannot send a denial response: close (the client sees 403)
+        await ws.close(code=status.ws_close_code, reason=error.code)

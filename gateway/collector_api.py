@@ -34,6 +34,7 @@ from gateway.body import read_json_body
 from gateway.clients import CALL_TIMEOUT_S, call
 from gateway.enroll_api import parse_body
 from gateway.metrics import CLAIM_OUTCOMES, CLAIMS_HELD, REPORT_OUTCOMES
+from gateway.text_fields import FreeText, Name
 
 router = APIRouter(prefix="/api/collector/v1", tags=["collector"])
 
@@ -62,12 +63,12 @@ _OP_CLASSES = {
 
 class ClaimBody(BaseModel):
     claim_seq: int = Field(default=0, ge=0, description="1, 2, 3, ... for sequential claims; 0 = unnumbered")
-    held_task_ids: list[str] = Field(default_factory=list, max_length=MAX_HELD_TASK_IDS)
-    capacity: dict[str, int] = Field(
+    held_task_ids: list[Name] = Field(default_factory=list, max_length=MAX_HELD_TASK_IDS)
+    capacity: dict[Name, int] = Field(
         default_factory=dict, max_length=64, description="free slots per provider"
     )
     draining: bool = False
-    agent_version: str = Field(default="", max_length=64)
+    agent_version: Name = Field(default="", max_length=64)
     wait_s: float | None = Field(default=None, ge=0, description="ask for a shorter hold than the server's")
     session_id: str = Field(
         default="",
@@ -87,11 +88,11 @@ class ClaimBody(BaseModel):
 
 
 class ReportBody(BaseModel):
-    task_id: str = _ID
+    task_id: Name = _ID
     outcome: Literal["running", "success", "failed", "unknown", "refused"]
     result_b64: str = Field(default="", max_length=(MAX_RESULT_BYTES + 2) // 3 * 4)
-    error_code: str = Field(default="", max_length=128)
-    error_message: str = Field(default="", max_length=MAX_ERROR_MESSAGE)
+    error_code: Name = Field(default="", max_length=128)
+    error_message: FreeText = Field(default="", max_length=MAX_ERROR_MESSAGE)
 
 
 class ReportOut(BaseModel):
@@ -100,15 +101,15 @@ class ReportOut(BaseModel):
 
 
 class OperationIn(BaseModel):
-    name: str = _ID
+    name: Name = _ID
     op_class: Literal["read", "mutate_reconcilable", "mutate_terminal"]
     timeout_s: int = Field(default=60, ge=1, le=86_400)
     parallel_safe: bool = False
-    reconcile_operation: str = Field(default="", max_length=128)
+    reconcile_operation: Name = Field(default="", max_length=128)
 
 
 class ProviderIn(BaseModel):
-    provider: str = _ID
+    provider: Name = _ID
     max_concurrency: int = Field(ge=1, le=1024)
     operations: list[OperationIn] = Field(max_length=256)
 
@@ -116,7 +117,7 @@ class ProviderIn(BaseModel):
 class CapabilitiesBody(BaseModel):
     capability_epoch: int = Field(ge=0)
     fips: bool = False
-    agent_version: str = Field(default="", max_length=64)
+    agent_version: Name = Field(default="", max_length=64)
     providers: list[ProviderIn] = Field(max_length=64)
 
 
@@ -225,7 +226,7 @@ async def report_op(
     body = parse_body(ReportBody, raw)
     try:
         result = binascii.a2b_base64(body.result_b64, strict_mode=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, or text that is not ASCII at all
         raise InvalidArgument("result_b64 is not valid base64", code="invalid_body") from None
     reply = await call(
         state.backends.bridge.Report,

@@ -30,9 +30,10 @@ from starlette.websockets import WebSocketDisconnect
 from common import error_mapping
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
 from common.logs import get_logger, new_request_id
-from gateway.auth import admit_socket, lapsed_standing, standing_lapsed
+from gateway.auth import admit_socket
 from gateway.collector_api import OPERATIONS, ControlReply
 from gateway.metrics import CONTROL_SOCKETS
+from gateway.standing import lapsed_standing, standing_lapsed
 
 PROTOCOL_VERSION = 1
 MAX_IN_FLIGHT = 16
@@ -94,7 +95,7 @@ async def control(ws: WebSocket) -> None:
     watcher = asyncio.create_task(watch_standing())
     try:
         while True:
-            receive = asyncio.ensure_future(ws.receive_text())
+            receive: asyncio.Future[Any] = asyncio.ensure_future(ws.receive())
             await asyncio.wait([receive, lapsed], return_when=asyncio.FIRST_COMPLETED)
             if lapsed.done():
                 receive.cancel()
@@ -105,11 +106,13 @@ async def control(ws: WebSocket) -> None:
                         await ws.close(code=4401, reason=lapsed.result())
                 return
             try:
-                text = receive.result()
+                message = receive.result()
             except (WebSocketDisconnect, RuntimeError):
                 return
+            if message["type"] == "websocket.disconnect":
+                return
             try:
-                frame_id, kind, raw = _parse(text)
+                frame_id, kind, raw = _parse(message.get("text"))
             except InvalidArgument as exc:
                 await ws.close(code=4400, reason=exc.code)
                 return
@@ -162,8 +165,10 @@ async def control(ws: WebSocket) -> None:
         CONTROL_SOCKETS.dec()
 
 
-def _parse(text: str) -> tuple[str, str, bytes]:
+def _parse(text: str | None) -> tuple[str, str, bytes]:
     """Validate the frame envelope; the body's own schema is checked by the operation."""
+    if text is None:
+        raise InvalidArgument("frames must be text (JSON), not binary", code="malformed_frame")
     try:
         frame: Any = json.loads(text)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack

@@ -19,6 +19,7 @@ from common.errors import InvalidArgument, NotFound
 from gateway.auth import ANY_ENROLLED, authenticate
 from gateway.body import read_json_body
 from gateway.clients import call
+from gateway.text_fields import Name
 
 # Body limits (docs/gateway.md): a CSR is ~500 bytes; these leave generous room and no more.
 MAX_ENROLL_BODY = 64 * 1024
@@ -28,10 +29,10 @@ router = APIRouter(prefix="/api/collector/v1", tags=["enrollment"])
 
 
 class CollectorFacts(BaseModel):
-    hostname: str = Field(default="", max_length=255)
-    os: str = Field(default="", max_length=64)
-    arch: str = Field(default="", max_length=64)
-    version: str = Field(default="", max_length=64)
+    hostname: Name = Field(default="", max_length=255)
+    os: Name = Field(default="", max_length=64)
+    arch: Name = Field(default="", max_length=64)
+    version: Name = Field(default="", max_length=64)
     fips_requested: bool = False
 
 

@@ -11,3 +11,6 @@ AUTH_FAILURES = Counter(
 )
 REPORT_OUTCOMES = Counter("versus_gateway_reports_total", "Reports accepted, by outcome.", ["outcome"])
 CONTROL_SOCKETS = Gauge("versus_gateway_control_sockets", "Open WebSocket control channels.")
+SOCKETS_SHED = Counter(
+    "versus_gateway_sockets_shed_total", "WebSocket handshakes refused 503 gateway_busy (admission limit)."
+)

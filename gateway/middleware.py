@@ -1,7 +1,8 @@
-"""ASGI middleware: request ids, access logs and HTTP metrics for every request."""
+"""ASGI middleware: request ids, access logs and HTTP metrics for every request; ambiguous framing refused."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -42,7 +43,11 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            framing = _ambiguous_framing(scope)
+            if framing is not None:
+                await _refuse_framing(framing, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
             route = _route_template(scope)
@@ -58,6 +63,40 @@ class RequestContextMiddleware:
                     duration_ms=round(elapsed * 1000, 2),
                 )
             unbind_request_id()
+
+
+def _ambiguous_framing(scope: Scope) -> str | None:
+    """Why the request's body framing is ambiguous, or None.
+
+    A request with both ``Content-Length`` and ``Transfer-Encoding``, or several
+    ``Content-Length`` headers, is how request smuggling starts: a proxy in front
+    may read the body's end differently from this server and hide a second request
+    inside the first. The HTTP parser follows ``Transfer-Encoding`` and would keep
+    the connection; the gateway refuses such requests and closes it (RFC 9112 6.1).
+    """
+    if scope["type"] != "http":
+        return None
+    names = [name.lower() for name, _ in scope.get("headers", ())]
+    lengths = names.count(b"content-length")
+    if lengths > 1:
+        return "more than one Content-Length header"
+    if lengths and b"transfer-encoding" in names:
+        return "both Content-Length and Transfer-Encoding"
+    return None
+
+
+async def _refuse_framing(reason: str, send: Send) -> None:
+    body = json.dumps(
+        {"error": {"code": "ambiguous_framing", "message": f"request body framing is ambiguous: {reason}"}}
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        # The bytes after this request cannot be trusted to start a new one.
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _route_template(scope: Scope) -> str:

@@ -7,7 +7,7 @@ models; this adds them to the generated document.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -17,8 +17,22 @@ from pydantic import BaseModel
 REF = "#/components/schemas/{model}"
 
 
-def install(app: FastAPI, bodies: Mapping[str, type[BaseModel]]) -> None:
-    """Make ``app.openapi()`` document ``bodies`` (path -> model) as JSON request bodies of their POSTs."""
+BEARER_SCHEME = "CollectorBearer"
+BEARER = {
+    "type": "http",
+    "scheme": "bearer",
+    "bearerFormat": "JWT",
+    "description": (
+        "An ES256 JWT signed by the collector's own enrolled key: sub and iss are the collector id, "
+        "aud is versus-collector-gateway, and the lifetime is at most 300 s (docs/gateway.md)."
+    ),
+}
+
+
+def install(app: FastAPI, bodies: Mapping[str, type[BaseModel]], bearer_paths: Iterable[str] = ()) -> None:
+    """Make ``app.openapi()`` document ``bodies`` (path -> model) as JSON request bodies of their POSTs,
+    and the collector bearer token on every operation of ``bearer_paths``."""
+    bearer_paths = tuple(bearer_paths)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
@@ -33,6 +47,11 @@ def install(app: FastAPI, bodies: Mapping[str, type[BaseModel]]) -> None:
                 "required": True,
                 "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
             }
+        if bearer_paths:
+            doc["components"].setdefault("securitySchemes", {})[BEARER_SCHEME] = BEARER
+            for path in bearer_paths:
+                for operation in doc["paths"][path].values():
+                    operation["security"] = [{BEARER_SCHEME: []}]
         app.openapi_schema = doc
         return doc
 

@@ -25,7 +25,8 @@ from versus.router.v1 import tunnel_pb2_grpc
 
 from common.grpc_client import aio_channel
 from common.logs import get_logger
-from gateway.auth import admit_socket, standing_lapsed
+from gateway.auth import admit_socket
+from gateway.standing import standing_lapsed
 
 MAX_FRAME_BYTES = 64 * 1024
 EOF_FRAME = "eof"

@@ -622,6 +622,7 @@ async def test_a_database_outage_is_503_on_https_and_on_an_open_socket(
 
     async with await _ws(stack, c) as ws:
         monkeypatch.setattr(stack.app.state.store, "collector_auth", database_down)
+        monkeypatch.setattr(stack.app.state.store, "standing", database_down)
         claimed = await stack.post("/claim", {"wait_s": 0}, c.bearer())
         assert (claimed.status_code, claimed.json()["error"]["code"]) == (503, "database_unavailable")
         await ws.send(json.dumps({"v": 1, "id": "1", "type": "claim", "body": {"wait_s": 0}}))
@@ -648,3 +649,52 @@ async def test_revocation_closes_an_open_control_socket_on_its_next_frame(stack:
             await asyncio.wait_for(ws.recv(), 5)
         assert closed.value.rcvd is not None
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")
+
+
+async def test_the_standing_sweep_closes_only_the_sockets_whose_collector_lapsed(stack: Stack) -> None:
+    # No broadcast and no frame: the one batched sweep per period finds the revoked collector among
+    # all open sockets and closes its socket only.
+    import websockets
+
+    from gateway.standing import sweep_once
+
+    kept, revoked = await stack.enroll("col-sweep-ok"), await stack.enroll("col-sweep-gone")
+    async with await _ws(stack, kept) as ok_ws, await _ws(stack, revoked) as gone_ws:
+        await asyncio.sleep(0.2)  # both sockets are registered with the revocation feed
+        state = stack.app.state
+        assert {"col-sweep-ok", "col-sweep-gone"} <= set(state.revocations.keys())
+        assert await state.store.lapsed(["col-sweep-ok", "col-sweep-gone", "col-unknown"]) == {"col-unknown"}
+        async with stack.service.store.engine.begin() as conn:
+            await conn.execute(
+                update(collectors)
+                .where(collectors.c.collector_id == "col-sweep-gone")
+                .values(status="revoked")
+            )
+        assert await sweep_once(state.store, state.revocations) >= 1
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(gone_ws.recv(), 5)
+        assert closed.value.rcvd is not None
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4401, "collector_revoked")
+        await ok_ws.send(json.dumps({"v": 1, "id": "k", "type": "claim", "body": {"wait_s": 0}}))
+        assert json.loads(await asyncio.wait_for(ok_ws.recv(), 5))["status"] == 204
+
+
+async def test_handshakes_beyond_the_admission_limit_are_shed_with_503_and_retry_after(stack: Stack) -> None:
+    # A whole fleet reconnecting at once: beyond the admissions in progress the gateway answers at
+    # once (no database read) and the collector backs off; nothing is half-open.
+    import websockets
+
+    c = await stack.enroll("col-shed")
+    gate = stack.app.state.admissions
+    with contextlib.ExitStack() as held:
+        for _ in range(gate.limit):
+            assert held.enter_context(gate.enter())
+        with pytest.raises(websockets.InvalidStatus) as shed:
+            await _ws(stack, c)
+    response = shed.value.response
+    assert response.status_code == 503 and response.headers["Retry-After"] == "2"
+    assert json.loads(response.body)["error"]["code"] == "gateway_busy"
+    assert gate.pending == 0
+    async with await _ws(stack, c) as ws:  # admitted again once the storm passed
+        await ws.send(json.dumps({"v": 1, "id": "s", "type": "claim", "body": {"wait_s": 0}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["status"] == 204

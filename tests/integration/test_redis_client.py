@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -35,4 +36,21 @@ async def test_thousands_of_concurrent_calls_share_a_bounded_pool(redis_url: str
         assert results == [None] * len(calls)  # all served, by waiting for a free connection
         assert 0 < peak <= redis_client.MAX_CONNECTIONS
     finally:
+        await client.aclose()
+
+
+async def test_a_subscription_stops_promptly_even_right_after_it_started(redis_url: str) -> None:
+    # Seen in a gateway's shutdown right after its start: redis-py swallowed the cancellation that
+    # landed while the subscription was connecting, and shutdown waited forever.
+    from common.fanout import Fanout, text
+
+    for delay in [0.0, 0.001, 0.005, 0.02, 0.05, 0.1, 0.3] * 2:
+        client = redis_client.create_async(redis_url)
+        feed = Fanout(client, channel="versus:test", key_of=lambda m: text(m["data"]))
+        feed.start()
+        await asyncio.sleep(delay)
+        started = time.monotonic()
+        await asyncio.wait_for(feed.stop(), 10)
+        # One swallowed cancellation costs a 0.2 s retry, not the 5 s socket timeout (or forever).
+        assert time.monotonic() - started < 1.0, delay
         await client.aclose()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,19 @@ async def test_accepted_tls_connections_read_through_a_small_buffer(tmp_path: Pa
     finally:
         sslproto.SSLProtocol.max_size = default
     assert buffers == [TLS_READ_BUFFER_BYTES] and TLS_READ_BUFFER_BYTES <= 64 * 1024 < default
+
+
+def test_the_gateway_raises_a_low_open_file_limit_toward_its_connection_limit() -> None:
+    # Run in a child: the limit belongs to the process. A soft limit of 1,024 (a common service
+    # default) would cap the gateway near a thousand collectors.
+    script = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "from gateway.server import raise_fd_limit\n"
+        "wanted = 2048 if hard == resource.RLIM_INFINITY else min(2048, hard)\n"
+        "assert raise_fd_limit(2048) == wanted, raise_fd_limit(2048)\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == wanted\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr

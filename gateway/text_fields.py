@@ -1,0 +1,37 @@
+"""String fields of collector request bodies that PostgreSQL and operators can take as they are.
+
+PostgreSQL refuses NUL in text and JSONB, and UTF-8 cannot encode lone
+surrogates: without these checks such a body got past validation and failed
+at the database as an internal error (found by schemathesis, see
+tests/e2e/test_fuzz_gateway.py). Names and codes must be printable besides, so
+they show up in listings and logs as what they are.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable characters (no control characters)")
+    return value
+
+
+def _storable(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+Name = Annotated[str, AfterValidator(_printable)]
+"""An identifier, code or version: printable characters only."""
+
+FreeText = Annotated[str, AfterValidator(_storable)]
+"""Human text such as an error message: any Unicode but NUL."""
