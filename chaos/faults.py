@@ -55,6 +55,8 @@ class Window:
 class Injector:
     stack: ChaosStack
     seed: int
+    # Kinds to inject in this order, round robin (a short run that must cover them); empty: weighted.
+    sequence: list[str] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -66,12 +68,18 @@ class Injector:
         """Inject a fault about every ``every_s`` seconds (exponential gaps) for ``seconds``."""
         rng = random.Random(self.seed * 7919 + 1)
         kinds, weights = list(KINDS), list(KINDS.values())
+        unknown = set(self.sequence) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))}")
         ends = time.monotonic() + seconds
+        n = 0
         while True:
             await asyncio.sleep(rng.expovariate(1 / every_s))
             if time.monotonic() >= ends:
                 return
-            kind = rng.choices(kinds, weights)[0]
+            weighted = rng.choices(kinds, weights)[0]  # drawn either way: the schedule stays seeded
+            kind = self.sequence[n % len(self.sequence)] if self.sequence else weighted
+            n += 1
             started = time.monotonic()
             if kind == "collector_long_stop":
                 self._background.append(asyncio.create_task(self._long_stop(rng)))

@@ -39,6 +39,8 @@ class Config:
     collectors: int = 4
     devices: int = 6
     deadline: float = 60.0
+    # Comma-separated fault kinds injected in this order, round robin; empty: all kinds, weighted.
+    faults: str = ""
 
 
 @dataclass
@@ -59,7 +61,7 @@ class Report:
 
 async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
     workload = Workload(config.seed, config.devices, stack.site_id, config.deadline)
-    injector = Injector(stack, config.seed)
+    injector = Injector(stack, config.seed, [k for k in config.faults.split(",") if k])
     started_wall, started_mono = time.time(), time.monotonic()
     router = f"127.0.0.1:{stack.env['VERSUS_ROUTER_PORT']}"
     async with aio_channel(router, token) as channel:

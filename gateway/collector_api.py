@@ -18,7 +18,7 @@ import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf.duration_pb2 import Duration
@@ -31,10 +31,10 @@ from common.errors import InvalidArgument
 from common.limits import MAX_CLAIM_BATCH
 from gateway.auth import authenticate
 from gateway.body import read_json_body
+from gateway.body_fields import FreeText, Int64, Name
 from gateway.clients import CALL_TIMEOUT_S, call
 from gateway.enroll_api import parse_body
 from gateway.metrics import CLAIM_OUTCOMES, CLAIMS_HELD, REPORT_OUTCOMES
-from gateway.text_fields import FreeText, Name
 
 router = APIRouter(prefix="/api/collector/v1", tags=["collector"])
 
@@ -45,6 +45,7 @@ MAX_RESULT_BYTES = 1024 * 1024
 MAX_REPORT_BODY = 2 * 1024 * 1024
 MAX_CAPABILITIES_BODY = 256 * 1024
 MAX_ERROR_MESSAGE = 4096
+MAX_CONCURRENCY = 1024  # per provider; a claim's free slots cannot exceed it either
 
 _ID = Field(min_length=1, max_length=128)
 _OUTCOMES = {
@@ -62,9 +63,9 @@ _OP_CLASSES = {
 
 
 class ClaimBody(BaseModel):
-    claim_seq: int = Field(default=0, ge=0, description="1, 2, 3, ... for sequential claims; 0 = unnumbered")
+    claim_seq: Int64 = Field(default=0, description="1, 2, 3, ... for sequential claims; 0 = unnumbered")
     held_task_ids: list[Name] = Field(default_factory=list, max_length=MAX_HELD_TASK_IDS)
-    capacity: dict[Name, int] = Field(
+    capacity: dict[Name, Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)]] = Field(
         default_factory=dict, max_length=64, description="free slots per provider"
     )
     draining: bool = False
@@ -110,12 +111,12 @@ class OperationIn(BaseModel):
 
 class ProviderIn(BaseModel):
     provider: Name = _ID
-    max_concurrency: int = Field(ge=1, le=1024)
+    max_concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
     operations: list[OperationIn] = Field(max_length=256)
 
 
 class CapabilitiesBody(BaseModel):
-    capability_epoch: int = Field(ge=0)
+    capability_epoch: Int64
     fips: bool = False
     agent_version: Name = Field(default="", max_length=64)
     providers: list[ProviderIn] = Field(max_length=64)

@@ -18,8 +18,8 @@ from versus.enrollment.v1 import enrollment_pb2 as pb
 from common.errors import InvalidArgument, NotFound
 from gateway.auth import ANY_ENROLLED, authenticate
 from gateway.body import read_json_body
+from gateway.body_fields import Name
 from gateway.clients import call
-from gateway.text_fields import Name
 
 # Body limits (docs/gateway.md): a CSR is ~500 bytes; these leave generous room and no more.
 MAX_ENROLL_BODY = 64 * 1024

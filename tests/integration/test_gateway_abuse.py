@@ -223,6 +223,11 @@ async def test_refused_requests_leave_no_credential_in_the_logs(stack: gw.Stack)
         ("/report", {"task_id": "dsp-1", "outcome": "failed", "error_message": "half a pair \ud800"}),
         ("/report", {"task_id": "dsp-1", "outcome": "failed", "error_code": "line\nbreak"}),
         ("/claim", {"wait_s": 0, "held_task_ids": ["dsp-\x00"]}),
+        # Found by make fuzz: claim_seq and capability_epoch past PostgreSQL's BIGINT answered 500;
+        # free slots past protobuf's uint32 are bounded alongside (at most max_concurrency).
+        ("/claim", {"wait_s": 0, "claim_seq": 2**63}),
+        ("/claim", {"wait_s": 0, "capacity": {"stub": 2**32}}),
+        ("/capabilities", {"capability_epoch": 2**63, "providers": []}),
         ("/enroll", {"token": "vst_x", "csr_pem": "x", "collector": {"hostname": "host\x00"}}),
     ],
     ids=[
@@ -231,10 +236,13 @@ async def test_refused_requests_leave_no_credential_in_the_logs(stack: gw.Stack)
         "lone-surrogate",
         "control-char-code",
         "nul-task-id",
+        "huge-claim-seq",
+        "huge-capacity",
+        "huge-epoch",
         "nul-hostname",
     ],
 )
-async def test_text_the_database_cannot_store_is_refused_as_invalid_body(
+async def test_values_the_database_cannot_store_are_refused_as_invalid_body(
     stack: gw.Stack, path: str, body: dict[str, object]
 ) -> None:
     c = await stack.enroll(f"col-text-{abs(hash(path + json.dumps(body))) % 100_000}")
@@ -248,3 +256,30 @@ async def test_text_the_database_cannot_store_is_refused_as_invalid_body(
             await ws.send(json.dumps({"v": 1, "id": "t", "type": path.strip("/"), "body": body}))
             answer = json.loads(await asyncio.wait_for(ws.recv(), 5))
             assert (answer["status"], answer["body"]["error"]["code"]) == (400, "invalid_body")
+
+
+async def test_a_limited_token_raced_over_http_enrolls_exactly_its_uses(stack: gw.Stack) -> None:
+    # Twenty collectors race one three-use token through the gateway: three identities, and the
+    # losers get the same answer as any invalid token.
+    from common.db.schema import collectors
+    from tests.support.pki import csr_pem, p256
+
+    issued = await stack.service.issue_token(stack.site_id, max_uses=3, ttl_seconds=600, approval_mode="auto")
+    async with httpx.AsyncClient(base_url=stack.url, timeout=30) as client:
+        replies = await asyncio.gather(
+            *(
+                client.post(
+                    API + "/enroll",
+                    json={"token": issued.plaintext, "csr_pem": csr_pem(p256(), f"col-race-{i}")},
+                )
+                for i in range(20)
+            )
+        )
+    statuses = sorted(r.status_code for r in replies)
+    assert statuses == [200] * 3 + [401] * 17
+    assert {r.json()["error"]["code"] for r in replies if r.status_code == 401} == {"invalid_token"}
+    async with stack.service.store.engine.connect() as conn:
+        enrolled = await conn.scalar(
+            select(func.count()).select_from(collectors).where(collectors.c.collector_id.like("col-race-%"))
+        )
+    assert enrolled == 3

@@ -1,8 +1,9 @@
-"""String fields of collector request bodies that PostgreSQL and operators can take as they are.
+"""Field types of collector request bodies that PostgreSQL, protobuf and operators can take as they are.
 
-PostgreSQL refuses NUL in text and JSONB, and UTF-8 cannot encode lone
-surrogates: without these checks such a body got past validation and failed
-at the database as an internal error (found by schemathesis, see
+PostgreSQL refuses NUL in text and JSONB, UTF-8 cannot encode lone surrogates,
+and BIGINT (and so every stored counter) ends at 2**63 - 1: without these
+checks such a body got past validation and failed at the database or in the
+protobuf encoder as an internal error (found by schemathesis, see
 tests/e2e/test_fuzz_gateway.py). Names and codes must be printable besides, so
 they show up in listings and logs as what they are.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 
 def _printable(value: str) -> str:
@@ -35,3 +36,8 @@ Name = Annotated[str, AfterValidator(_printable)]
 
 FreeText = Annotated[str, AfterValidator(_storable)]
 """Human text such as an error message: any Unicode but NUL."""
+
+MAX_INT64 = 2**63 - 1
+
+Int64 = Annotated[int, Field(ge=0, le=MAX_INT64)]
+"""A sequence number or epoch: stored as a PostgreSQL BIGINT."""
