@@ -26,6 +26,8 @@ KINDS = {
     # collector_sigkill_<dispatch state>, leased = mid-claim, dispatched/running = the change may
     # be applied and the report not sent yet (the stub sleeps after applying).
     "collector_sigkill_holder": 3,
+    # The same target frozen for 2-8 s instead (collector_sigstop_<dispatch state>).
+    "collector_sigstop_holder": 1,
     "router_restart": 2,
     "gateway_restart": 2,
     "postgres_restart": 1,
@@ -85,7 +87,7 @@ class Injector:
                 self._background.append(asyncio.create_task(self._long_stop(rng)))
                 continue
             detail = await asyncio.to_thread(self._inject, kind, rng)
-            if kind == "collector_sigkill_holder":
+            if kind.endswith("_holder"):
                 kind, _, detail = detail.partition(" ")
             self.windows.append(Window(kind, started, time.monotonic(), detail))
 
@@ -105,8 +107,11 @@ class Injector:
             victim.signal(signal.SIGCONT)
         self.windows.append(Window("collector_long_stop", started, time.monotonic(), f"{victim.name}"))
 
-    def _kill_holder(self, rng: random.Random) -> str:
-        """SIGKILL a collector holding a mutation; '<kind> <detail>' (a random one if none holds any)."""
+    def _hit_holder(self, rng: random.Random, stop: bool) -> str:
+        """SIGKILL (or SIGSTOP) a collector holding a mutation; '<kind> <detail>'.
+
+        A random collector when none holds one within HOLDER_SEARCH_S.
+        """
         deadline = time.monotonic() + HOLDER_SEARCH_S
         while time.monotonic() < deadline:
             with psycopg.connect(self.stack.postgres.url) as conn:
@@ -119,17 +124,24 @@ class Injector:
             if holders:
                 collector_id, dispatch_id, state = rng.choice(holders)
                 victim = self.stack.by_collector_id[collector_id]
-                victim.kill()
-                time.sleep(rng.uniform(1, 4))
-                victim.start()
-                return f"collector_sigkill_{state} {victim.name} holding {dispatch_id}"
+                if stop:
+                    victim.signal(signal.SIGSTOP)
+                    time.sleep(rng.uniform(2, 8))
+                    victim.signal(signal.SIGCONT)
+                else:
+                    victim.kill()
+                    time.sleep(rng.uniform(1, 4))
+                    victim.start()
+                how = "sigstop" if stop else "sigkill"
+                return f"collector_{how}_{state} {victim.name} holding {dispatch_id}"
             time.sleep(0.05)
-        return "collector_sigkill " + self._inject("collector_sigkill", rng)
+        fallback = "collector_sigstop" if stop else "collector_sigkill"
+        return f"{fallback} " + self._inject(fallback, rng)
 
     def _inject(self, kind: str, rng: random.Random) -> str:
         stack = self.stack
-        if kind == "collector_sigkill_holder":
-            return self._kill_holder(rng)
+        if kind.endswith("_holder"):
+            return self._hit_holder(rng, stop=kind == "collector_sigstop_holder")
         if kind in ("collector_sigkill", "collector_sigstop"):
             victim = rng.choice(stack.collectors)
             if kind == "collector_sigkill":
