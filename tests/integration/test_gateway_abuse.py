@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,8 +25,19 @@ from sqlalchemy import func, select
 from common.db.schema import audit_events, dispatches
 from common.logs import configure_logging
 from tests.integration import test_gateway_collector as gw
+from tests.support.logs import assert_no_secrets, captured_logs
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def no_secret_logged() -> Iterator[None]:
+    """Every test here also checks that nothing it sent or received put a credential in the log."""
+    with captured_logs() as stream:
+        yield
+    assert_no_secrets(stream.getvalue())
+
+
 stack = gw.stack  # the same real enrollment + router + gateway stack
 API = gw.API
 
