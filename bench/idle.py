@@ -1,6 +1,6 @@
 """Idle fleet: memory and CPU of one gateway holding many idle collectors, on HTTPS and on WSS.
 
-    python -m bench.idle [--fleet 1000,10000] [--window 30] [--transports https,wss] [--json FILE]
+    python -m bench.idle [--fleet 1000,10000] [--window 30] [--transports https,wss] [--runs 3] [--json FILE]
 
 ``--fleet`` simulated collectors (bench/stack.py) each hold a claim at all
 times, re-claiming when the 25 s hold ends, over HTTPS long-poll or over the
@@ -19,6 +19,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import statistics
 import time
 from typing import Any
 
@@ -154,12 +155,25 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
     return result
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of every numeric figure over the runs of one point, with the runs themselves."""
+    point = {
+        key: statistics.median(run[key] for run in runs) if isinstance(value, int | float) else value
+        for key, value in runs[0].items()
+    }
+    # Drops are not averaged away: any drop in any run shows.
+    point["drops_during_window"] = max(run["drops_during_window"] for run in runs)
+    point["runs"] = runs
+    return point
+
+
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--fleet", default="1000,10000")
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--transports", default="https,wss", help="https, wss or both")
+    parser.add_argument("--runs", type=int, default=3, help="runs per point; the table shows medians")
     parser.add_argument("--json", dest="json_path", default="bench/results/idle.json")
     args = parser.parse_args()
     sizes = [int(n) for n in args.fleet.split(",")]
@@ -167,10 +181,13 @@ def main() -> None:
     results = []
     for count in sizes:
         for wss in [t == "wss" for t in args.transports.split(",")]:
-            # A fresh control plane per point: memory is measured from a clean gateway.
-            with running_stack() as stack:
-                results.append(asyncio.run(hold(stack, count, wss, args.window)))
-                print(json.dumps(results[-1]), flush=True)
+            runs = []
+            for _ in range(args.runs):
+                # A fresh control plane per run: memory is measured from a clean gateway.
+                with running_stack() as stack:
+                    runs.append(asyncio.run(hold(stack, count, wss, args.window)))
+                    print(json.dumps(runs[-1]), flush=True)
+            results.append(median_of(runs))
     save_report(args.json_path, pinning, args, results)
     print(
         "| Collectors | Transport | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU "

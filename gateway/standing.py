@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+from collections.abc import AsyncIterator
 from typing import Any
 
 from common.logs import get_logger
@@ -81,7 +82,7 @@ async def run_sweeps(state: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def sweeping(state: Any) -> Any:
+async def sweeping(state: Any) -> AsyncIterator[asyncio.Task[None]]:
     """Run the sweep for the lifetime of the block."""
     task = asyncio.create_task(run_sweeps(state))
     try:
