@@ -31,6 +31,8 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 ROOT = Path(__file__).resolve().parent
+# Fixtures shared by modules that opt in (usefixtures): the log-capturing credential check.
+pytest_plugins = ["tests.support.logs"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import struct
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -25,17 +24,9 @@ from sqlalchemy import func, select
 from common.db.schema import audit_events, dispatches
 from common.logs import configure_logging
 from tests.integration import test_gateway_collector as gw
-from tests.support.logs import assert_no_secrets, captured_logs
 
-pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(autouse=True)
-def no_secret_logged() -> Iterator[None]:
-    """Every test here also checks that nothing it sent or received put a credential in the log."""
-    with captured_logs() as stream:
-        yield
-    assert_no_secrets(stream.getvalue())
+# Every test also fails if a credential reaches the log (tests/support/logs.py).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_secret_logged")]
 
 
 stack = gw.stack  # the same real enrollment + router + gateway stack

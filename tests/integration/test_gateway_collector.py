@@ -10,7 +10,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,19 +44,11 @@ from router.server import registrations as router_registrations
 from router.service import Router
 from router.tunnels import TunnelHub
 from tests.support.access import mint
-from tests.support.logs import assert_no_secrets, captured_logs
 from tests.support.pki import csr_pem, p256
 from tests.support.router_env import KEYS, make_router
 
-pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture(autouse=True)
-def no_secret_logged() -> Iterator[None]:
-    """Every test here also checks that nothing it sent or received put a credential in the log."""
-    with captured_logs() as stream:
-        yield
-    assert_no_secrets(stream.getvalue())
+# Every test also fails if a credential reaches the log (tests/support/logs.py).
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_secret_logged")]
 
 
 HOLD_S = 3.0

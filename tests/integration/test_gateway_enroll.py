@@ -9,7 +9,7 @@ import json
 import logging
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +34,10 @@ from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
 from tests.support.access import mint
-from tests.support.logs import assert_no_secrets, captured_logs
 from tests.support.pki import csr_pem, p256, p384, rsa_key
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def no_secret_logged() -> Iterator[None]:
-    """Every test here also checks that nothing it sent or received put a credential in the log."""
-    with captured_logs() as stream:
-        yield
-    assert_no_secrets(stream.getvalue())
+# Every test also fails if a credential reaches the log (tests/support/logs.py).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_secret_logged")]
 
 
 NOW = int(time.time())

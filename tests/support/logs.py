@@ -1,4 +1,7 @@
-"""Capture what the services log during a test, and check that no credential is in it."""
+"""Capture what the services log during a test, and check that no credential is in it.
+
+A pytest plugin (tests/conftest.py): modules opt in with ``usefixtures("no_secret_logged")``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import io
 import logging
 import re
 from collections.abc import Iterator
+
+import pytest
 
 from common.logs import configure_logging
 
@@ -38,3 +43,11 @@ def assert_no_secrets(text: str) -> None:
         found = pattern.search(text)
         # Show only the start of what leaked: the failure output is itself a log.
         assert found is None, f"{what} reached the log: {found.group()[:10]}…"
+
+
+@pytest.fixture
+def no_secret_logged() -> Iterator[None]:
+    """Capture the log for the test and fail it if anything shaped like a credential reached it."""
+    with captured_logs() as stream:
+        yield
+    assert_no_secrets(stream.getvalue())
