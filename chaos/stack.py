@@ -27,6 +27,7 @@ import httpx
 from redis import Redis
 
 from collector.drivers.stub import DEVICE_DIR_ENV
+from collector.state import StatePaths, read_json
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
 from tests.e2e.harness import BANNER, service_env
@@ -201,7 +202,7 @@ class ChaosStack:
             proc = Proc(f"collector-{i}", argv, env, self.root / f"collector-{i}.log")
             proc.start()
             self.collectors.append(proc)
-            self.by_collector_id[json.loads((state / "identity.json").read_text())["collector_id"]] = proc
+            self.by_collector_id[read_json(StatePaths(state).identity)["collector_id"]] = proc
 
     def redis_client(self) -> Redis:
         return Redis.from_url(self.redis.url)

@@ -25,3 +25,17 @@ def test_request_bodies_are_documented() -> None:
     assert body == {"$ref": "#/components/schemas/ClaimBody"}
     assert "held_task_ids" in doc["components"]["schemas"]["ClaimBody"]["properties"]
     assert "OperationIn" in doc["components"]["schemas"]  # nested models are registered too
+
+
+def test_the_collector_bearer_is_declared_exactly_where_it_is_required() -> None:
+    doc = openapi.document()
+    scheme = doc["components"]["securitySchemes"]["CollectorBearer"]
+    assert (scheme["type"], scheme["scheme"], scheme["bearerFormat"]) == ("http", "bearer", "JWT")
+    secured = {
+        path.rsplit("/", 1)[1]
+        for path, operations in doc["paths"].items()
+        for operation in operations.values()
+        if operation.get("security") == [{"CollectorBearer": []}]
+    }
+    # Enrollment and the trust bundle come before a collector has a key; probes need no identity.
+    assert secured == {"enrollment", "renew", "claim", "report", "capabilities"}
