@@ -1,14 +1,21 @@
-"""The promises, checked after a chaos run against PostgreSQL, Redis, the devices and the logs.
+"""The promises, checked after a chaos run against durable evidence: PostgreSQL, the devices'
+own files, Redis and the logs - never the runner's memory of what the router answered.
 
 1. Every accepted task is terminal (success, failed, expired, cancelled) or waits for an
-   operator (indeterminate) once its deadline and a sweep have passed.
+   operator (indeterminate), and got there by its deadline plus one sweep (times from
+   PostgreSQL's transition records; a fault of the router or PostgreSQL excuses lateness).
 2. A mutation is applied at most once per idempotency key; a successful one exactly once; an
-   expired or cancelled one never.
-3. A refused submission left no task behind.
-4. No two mutating dispatches of one device were out at the same time (router bookkeeping).
-5. Redis in-flight counters equal PostgreSQL's count of leased, dispatched and running work.
-6. No 5xx answer (gateway) and no failed call (platform) outside a fault window, and no internal
-   error (500 / INTERNAL) at all.
+   expired, cancelled or failed one never.
+3. A refused submission left no task behind; a mutation submitted as a read is refused.
+4. One writer per device, from the devices' own evidence: every write carries its dispatch's
+   lease epoch and time, epochs never go back, and no write lands after its envelope expired.
+   (Also: no two mutating dispatches of one device were out at once in the router's records.)
+5. A task fails only after a collector tried it; an operation nobody offers never runs and
+   expires; an outcome is indeterminate only if a fault touched its holder (or the device
+   would not confirm a one-shot change).
+6. Redis in-flight counters equal PostgreSQL's count of leased, dispatched and running work.
+7. No 5xx answer (gateway) and no failed call (platform) outside a fault of a server-side
+   component plus a few seconds, and no internal error (500 / INTERNAL) at all.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ import itertools
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 from redis import Redis
 
-from chaos.faults import Window
+from chaos.faults import SERVER_SIDE, Window
 from chaos.workload import TERMINAL, Submitted
+from collector.drivers.stub import WRITES_SUFFIX
 
 MUTATIONS = {"append", "apply_once"}
 
@@ -33,21 +42,137 @@ def applications(devices: Path) -> Counter[str]:
     """How many times each idempotency key was applied, over every device file."""
     counts: Counter[str] = Counter()
     for device in devices.iterdir():
+        if device.name.endswith(WRITES_SUFFIX):
+            continue
         counts.update(line for line in device.read_text().splitlines() if line)
     return counts
 
 
+# How late (past deadline + one sweep) a task may settle without a server-side fault to blame.
+SETTLE_SLACK_S = 3.0
+SWEEP_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFact:
+    """One task as PostgreSQL records it."""
+
+    state: str
+    deadline: dt.datetime
+    created_at: dt.datetime
+    settled_at: dt.datetime | None  # first transition into a settled state
+    error_code: str
+    collectors: tuple[str, ...]  # every collector any of its dispatches went to
+    handed: int  # execute dispatches handed to a collector
+
+
+def task_facts(url: str) -> dict[str, TaskFact]:
+    """Every task in PostgreSQL by idempotency key."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            """
+            SELECT t.idempotency_key, t.state, t.deadline, t.created_at,
+                   (SELECT min(tt.at) FROM task_transitions tt WHERE tt.task_id = t.task_id
+                      AND tt.to_state IN ('success', 'failed', 'expired', 'cancelled', 'indeterminate')),
+                   coalesce(t.error_code, ''),
+                   array(SELECT DISTINCT d.collector_id FROM dispatches d WHERE d.task_id = t.task_id),
+                   (SELECT count(*) FROM dispatches d WHERE d.task_id = t.task_id AND d.kind = 'execute'
+                      AND d.handed_at IS NOT NULL)
+            FROM tasks t
+            """
+        ).fetchall()
+    return {str(r[0]): TaskFact(str(r[1]), r[2], r[3], r[4], str(r[5]), tuple(r[6]), int(r[7])) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """Maps the runner's monotonic times to wall-clock times (PostgreSQL's)."""
+
+    wall: float
+    mono: float
+
+    def to_wall(self, at: float) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.wall + (at - self.mono), dt.UTC)
+
+    def to_mono(self, at: dt.datetime) -> float:
+        return self.mono + (at.timestamp() - self.wall)
+
+
+def check_facts(
+    tasks: Iterable[Submitted],
+    facts: dict[str, TaskFact],
+    applied: Counter[str],
+    windows: Sequence[Window],
+    clock: Clock,
+    collector_names: dict[str, str],
+) -> list[str]:
+    """Promises 1, 2, 3 and 5 from PostgreSQL's records; ``collector_names``: collector id -> process."""
+    problems = check_tasks(tasks, applied, {k: f.state for k, f in facts.items()})
+    for t in tasks:
+        fact = facts.get(t.key)
+        if fact is None:
+            continue
+        label = f"{t.key} ({t.operation} on {t.target})"
+        if t.lie:
+            problems.append(f"{label}: a mutation submitted as a read was accepted")
+        if fact.settled_at is None:
+            continue
+        window_s = (fact.settled_at - fact.deadline).total_seconds()
+        late = window_s > SWEEP_S + SETTLE_SLACK_S
+        start, end = clock.to_mono(fact.deadline), clock.to_mono(fact.settled_at)
+        if late and not any(w.kind in SERVER_SIDE and w.overlaps(start, end) for w in windows):
+            problems.append(f"{label}: settled {window_s:.1f}s after its deadline (allowed: one sweep)")
+        if t.operation == "nonexistent" and (fact.handed or fact.state not in ("expired", "cancelled")):
+            problems.append(
+                f"{label}: no collector offers it, yet it is {fact.state} after {fact.handed} runs"
+            )
+        if fact.state == "failed" and not fact.handed and t.operation != "nonexistent":
+            problems.append(f"{label}: failed ({fact.error_code}) without ever being handed to a collector")
+        if fact.state == "indeterminate":
+            expected = t.operation == "apply_once" and bool(t.params.get("unclear"))
+            holders = {collector_names.get(c, c) for c in fact.collectors}
+            created = clock.to_mono(fact.created_at)
+            touched = any(w.overlaps(created, end) and (not w.victim or w.victim in holders) for w in windows)
+            if not (expected or touched):
+                problems.append(
+                    f"{label}: indeterminate although no fault touched its holders {sorted(holders)}"
+                )
+    return problems
+
+
+def writer_order(devices: Path) -> list[str]:
+    """Promise 4 from the devices' own evidence (``<device>.writes``, written by the stub driver)."""
+    problems = []
+    for evidence in sorted(devices.glob(f"*{WRITES_SUFFIX}")):
+        writes = [json.loads(line) for line in evidence.read_text().splitlines() if line]
+        writes.sort(key=lambda w: float(w["at"]))
+        device = evidence.name.removesuffix(WRITES_SUFFIX)
+        highest = 0
+        for w in writes:
+            if int(w["epoch"]) < highest:
+                problems.append(
+                    f"{device}: {w['key']} written at lease epoch {w['epoch']} after one at epoch {highest}"
+                )
+            highest = max(highest, int(w["epoch"]))
+            # Collectors and runner share this host's clock: any lateness is a collector's fault.
+            if float(w["at"]) > float(w["expires_at"]) + 1.0:
+                late = float(w["at"]) - float(w["expires_at"])
+                problems.append(f"{device}: {w['key']} written {late:.1f}s after its envelope expired")
+    return problems
+
+
 def check_tasks(tasks: Iterable[Submitted], applied: Counter[str], states: dict[str, str]) -> list[str]:
-    """``states``: every task in PostgreSQL, idempotency key -> state."""
+    """``states``: every task in PostgreSQL, idempotency key -> state (the final state of each
+    task is taken from here, not from what the runner last heard)."""
     problems = []
     for t in tasks:
+        if t.key in states:
+            t.state = states[t.key]
         if not t.task_id:
             if t.refused and t.key in states:
                 problems.append(f"{t.key}: refused ({t.refused}) but a task exists")
             if t.refused or t.key not in states:
                 continue
-            # Every attempt failed, yet one was committed: it counts as accepted.
-            t.state = states[t.key]
         if t.state not in TERMINAL:
             problems.append(f"{t.key} ({t.operation} on {t.target}): still {t.state or 'unknown'}")
         if t.operation not in MUTATIONS:
@@ -57,7 +182,7 @@ def check_tasks(tasks: Iterable[Submitted], applied: Counter[str], states: dict[
             problems.append(f"{t.key} ({t.operation}): applied {n} times")
         if t.state == "success" and n != 1:
             problems.append(f"{t.key} ({t.operation}): success but applied {n} times")
-        if t.state in ("expired", "cancelled") and n:
+        if t.state in ("expired", "cancelled", "failed") and n:
             problems.append(f"{t.key} ({t.operation}): {t.state} but applied")
     return problems
 

@@ -35,7 +35,14 @@ KINDS = {
     "redis_restart": 1,
 }
 # After a fault ends, errors seen this long are still blamed on it (clients back off and retry).
-RECOVERY_S = 15.0
+RECOVERY_S = 5.0
+# Faults of a component an answer depends on: only these may explain a 5xx or a failed platform
+# call. Collector faults and cut collector connections never should.
+SERVER_SIDE = frozenset(
+    {"router_restart", "gateway_restart", "postgres_restart", "redis_flushall", "redis_restart"}
+)
+# Faults that touch every task in flight, not one collector's.
+GLOBAL = SERVER_SIDE | {"connection_drop"}
 # How long a collector_long_stop freezes its victim: around the stub operations' 30-60 s timeouts.
 LONG_STOP_S = (20.0, 50.0)
 # How long collector_sigkill_holder looks for a collector holding a mutation before killing any.
@@ -50,7 +57,16 @@ class Window:
     detail: str
 
     def covers(self, at: float) -> bool:
-        return self.started - 1.0 <= at <= self.ended + RECOVERY_S
+        """Whether an error at ``at`` may be blamed on this fault (server-side faults only)."""
+        return self.kind in SERVER_SIDE and self.started - 1.0 <= at <= self.ended + RECOVERY_S
+
+    @property
+    def victim(self) -> str:
+        """The collector process a collector fault hit ('' for a global fault)."""
+        return "" if self.kind in GLOBAL else self.detail.split(" ", 1)[0]
+
+    def overlaps(self, start: float, end: float) -> bool:
+        return self.started - 1.0 <= end and start <= self.ended + RECOVERY_S
 
 
 @dataclass

@@ -75,8 +75,13 @@ async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
         await workload.settle(channel, config.deadline + 3 * SWEEP_S)
     # Let post-commit counter updates land, then compare Redis with PostgreSQL.
     await asyncio.sleep(2.0)
-    keys, spans, in_flight = checker.database_facts(stack.postgres.url)
-    violations = checker.check_tasks(workload.tasks, checker.applications(stack.devices), keys)
+    _, spans, in_flight = checker.database_facts(stack.postgres.url)
+    facts = checker.task_facts(stack.postgres.url)
+    names = {cid: proc.name for cid, proc in stack.by_collector_id.items()}
+    clock = checker.Clock(started_wall, started_mono)
+    applied = checker.applications(stack.devices)
+    violations = checker.check_facts(workload.tasks, facts, applied, injector.windows, clock, names)
+    violations += checker.writer_order(stack.devices)
     violations += checker.overlaps(spans)
     with stack.redis_client() as client:
         violations += checker.check_counters(client, in_flight)

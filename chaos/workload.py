@@ -26,6 +26,17 @@ MIX = (
 TERMINAL = {"success", "failed", "expired", "cancelled", "indeterminate"}
 
 
+# Besides the mix: a mutation submitted as a read (the router must refuse the lie), and an
+# operation no collector offers (it must wait in the queue and expire, never run).
+LIE_SHARE = 0.02
+UNOFFERED_SHARE = 0.02
+# Mutations that fail cleanly (nothing changed) or that the device does not confirm.
+FAIL_SHARE = 0.05
+UNCLEAR_SHARE = 0.05
+# Tasks the platform cancels a moment after submitting, whatever state they reached.
+CANCEL_SHARE = 0.05
+
+
 @dataclass
 class Submitted:
     key: str
@@ -34,6 +45,9 @@ class Submitted:
     task_id: str = ""  # empty: never accepted (refused, or every attempt failed)
     refused: str = ""  # stable code of a definite refusal
     state: str = ""
+    params: dict[str, object] = field(default_factory=dict)
+    lie: bool = False  # submitted under the wrong op_class
+    cancel_code: str = ""  # what CancelTask answered ("ok" or its refusal code)
 
 
 @dataclass
@@ -56,18 +70,49 @@ class Workload:
         n = 0
         while time.monotonic() < ends:
             operation, op_class, _ = rng.choices(MIX, weights=[w for *_, w in MIX])[0]
-            item = Submitted(f"chaos-{self.seed}-{n}", operation, f"dev-{rng.randrange(self.devices)}")
             # A delay inside the task leaves time for a fault to land mid-execute.
-            params = {"sleep": round(rng.uniform(0, 1.5), 2)}
+            params: dict[str, object] = {"sleep": round(rng.uniform(0, 1.5), 2)}
+            draw = rng.random()
+            lie = False
+            if draw < LIE_SHARE:
+                operation, op_class, lie = "append", task_pb2.OP_CLASS_READ, True
+            elif draw < LIE_SHARE + UNOFFERED_SHARE:
+                operation, op_class = "nonexistent", task_pb2.OP_CLASS_READ
+            elif operation != "echo":
+                extra = rng.random()
+                if extra < FAIL_SHARE:
+                    params["fail"] = True
+                elif extra < FAIL_SHARE + UNCLEAR_SHARE:
+                    params["unclear"] = True
+            item = Submitted(f"chaos-{self.seed}-{n}", operation, f"dev-{rng.randrange(self.devices)}",
+                             params=params, lie=lie)  # fmt: skip
+            cancel_after = rng.uniform(0, 3) if rng.random() < CANCEL_SHARE else None
             self.tasks.append(item)
-            task = asyncio.create_task(self._submit(stub, item, op_class, params))
+            task = asyncio.create_task(self._submit(stub, item, op_class, params, cancel_after))
             pending.add(task)
             task.add_done_callback(pending.discard)
             n += 1
             await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*pending)
 
-    async def _submit(self, stub: Any, item: Submitted, op_class: Any, params: dict[str, float]) -> None:
+    async def _submit(
+        self, stub: Any, item: Submitted, op_class: Any, params: dict[str, object], cancel_after: float | None
+    ) -> None:
+        await self._submit_once(stub, item, op_class, params)
+        if cancel_after is None or not item.task_id:
+            return
+        await asyncio.sleep(cancel_after)
+        try:
+            await stub.CancelTask(pb.CancelTaskRequest(task_id=item.task_id, reason="chaos"), timeout=10)
+            item.cancel_code = "ok"
+        except grpc.aio.AioRpcError as exc:
+            item.cancel_code = _versus_code(exc) or exc.code().name
+            if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION,):
+                self.errors.append((time.monotonic(), f"CancelTask {exc.code().name} {item.cancel_code}"))
+
+    async def _submit_once(
+        self, stub: Any, item: Submitted, op_class: Any, params: dict[str, object]
+    ) -> None:
         deadline = Timestamp()
         deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=self.deadline_s))
         request = pb.SubmitTaskRequest(

@@ -16,18 +16,20 @@ import random
 import secrets
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
 from collector.drivers import registry
-from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task
-from collector.journal import AlreadyReceived, Journal, Result
+from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task, WindowClosed
+from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.state import StatePaths, load_key, read_json, write_json
 from collector.tunnel import carry
+from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
+from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock, VerifyContext, verify
 from common.keys import PublicKey
 from common.logs import get_logger
@@ -97,6 +99,7 @@ class Agent:
         self.in_flight: dict[str, int] = dict.fromkeys(self.drivers, 0)
         self.journal = Journal(options.state_dir / "journal.sqlite3")
         self.clock = ServerClock()
+        self.clock_uncertainty_s: float | None = None  # None: no fresh round trip yet (local clock)
         self.context = ssl_context(self.paths.ca_bundle)
         self.client = GatewayClient(
             self.identity["gateway_url"],
@@ -139,10 +142,12 @@ class Agent:
 
     async def _recover(self) -> None:
         """Finish what a previous run left: interrupted tasks are reported unknown, results re-reported."""
-        for task_id, key in self.journal.unfinished():
+        for task_id, _ in self.journal.unfinished():
             log.warning("task interrupted by a restart; reporting unknown", task_id=task_id)
+            # Under the task id: an unknown never answers a retry, and it must not overwrite a
+            # result journaled under the idempotency key (an interrupted reconcile-read shares it).
             self.journal.record_result(
-                task_id, key, Result("unknown", b"", "collector_restarted", "interrupted")
+                task_id, task_key(task_id), Result("unknown", b"", "collector_restarted", "interrupted")
             )
         for pending in self.journal.pending_reports():
             self._spawn(self._report(pending.task_id, pending.result))
@@ -208,8 +213,7 @@ class Agent:
                 attempt += 1
                 continue
             attempt = 0
-            if reply.server_time_ms is not None:
-                self.clock = ServerClock.observe(reply.server_time_ms / 1000, time.time())
+            self._observe_clock(reply.round_trip)
             self._write_runtime()
             if reply.restart_with is not None:
                 self._apply_on_restart(reply.restart_with)
@@ -226,7 +230,24 @@ class Agent:
                         )
                     )
             if reply.envelope is not None and reply.dispatch_id is not None:
-                await self._accept(reply.dispatch_id, reply.envelope)
+                refusal = self._accept(reply.dispatch_id, reply.envelope)
+                if refusal is not None:
+                    # Delivered before the next claim: a claim that does not list the dispatch as
+                    # held would otherwise tell the router it was never received, and it would
+                    # be handed out again and again.
+                    await refusal
+
+    def _observe_clock(self, trip: RoundTrip | None) -> None:
+        """Correct the clock from a fresh, precise round trip only.
+
+        An answer that sat in a buffer (the process was stopped, the host was busy) would
+        make the offset absorb the delay and stretch every envelope's window; such a trip
+        shows up as a large uncertainty and is ignored, keeping the last good offset.
+        """
+        if trip is None or not trip.usable():
+            return
+        self.clock = ServerClock(offset_s=trip.offset_s())
+        self.clock_uncertainty_s = trip.uncertainty_s / 2
 
     def _apply_on_restart(self, settings: Mapping[str, Any]) -> None:
         """Save the new vault settings and stop claiming; in-flight work drains, then main() restarts.
@@ -248,7 +269,11 @@ class Agent:
     def _write_runtime(self) -> None:
         write_json(
             self.paths.root / "runtime.json",
-            {"last_claim_at": time.time(), "clock_offset_s": self.clock.offset_s},
+            {
+                "last_claim_at": time.time(),
+                "clock_offset_s": self.clock.offset_s,
+                "clock_uncertainty_s": self.clock_uncertainty_s,
+            },
         )
 
     async def _sleep(self, seconds: float, why: str) -> None:
@@ -262,8 +287,15 @@ class Agent:
         task.add_done_callback(self.tasks.discard)
 
     # --- one task ---------------------------------------------------------------------------------
-    async def _accept(self, dispatch_id: str, raw: bytes) -> None:
-        """Verify and journal the receipt before anything runs; execution continues in the background."""
+    def _now(self) -> float:
+        """The server-corrected time."""
+        return self.clock.now_s(time.time())
+
+    def _accept(self, dispatch_id: str, raw: bytes) -> Coroutine[Any, Any, None] | None:
+        """Verify and journal the receipt before anything runs; execution continues in the background.
+
+        Returns the refusal report to send (before the next claim) when the envelope is refused.
+        """
         ctx = VerifyContext(
             collector_id=self.collector_id,
             now=self.clock.now(time.time()),
@@ -278,35 +310,49 @@ class Agent:
                 log.error("envelope addressed to another collector: possible attack", dispatch_id=dispatch_id)
             else:
                 log.warning("envelope refused", dispatch_id=dispatch_id, code=exc.code.value)
-            self._spawn(self._report_refusal(dispatch_id, exc.code.value, exc.message))
-            return
+            return self._report_refusal(dispatch_id, exc.code.value, exc.message)
         f = accepted.envelope.fields
+        read = f.op_class == OpClass.READ.value
         try:
             self.journal.record_receipt(f.task_id, f.idempotency_key, f.provider)
         except AlreadyReceived:
-            return
-        if accepted.journaled is not None:
+            return None
+        if accepted.journaled is not None and not read:
             known = self.journal.result(f.idempotency_key)
             assert known is not None
             log.info("idempotency key already journaled; answering from the journal", task_id=f.task_id)
             self.journal.record_result(f.task_id, f.idempotency_key, known)
             self._spawn(self._report(f.task_id, known))
-            return
+            return None
         task = Task(
-            f.task_id, f.operation, f.target_ref, f.idempotency_key, accepted.envelope.params, f.lease_epoch
-        )
+            f.task_id, f.operation, f.target_ref, f.idempotency_key, accepted.envelope.params, f.lease_epoch,
+            expires_at=f.expires_at, clock=self._now,
+        )  # fmt: skip
         self.in_flight[f.provider] = self.in_flight.get(f.provider, 0) + 1
-        self._spawn(self._execute(f.provider, task))
+        self._spawn(self._execute(f.provider, task, read))
+        return None
 
-    async def _execute(self, provider: str, task: Task) -> None:
+    async def _execute(self, provider: str, task: Task, read: bool) -> None:
         try:
-            outcome = await self._run_driver(provider, task)
-            if outcome.status == "unknown":
-                outcome = await self._reconcile_locally(provider, task, outcome)
+            try:
+                outcome = await self._run_driver(provider, task)
+                if outcome.status == "unknown":
+                    outcome = await self._reconcile_locally(provider, task, outcome)
+            except WindowClosed as exc:
+                # Not attempted: a refusal, journaled apart from the key so a retry may still run it.
+                log.warning("envelope window passed before the device write; not executed",
+                            task_id=task.task_id, expires_at=task.expires_at)  # fmt: skip
+                refusal = Result("refused", b"", exc.code, str(exc))
+                self.journal.record_result(task.task_id, task_key(task.task_id), refusal)
+                await self._report(task.task_id, refusal)
+                return
         finally:
             self.in_flight[provider] -= 1
         result = Result(outcome.status, outcome.result, outcome.error_code, outcome.error_message)
-        self.journal.record_result(task.task_id, task.idempotency_key, result)
+        # A read's answer is about that moment only (a reconcile-read above all): it must never
+        # answer a later envelope with the same idempotency key, so it is journaled per task.
+        key = task_key(task.task_id) if read else task.idempotency_key
+        self.journal.record_result(task.task_id, key, result)
         await self._report(task.task_id, result)
 
     async def _run_driver(self, provider: str, task: Task) -> Outcome:
@@ -317,10 +363,14 @@ class Agent:
                 "failed", b"", "operation_not_supported", f"{provider}/{task.operation} is not installed"
             )
         async with self.slots[provider]:
+            # Waiting for a slot (or a stopped process) may have outlived the envelope.
+            task.check_window()
             try:
                 return await asyncio.wait_for(driver.execute(task), op.timeout_s)
             except TimeoutError:
                 return Outcome("unknown", b"", "timeout", f"no answer within {op.timeout_s}s")
+            except WindowClosed:
+                raise
             except DriverError as exc:
                 return Outcome("failed", b"", exc.code, str(exc))
 
@@ -332,7 +382,7 @@ class Agent:
             return unclear
         check = Task(
             task.task_id, op.reconcile_operation, task.target_ref, task.idempotency_key, task.params, 0
-        )
+        )  # a read: no window check, it changes nothing
         answer = await self._run_driver(provider, check)
         if answer.status == "success":
             return Outcome("success", answer.result, "", "reconciled locally: applied")
@@ -342,13 +392,14 @@ class Agent:
 
     # --- reporting ----------------------------------------------------------------------------------
     async def _report(self, task_id: str, result: Result) -> None:
-        body = {
+        body: dict[str, Any] = {
             "task_id": task_id,
             "outcome": result.outcome,
-            "result_b64": base64.b64encode(result.result).decode(),
             "error_code": result.error_code,
             "error_message": result.error_message[:4000],
         }
+        if result.outcome != "refused":
+            body["result_b64"] = base64.b64encode(result.result).decode()
         await self._send_report(task_id, body)
 
     async def _report_refusal(self, task_id: str, code: str, message: str) -> None:

@@ -13,6 +13,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from common import collector_jwt
+from common.envelope.fence import RoundTrip
 from common.logs import get_logger
 
 API = "/api/collector/v1"
@@ -39,7 +40,8 @@ class GatewayRefused(Exception):
 class ClaimReply:
     dispatch_id: str | None
     envelope: bytes | None
-    server_time_ms: int | None
+    # The claim's round trip with the server's clock; None when the answer did not carry the time.
+    round_trip: RoundTrip | None
     offers: list[dict[str, Any]] = field(default_factory=list)
     # Recorded settings the running process does not apply: restart with them (docs/fleet.md).
     restart_with: dict[str, Any] | None = None
@@ -90,8 +92,8 @@ class GatewayClient:
 
     async def _over_websocket(
         self, kind: str, body: dict[str, Any], timeout_s: float
-    ) -> tuple[int, bytes] | None:
-        """(status, body) over the control socket, or None to use HTTPS for this call."""
+    ) -> tuple[int, bytes, dict[str, str]] | None:
+        """(status, body, headers) over the control socket, or None to use HTTPS for this call."""
         from collector.ws_control import WsControl  # imported here: it builds on this module's errors
 
         if not self._prefer_ws:
@@ -117,7 +119,7 @@ class GatewayClient:
             self.transport = "websocket"
             log.info("control socket open", url=ws.url)
         try:
-            result: tuple[int, bytes] = await self._ws.request(kind, body, timeout_s)
+            result: tuple[int, bytes, dict[str, str]] = await self._ws.request(kind, body, timeout_s)
             return result
         except GatewayUnavailable:
             # Some proxies pass HTTPS but break WebSockets: fall back now, try the socket again later.
@@ -133,8 +135,8 @@ class GatewayClient:
     ) -> tuple[int, bytes, httpx.Headers]:
         over_ws = await self._over_websocket(kind, body, timeout_s)
         if over_ws is not None:
-            status, raw = over_ws
-            headers = httpx.Headers()
+            status, raw, frame_headers = over_ws
+            headers = httpx.Headers(frame_headers)
         else:
             try:
                 response = await self._http.post(
@@ -157,21 +159,25 @@ class GatewayClient:
         return status, raw, headers
 
     async def claim(self, body: dict[str, Any], hold_s: float) -> ClaimReply:
+        sent = time.time()
         status, raw, headers = await self._call("claim", body, timeout_s=hold_s + 15)
+        received = time.time()
         if status == 204 or not raw:
-            return ClaimReply(
-                None, None, _parse_ms(headers.get("x-versus-server-time")) or int(time.time() * 1000)
+            trip = _round_trip(
+                sent, received, headers.get("x-versus-server-time-ms"), headers.get("x-versus-held-ms")
             )
+            return ClaimReply(None, None, trip)
         head = json.loads(raw)
+        trip = _round_trip(sent, received, head.get("server_time_ms"), head.get("held_ms"))
         offers = list(head.get("offers", []))
         if "restart_with" in head:
-            return ClaimReply(None, None, int(head["server_time_ms"]), [], dict(head["restart_with"]))
+            return ClaimReply(None, None, trip, [], dict(head["restart_with"]))
         if "envelope" not in head:
-            return ClaimReply(None, None, int(head["server_time_ms"]), offers)
+            return ClaimReply(None, None, trip, offers)
         # The envelope is the last member; its bytes go to the verifier exactly as received.
         marker = b'"envelope":'
         envelope = raw[raw.index(marker) + len(marker) : -1]
-        return ClaimReply(str(head["dispatch_id"]), envelope, int(head["server_time_ms"]), offers)
+        return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers)
 
     async def report(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = json.loads((await self._call("report", body))[1])
@@ -182,12 +188,11 @@ class GatewayClient:
         return result
 
 
-def _parse_ms(stamp: str | None) -> int | None:
-    if not stamp:
-        return None
-    import datetime as dt
-
+def _round_trip(sent: float, received: float, server_ms: object, held_ms: object) -> RoundTrip | None:
+    """The claim's round trip, or None when the answer lacks the server's time (an older gateway)."""
     try:
-        return int(dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
+        server = int(str(server_ms)) / 1000
+        held = int(str(held_ms)) / 1000 if held_ms is not None else 0.0
     except ValueError:
         return None
+    return RoundTrip(sent_s=sent, received_s=received, server_s=server, held_s=held)

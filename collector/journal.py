@@ -20,7 +20,10 @@ Crash windows and what they yield on restart:
   (never re-executed here) and the router's ladder decides;
 * between (2) and (3): the journaled result is reported again (a duplicate is
   accepted by the router as success);
-* a later envelope with a journaled idempotency key is answered from the journal.
+* a later envelope with a journaled idempotency key is answered from the journal
+  (mutations only: reads, reconcile-reads above all, always run, and their
+  answers and refusals are journaled under :func:`task_key`, never under the
+  idempotency key they share with the mutation).
 
 Retention: acknowledged rows older than 7 days are deleted (the router's
 retries of one operation happen within its deadline, at most 7 days).
@@ -74,6 +77,15 @@ class Result:
 class PendingReport:
     task_id: str
     result: Result
+
+
+def task_key(task_id: str) -> str:
+    """The journal key of a result that belongs to one envelope only (a read, a refusal).
+
+    Results are looked up by idempotency key to answer a retried mutation; a read's answer
+    or a refusal must never be such an answer, so they are kept under the envelope's task id.
+    """
+    return "task:" + task_id
 
 
 class AlreadyReceived(Exception):

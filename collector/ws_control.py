@@ -29,7 +29,7 @@ class WsControl:
         self._context = context
         self._bearer = bearer
         self._conn: ClientConnection | None = None
-        self._pending: dict[str, asyncio.Future[tuple[int, bytes]]] = {}
+        self._pending: dict[str, asyncio.Future[tuple[int, bytes, dict[str, str]]]] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
 
@@ -60,12 +60,14 @@ class WsControl:
                 await self._reader
         self._fail_pending("closed")
 
-    async def request(self, kind: str, body: dict[str, Any], timeout_s: float) -> tuple[int, bytes]:
-        """Send one frame; returns (status, body JSON bytes or b"")."""
+    async def request(
+        self, kind: str, body: dict[str, Any], timeout_s: float
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """Send one frame; returns (status, body JSON bytes or b"", the frame's headers)."""
         if not self.open or self._conn is None:
             raise GatewayUnavailable("control socket is not open")
         frame_id = str(next(self._ids))
-        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[int, bytes, dict[str, str]]] = asyncio.get_running_loop().create_future()
         self._pending[frame_id] = future
         try:
             await self._conn.send(
@@ -93,7 +95,9 @@ class WsControl:
                 # Keep the body's bytes as sent: a claim's envelope must reach the verifier untouched.
                 marker = '"body":'
                 raw = text[text.index(marker) + len(marker) : -1].encode() if body is not None else b""
-                future.set_result((int(frame["status"]), raw))
+                headers = frame.get("headers")
+                headers = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
+                future.set_result((int(frame["status"]), raw, headers))
         except (websockets.WebSocketException, OSError, ValueError, KeyError, TypeError, RecursionError):
             pass  # a broken or garbled socket: pending calls fail below and the agent falls back
         finally:

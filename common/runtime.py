@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import Sequence
 
+from common import early_signals
 from common.db import engine as db_engine
 from common.db import migrate
 from common.errors import ConfigError, StartupError, Unavailable
@@ -73,6 +74,10 @@ def shutdown_signals() -> asyncio.Future[str]:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _signalled, sig.name)
+    # A signal that arrived while the process was still starting (common/early_signals.py).
+    early = early_signals.requested()
+    if early is not None:
+        _signalled(early)
     return stop
 
 
@@ -87,6 +92,8 @@ async def wait_for_shutdown() -> str:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        # A second signal during the graceful stop is recorded, not fatal.
+        early_signals.install()
 
 
 async def _watch_parent(stop: asyncio.Future[str]) -> None:

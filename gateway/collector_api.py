@@ -16,6 +16,7 @@ import binascii
 import contextlib
 import datetime as dt
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -129,7 +130,7 @@ class CapabilitiesOut(BaseModel):
 
 _TASK_DOC = (
     "A task: dispatch_id, envelope (the signed wire JSON, docs/envelope.md), server_time, server_time_ms, "
-    "hold_s and offers (tunnel offers); or offers alone; or restart_with (vault_mode and, for mode "
+    "held_ms, hold_s and offers (tunnel offers); or offers alone; or restart_with (vault_mode and, for mode "
     "external, vault_integration_id/vault_address/vault_role_id/vault_kv_mount): restart to apply it"
 )
 
@@ -152,6 +153,7 @@ async def claim_op(
     state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
 ) -> ControlReply:
     """Refresh liveness and wait (up to the hold) for a dispatch leased to this collector."""
+    started = time.monotonic()
     body = parse_body(ClaimBody, raw)
     if any(len(t) > 128 for t in body.held_task_ids):
         raise InvalidArgument("held_task_ids entries are at most 128 characters", code="invalid_body")
@@ -181,6 +183,9 @@ async def claim_op(
     finally:
         CLAIMS_HELD.dec()
     stamp, stamp_ms = _server_time()
+    # How long the claim was held here: the collector subtracts it from its round trip, so a
+    # long-poll still gives it a precise clock offset (common/envelope/fence.py RoundTrip).
+    held_ms = int((time.monotonic() - started) * 1000)
     offers = [
         {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port} for o in reply.offers
     ]
@@ -188,17 +193,27 @@ async def claim_op(
         # Recorded settings changed: the collector restarts to apply them (docs/fleet.md).
         CLAIM_OUTCOMES.labels("restart").inc()
         restart = MessageToDict(reply.restart_with, preserving_proto_field_name=True)
-        body_out = {"server_time": stamp, "server_time_ms": stamp_ms, "offers": [], "restart_with": restart}
+        body_out = {
+            "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
+            "restart_with": restart,
+        }  # fmt: skip
         return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
     if not reply.HasField("envelope") and not offers:
         CLAIM_OUTCOMES.labels("empty").inc()
         return ControlReply(
-            204, headers={"X-Versus-Server-Time": stamp, "X-Versus-Claim-Hold": f"{max_hold:g}"}
+            204,
+            headers={
+                "X-Versus-Server-Time": stamp,
+                "X-Versus-Server-Time-Ms": str(stamp_ms),
+                "X-Versus-Held-Ms": str(held_ms),
+                "X-Versus-Claim-Hold": f"{max_hold:g}",
+            },
         )
     CLAIM_OUTCOMES.labels("task" if reply.HasField("envelope") else "offers").inc()
     fields: dict[str, Any] = {
         "server_time": stamp,
         "server_time_ms": stamp_ms,
+        "held_ms": held_ms,
         "hold_s": max_hold,
         "offers": offers,
     }
@@ -347,7 +362,10 @@ async def _http(request: Request, name: str) -> Response:
     "/claim",
     responses={
         200: {"description": _TASK_DOC},
-        204: {"description": "No task within the hold; headers X-Versus-Server-Time and X-Versus-Claim-Hold"},
+        204: {
+            "description": "No task within the hold; headers X-Versus-Server-Time, X-Versus-Server-Time-Ms, "
+            "X-Versus-Held-Ms and X-Versus-Claim-Hold"
+        },
     },
 )
 async def claim(request: Request) -> Response:

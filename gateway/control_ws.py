@@ -9,6 +9,8 @@ pushes unrequested work. Protocol version 1:
                            "body": {...} | null}
 
 ``body`` is exactly the HTTPS request or response body; a 204 has ``null``.
+A result may carry ``headers``: the HTTPS answer's ``X-Versus-*`` headers (a
+204 claim's server time and how long it was held).
 The bearer token is checked at the upgrade, and the collector's standing is
 re-checked on every frame: the first frame after a revocation (or certificate
 expiry) closes the socket with 4401. A collector sends a claim frame at least
@@ -45,10 +47,12 @@ log = get_logger("versus.gateway.control")
 
 def _frame(request_id: str, kind: str, reply: ControlReply) -> str:
     body = reply.payload.decode() if reply.payload else "null"
-    head = json.dumps(
-        {"v": PROTOCOL_VERSION, "id": request_id, "type": f"{kind}.result", "status": reply.status}
-    )
-    return head[:-1] + ',"body":' + body + "}"
+    fields: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "type": f"{kind}.result"}
+    fields["status"] = reply.status
+    if reply.headers:
+        # What the HTTPS answer says in headers (a 204 claim's server time and hold).
+        fields["headers"] = reply.headers
+    return json.dumps(fields)[:-1] + ',"body":' + body + "}"
 
 
 def _error(error: VersusError) -> ControlReply:

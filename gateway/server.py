@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import signal
 import socket
 from typing import Any
 
 import uvicorn
 from cryptography import x509
 
-from common import token_files
+from common import early_signals, token_files
 from common.errors import ConfigError, StartupError
 from common.logs import get_logger
 from common.metrics import SERVICE_UP
@@ -125,15 +124,17 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def _watch_parent(server: uvicorn.Server) -> None:
+    """Stop when the supervisor is gone, or a stop signal came before uvicorn's handlers were in place."""
     raw = os.environ.get(PARENT_PID_ENV)
-    if not raw:
-        return
     while not server.should_exit:
-        if os.getppid() != int(raw):
+        if raw and os.getppid() != int(raw):
             log.info("supervisor exited; stopping")
             server.should_exit = True
             return
-        await asyncio.sleep(1.0)
+        if early_signals.requested() is not None:
+            server.should_exit = True
+            return
+        await asyncio.sleep(0.2)
 
 
 async def serve(settings: Settings) -> None:
@@ -169,10 +170,11 @@ async def serve(settings: Settings) -> None:
     )
     server = uvicorn.Server(config)
     limit_tls_read_buffer()
-    # Uvicorn re-raises the signal it caught once it has shut down; with these
-    # handlers in place that re-raise is harmless and the process exits 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
+    # Uvicorn re-raises the signal it caught once it has shut down; with these recording
+    # handlers in place that re-raise is harmless and the process exits 0. A signal that came
+    # before uvicorn installed its own is seen by the watchdog.
+    early_signals.install()
+    server.should_exit = early_signals.requested() is not None
     watchdog = asyncio.create_task(_watch_parent(server))
     SERVICE_UP.labels("gateway").set(1)
     log.info("serving", service="gateway", url=settings.gateway_url, tls=tls is not None)

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from router import store
 from router.live import InFlight, placement_view
-from router.placement import Candidate, OperationCap, ProviderCap
+from router.placement import DEFAULT_TIMEOUT_S, Candidate, OperationCap, ProviderCap
 
 Providers = Mapping[str, ProviderCap]
 # More collectors (or sites) than this and the oldest cached entries are dropped.
@@ -41,6 +41,7 @@ def parse_providers(manifest: Mapping[str, Any]) -> dict[str, ProviderCap]:
                     op_class=op["op_class"],
                     parallel_safe=bool(op.get("parallel_safe", False)),
                     reconcile_operation=str(op.get("reconcile_operation", "")),
+                    timeout_s=int(op.get("timeout_s", DEFAULT_TIMEOUT_S)),
                 )
                 for op in p.get("operations", [])
             },

@@ -69,6 +69,7 @@ def task_pb(task: RowMapping, history: Sequence[RowMapping] = ()) -> task_pb2.Ta
         labels=dict(task["labels"]),
         state=STATE_TO_PB[State(task["state"])],
         attempts=task["attempts"],
+        error_code=task["error_code"] or "",
         history=[
             task_pb2.Transition(
                 from_state=STATE_TO_PB[State(h["from_state"])],
@@ -315,11 +316,14 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
         outcome = OUTCOME_FROM_PB.get(request.outcome)
         if outcome is None:
             raise InvalidArgument("outcome is required", code="outcome_invalid")
-        error_code = request.error_code
-        if request.outcome == bridge_pb.REPORT_OUTCOME_REFUSED:
-            error_code = f"envelope_refused:{request.error_code}"
         result = await self.router.report(
-            request.collector_id, request.task_id, outcome, request.result, error_code, request.error_message
+            request.collector_id,
+            request.task_id,
+            outcome,
+            request.result,
+            request.error_code,
+            request.error_message,
+            refused=request.outcome == bridge_pb.REPORT_OUTCOME_REFUSED,
         )
         return bridge_pb.ReportResponse(duplicate=result.duplicate, state=STATE_TO_PB[result.state])
 

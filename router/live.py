@@ -107,10 +107,53 @@ class Liveness:
             if score is not None and now - score <= self.window_s
         }
 
+    async def silent(self, collector_ids: Iterable[str], now: float) -> set[str]:
+        """Collectors known to have been silent for the whole liveness window.
+
+        After Redis lost its data (FLUSHALL, or a restart without it) a collector missing from
+        the live set is not dead but unknown: it counts as last seen when this router first
+        noticed the loss (the ``since`` marker, tied to the Redis server's run id), so losing
+        Redis costs at most a window of waiting and never turns a healthy holder's work into
+        an unknown outcome.
+        """
+        ids = list(collector_ids)
+        if not ids:
+            return set()
+        info = await self.redis.info("server")
+        run_id = str(info.get("run_id", ""))
+        reply = await self.redis.eval(_SILENT, 2, _LIVE, _SINCE, run_id, str(now), *ids)
+        since = float(reply[0])
+        out = set()
+        for cid, score in zip(ids, reply[1:], strict=True):
+            # Anything older than the marker was recorded by another Redis server (a restored snapshot).
+            last = max(float(score), since) if score else since
+            if now - last > self.window_s:
+                out.add(cid)
+        return out
+
     async def last_seen(self, collector_id: str) -> float | None:
         score = await self.redis.zscore(_LIVE, collector_id)
         return None if score is None else float(score)
 
+
+# Since when the live set has been tracked by this Redis server: "<run id>:<unix time>".
+_SINCE = "versus:live:since"
+# KEYS: live set, since marker. ARGV: run id, now, collector ids... -> since, then each score or ''.
+_SILENT = """
+local marker = redis.call('GET', KEYS[2])
+local since = false
+if marker then
+  local sep = string.find(marker, ':', 1, true)
+  if sep and string.sub(marker, 1, sep - 1) == ARGV[1] then since = string.sub(marker, sep + 1) end
+end
+if not since then
+  since = ARGV[2]
+  redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2])
+end
+local out = {since}
+for i = 3, #ARGV do out[#out + 1] = redis.call('ZSCORE', KEYS[1], ARGV[i]) or '' end
+return out
+"""
 
 # Atomic so two sessions claiming at once cannot both become current.
 # KEYS: session hash, superseded set, live set. ARGV: session id ('' = none), now, ttl,

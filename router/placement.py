@@ -23,12 +23,16 @@ from dataclasses import dataclass, field
 from common.envelope.canonical import OpClass
 from common.errors import FailedPrecondition
 
+DEFAULT_TIMEOUT_S = 60
+
 
 @dataclass(frozen=True, slots=True)
 class OperationCap:
     op_class: str
     parallel_safe: bool = False
     reconcile_operation: str = ""
+    # The driver's own bound on one run; a mutation's envelope is valid for about this long.
+    timeout_s: int = DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,9 +79,18 @@ def registrations(router: Router, clock: Callable[[], float] = time.time) -> lis
     ]
 
 
-async def sweep_forever(router: Router, interval_s: float = SWEEP_INTERVAL_S) -> None:
-    """Sweep and re-place queued work on a timer; errors are logged and the loop goes on."""
-    while True:
+async def sweep_forever(
+    router: Router, interval_s: float = SWEEP_INTERVAL_S, stop: asyncio.Event | None = None
+) -> None:
+    """Sweep and re-place queued work on a timer until ``stop`` is set; errors are logged and the
+    loop goes on.
+
+    Shutdown sets ``stop`` rather than relying on cancellation alone: a cancellation that lands
+    inside a database call can be absorbed by the driver's own cleanup, and a loop that
+    depended on it would sweep on and hold the process open.
+    """
+    stop = stop or asyncio.Event()
+    while not stop.is_set():
         try:
             counts = await router.sweep()
             await router.reevaluate()
@@ -93,7 +102,18 @@ async def sweep_forever(router: Router, interval_s: float = SWEEP_INTERVAL_S) ->
             raise
         except Exception:
             log.exception("sweep failed; retrying next interval")
-        await asyncio.sleep(interval_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+
+
+async def stop_sweeper(sweeper: asyncio.Task[None], stop: asyncio.Event, grace_s: float) -> None:
+    """Let the current sweep finish (within ``grace_s``), then make sure the task is gone."""
+    stop.set()
+    done, _ = await asyncio.wait({sweeper}, timeout=grace_s)
+    if not done:
+        log.warning("sweep still running at shutdown; cancelling it")
+        sweeper.cancel()
+        await asyncio.wait({sweeper}, timeout=1.0)
 
 
 async def serve(settings: Settings) -> None:
@@ -105,7 +125,8 @@ async def serve(settings: Settings) -> None:
     router = Router(engine, create_redis(redis_url), lambda: keys.get().current)
     router.tunnels = TunnelHub(router.redis, settings.router_address)
     router.wake.start()
-    sweeper = asyncio.create_task(sweep_forever(router))
+    stop_sweeping = asyncio.Event()
+    sweeper = asyncio.create_task(sweep_forever(router, stop=stop_sweeping))
     try:
         await serve_grpc_service(
             settings,
@@ -117,7 +138,5 @@ async def serve(settings: Settings) -> None:
             authenticator=TokenAuthenticator(engine),
         )
     finally:
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
         await router.aclose()

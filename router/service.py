@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from common.envelope import fence
 from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
 from common.errors import (
@@ -233,6 +234,10 @@ class Router:
                 raise
             await store.transition(conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code)
             return S.FAILED
+        if task["attempts"]:
+            # A collector that refused an envelope of this task as not valid for it is not asked again.
+            refused = await store.refused_by(conn, task["task_id"])
+            eligible = [c for c in eligible if c.collector_id not in refused]
         # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under the
         # collector's lock. Only the first lock may wait (store.lock_collector says why).
         locked_one = False
@@ -254,14 +259,14 @@ class Router:
             # A mutation holds its device from the moment it is accepted, queued or not, so a
             # second mutation of the same device is refused now rather than queued behind it.
             acquired = await store.acquire_lease(
-                conn, task["target_ref"], task["task_id"], None, task["deadline"]
+                conn, task["target_ref"], task["task_id"], None, fence.fence_after(task["deadline"])
             )
             if isinstance(acquired, store.LeaseHeld):
-                message = f"device {task['target_ref']!r} is leased by task {acquired.holder_task_id}"
+                refusal = _lease_refusal(task["target_ref"], acquired)
                 if refuse:
-                    raise DeviceLeased(message, details={"holder_task_id": acquired.holder_task_id})
+                    raise refusal
                 await store.transition(
-                    conn, task["task_id"], S.QUEUED, S.FAILED, message, error_code="device_leased"
+                    conn, task["task_id"], S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
                 )
                 return S.FAILED
         if task["condition"] != NO_ELIGIBLE:
@@ -288,19 +293,26 @@ class Router:
             holder = await store.lease_holder(conn, task["target_ref"])
             epoch = int(holder["epoch"]) if holder and holder["holder_task_id"] == task_id else 0
         elif placement.needs_lease(task["op_class"], op.parallel_safe):
+            # The lease outlives the task's last possible envelope by the fence.
             acquired = await store.acquire_lease(
-                conn, task["target_ref"], task_id, chosen.collector_id, task["deadline"]
+                conn, task["target_ref"], task_id, chosen.collector_id, fence.fence_after(task["deadline"])
             )
             if isinstance(acquired, store.LeaseHeld):
-                message = f"device {task['target_ref']!r} is leased by task {acquired.holder_task_id}"
+                refusal = _lease_refusal(task["target_ref"], acquired)
                 if refuse:
-                    raise DeviceLeased(message, details={"holder_task_id": acquired.holder_task_id})
-                await store.transition(conn, task_id, S.QUEUED, S.FAILED, message, error_code="device_leased")
+                    raise refusal
+                await store.transition(
+                    conn, task_id, S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                )
                 return S.FAILED
             epoch = acquired
         now = _now()
         dispatch_id = f"dsp-{secrets.token_hex(10)}"
-        expires = min(task["deadline"], now + dt.timedelta(seconds=self.dispatch_ttl_s))
+        if kind == "execute" and task["op_class"] != OpClass.READ:
+            # A mutation's envelope fences its device if its holder goes silent: keep it short.
+            expires = fence.mutation_expiry(now, task["deadline"], op.timeout_s, self.dispatch_ttl_s)
+        else:
+            expires = min(task["deadline"], now + dt.timedelta(seconds=self.dispatch_ttl_s))
         operation = op.reconcile_operation if kind == "reconcile" else task["operation"]
         op_class = OpClass.READ.value if kind == "reconcile" else task["op_class"]
         envelope = sign(
@@ -612,8 +624,16 @@ class Router:
         result: bytes = b"",
         error_code: str = "",
         error_message: str = "",
+        *,
+        refused: bool = False,
     ) -> ReportResult:
-        """Record a collector's report on a dispatch it was given; see docs/router.md for the rules."""
+        """Record a collector's report on a dispatch it was given; see docs/router.md for the rules.
+
+        ``refused``: the collector refused the envelope with ``error_code`` and did not run it
+        (:func:`router.ladder.on_refusal` says what that means for the task).
+        """
+        if refused:
+            outcome = S.FAILED
         effects = Effects()
         async with self.engine.begin() as conn:
             found = await store.get_dispatch(conn, dispatch_id)
@@ -645,9 +665,12 @@ class Router:
                 raise FailedPrecondition(
                     f"dispatch is {d['state']}; no report expected", code="report_not_expected"
                 )
-            state = await self._apply_report(
-                conn, task, d, outcome, result, error_code, error_message, effects
-            )
+            if refused:
+                state = await self._refused(conn, task, d, error_code, error_message, effects)
+            else:
+                state = await self._apply_report(
+                    conn, task, d, outcome, result, error_code, error_message, effects
+                )
         await effects.run()
         return ReportResult(False, state)
 
@@ -687,7 +710,7 @@ class Router:
         site_id, tenant_id = task["site_id"], task["tenant_id"]
         effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
         if d["kind"] == "reconcile":
-            return await self._after_reconcile(conn, task, d, outcome, result, effects)
+            return await self._after_reconcile(conn, task, d, outcome, result, effects, error_code=error_code)
         if current not in (S.DISPATCHED, S.RUNNING):
             return current  # the task moved on (for instance cancelled or resolved); keep the report only
         if outcome in (S.SUCCESS, S.FAILED):
@@ -710,8 +733,61 @@ class Router:
         )
         return await self._climb(conn, task, evidence, effects)
 
-    async def _climb(self, conn: AsyncConnection, task: RowMapping, evidence: str, effects: Effects) -> State:
-        """Walk the ladder for a task now in ``unknown``."""
+    async def _refused(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        code: str,
+        message: str,
+        effects: Effects,
+    ) -> State:
+        """A collector refused an envelope: it never ran it there."""
+        current = State(task["state"])
+        verdict = ladder.on_refusal(code)
+        if verdict is ladder.Refusal.ALREADY_HELD:
+            return current  # the collector holds this dispatch already; its real report follows
+        dispatch_id, task_id = d["dispatch_id"], task["task_id"]
+        error_code = f"envelope_refused:{code}"
+        await store.update_dispatch(
+            conn, dispatch_id, state=S.FAILED.value, reported_at=_now(), result=b"",
+            error_code=error_code, error_message=message[:1000] or None,
+        )  # fmt: skip
+        DISPATCH_STATES.labels(S.FAILED.value).inc()
+        collector, provider = d["collector_id"], d["provider"]
+        effects.add(lambda: self.in_flight.add(collector, provider, -1))
+        if d["kind"] == "reconcile":
+            return await self._after_reconcile(conn, task, d, S.FAILED, b"", effects, refused=True)
+        if verdict is ladder.Refusal.REROUTE and current == S.DISPATCHED:
+            # Never run, so safe anywhere else; placement skips every collector that refused it.
+            await store.transition(
+                conn, task_id, S.DISPATCHED, S.QUEUED,
+                f"collector {collector} refused it ({code}); placing it elsewhere", dispatch_id,
+            )  # fmt: skip
+            effects.add(self._reevaluate_effect(task["site_id"]))
+            return S.QUEUED
+        if current not in (S.DISPATCHED, S.RUNNING):
+            return current
+        await store.release_lease(conn, task["target_ref"], task_id)
+        await store.transition(
+            conn, task_id, current, S.FAILED, f"collector {collector} refused the envelope: {code}",
+            dispatch_id, error_code=error_code,
+        )  # fmt: skip
+        return S.FAILED
+
+    async def _climb(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        evidence: str,
+        effects: Effects,
+        fenced_until: dt.datetime | None = None,
+    ) -> State:
+        """Walk the ladder for a task now in ``unknown``.
+
+        ``fenced_until``: the lost envelope could still run on its silent holder until then,
+        so a reconcile-read waits for it (the sweeper climbs again once ``retry_at`` passes).
+        """
         fresh = await store.get_task(conn, task["task_id"])
         assert fresh is not None
         step = ladder.on_unknown(fresh["op_class"], fresh["attempts"], self.max_attempts)
@@ -722,11 +798,25 @@ class Router:
             )
         if step == ladder.Step.RETRY:
             await store.release_lease(conn, fresh["target_ref"], task_id)
-            await store.transition(conn, task_id, S.UNKNOWN, S.QUEUED, "read retried with a new dispatch")
+            await store.transition(
+                conn, task_id, S.UNKNOWN, S.QUEUED, "read retried with a new dispatch", retry_at=None
+            )
             effects.add(self._reevaluate_effect(fresh["site_id"]))
             return S.QUEUED
         if step == ladder.Step.RECONCILE:
-            await store.transition(conn, task_id, S.UNKNOWN, S.RECONCILING, "reconcile-read before any retry")
+            if fenced_until is not None and fenced_until > _now():
+                await store.transition(
+                    conn,
+                    task_id,
+                    S.UNKNOWN,
+                    S.UNKNOWN,
+                    f"reconcile-read waits for the lost envelope's fence (until {fenced_until:%H:%M:%S})",
+                    retry_at=fenced_until,
+                )
+                return S.UNKNOWN
+            await store.transition(
+                conn, task_id, S.UNKNOWN, S.RECONCILING, "reconcile-read before any retry", retry_at=None
+            )
             return await self._dispatch_reconcile(conn, task_id, effects)
         return await self._indeterminate(conn, fresh, S.UNKNOWN, evidence)
 
@@ -769,12 +859,23 @@ class Router:
         outcome: State,
         result: bytes,
         effects: Effects,
+        refused: bool = False,
+        error_code: str = "",
     ) -> State:
         if task["state"] != S.RECONCILING:
             return State(task["state"])
-        applied = True if outcome == S.SUCCESS else False if outcome == S.FAILED else None
-        step = ladder.after_reconcile(applied, task["attempts"], self.max_attempts)
+        # The read answers "not applied" by failing without an error code; failing with one means
+        # the read itself went wrong, which says nothing about the device.
+        applied: bool | None = None
+        if not refused and outcome == S.SUCCESS:
+            applied = True
+        elif not refused and outcome == S.FAILED and not error_code:
+            applied = False
         task_id = task["task_id"]
+        if applied is None:
+            why = "reconcile-read refused" if refused else "reconcile-read was inconclusive"
+            return await self._reconcile_again(conn, task, why, d, effects)
+        step = ladder.after_reconcile(applied, task["attempts"], self.max_attempts)
         if step is None:
             await store.release_lease(conn, task["target_ref"], task_id)
             await store.transition(
@@ -801,7 +902,28 @@ class Router:
             assert fresh is not None
             # The device lease is kept across the retry: the same task re-acquires it with a new epoch.
             return await self._place(conn, fresh, effects, refuse=False)
-        return await self._indeterminate(conn, task, S.RECONCILING, "reconcile-read was inconclusive")
+        # Known not to have landed, and no attempts left: that is a failure, not an unknown.
+        await store.release_lease(conn, task["target_ref"], task_id)
+        await store.transition(
+            conn, task_id, S.RECONCILING, S.FAILED,
+            f"reconcile-read: not applied after {task['attempts']} attempts", d["dispatch_id"],
+            error_code="not_applied", evidence="reconciled: not applied",
+        )  # fmt: skip
+        return S.FAILED
+
+    async def _reconcile_again(
+        self, conn: AsyncConnection, task: RowMapping, why: str, d: RowMapping, effects: Effects
+    ) -> State:
+        """The reconcile-read gave no answer (lost, refused, inconclusive): ask again, within bounds."""
+        task_id = task["task_id"]
+        reconciles = await store.reconcile_count(conn, task_id)
+        step = ladder.after_reconcile(None, task["attempts"], self.max_attempts, reconciles)
+        if step == ladder.Step.RECONCILE and task["deadline"] > _now():
+            await store.transition(
+                conn, task_id, S.RECONCILING, S.RECONCILING, f"{why}; asking again", d["dispatch_id"]
+            )
+            return await self._dispatch_reconcile(conn, task_id, effects)
+        return await self._indeterminate(conn, task, S.RECONCILING, f"{why} (reconcile-reads: {reconciles})")
 
     # --- cancel, resolve, read -----------------------------------------------------------------------
     async def cancel(self, task_id: str, reason: str) -> RowMapping:
@@ -911,9 +1033,10 @@ class Router:
                 await self._unclaimed(conn, d, task, effects, "not claimed in time")
                 counts["unclaimed"] += 1
             in_flight = await store.in_flight_dispatches(conn, batch)
-            live = await self.liveness.live({d["collector_id"] for d in in_flight}, now_s)
+            # Silent means known to be silent: after Redis lost its data, nobody is until a window passed.
+            silent_ids = await self.liveness.silent({d["collector_id"] for d in in_flight}, now_s)
             for d in in_flight:
-                silent = d["collector_id"] not in live
+                silent = d["collector_id"] in silent_ids
                 overdue = d["deadline"] <= _now()
                 if not (silent or overdue):
                     continue
@@ -926,13 +1049,18 @@ class Router:
                 current = State(task["state"])
                 if d["kind"] == "reconcile":
                     if current == S.RECONCILING:
-                        await self._indeterminate(conn, task, current, f"reconcile-read lost: {why}")
+                        await self._reconcile_again(conn, task, f"reconcile-read lost: {why}", d, effects)
                     continue
                 if current in (S.DISPATCHED, S.RUNNING):
                     await store.transition(
                         conn, task["task_id"], current, S.UNKNOWN, why, d["dispatch_id"], evidence=why
                     )
-                    await self._climb(conn, task, why, effects)
+                    # Its envelope may still run on the silent holder until its fence.
+                    fenced = fence.fence_after(d["expires_at"]) if d["op_class"] != OpClass.READ else None
+                    await self._climb(conn, task, why, effects, fenced)
+            for task in await store.unknown_due(conn, batch):
+                await self._climb(conn, task, task["evidence"] or "outcome unknown", effects)
+                counts["unknown"] += 1
             for task_id in await store.overdue_queued(conn, batch):
                 await store.transition(conn, task_id, S.QUEUED, S.EXPIRED, "deadline passed while queued")
                 counts["expired"] += 1
@@ -942,6 +1070,20 @@ class Router:
         # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
         await self.in_flight.rebuild()
         return counts
+
+
+def _lease_refusal(target_ref: str, held: store.LeaseHeld) -> DeviceLeased:
+    if held.holder_task_id:
+        return DeviceLeased(
+            f"device {target_ref!r} is leased by task {held.holder_task_id}",
+            details={"holder_task_id": held.holder_task_id},
+        )
+    until = held.fenced_until.isoformat() if held.fenced_until else ""
+    return DeviceLeased(
+        f"device {target_ref!r} is fenced until {until}: an envelope of its previous writer was never "
+        "answered and could still run until then",
+        details={"fenced_until": until},
+    )
 
 
 def _superseded() -> Conflict:

@@ -48,7 +48,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.RUNNING: frozenset({S.SUCCESS, S.FAILED, S.UNKNOWN}),
     # The ladder: retry (queued), reconcile, or give up to a human.
     S.UNKNOWN: frozenset({S.QUEUED, S.RECONCILING, S.INDETERMINATE}),
-    S.RECONCILING: frozenset({S.QUEUED, S.SUCCESS, S.INDETERMINATE}),
+    S.RECONCILING: frozenset({S.QUEUED, S.SUCCESS, S.FAILED, S.INDETERMINATE}),
     # Only an operator resolves an indeterminate task.
     S.INDETERMINATE: frozenset({S.SUCCESS, S.FAILED}),
     S.SUCCESS: frozenset(),

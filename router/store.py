@@ -6,7 +6,10 @@ Hot paths and why they are safe with several router replicas:
   dispatches: two concurrent claims never receive the same dispatch.
 * **lease acquire** - one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` on the
   device's lease row: it succeeds only when nobody holds the device (or the
-  holder's lease expired), and bumps the epoch, which therefore only grows.
+  holder's lease expired) and no earlier writer's fence is running, and bumps
+  the epoch, which therefore only grows.
+* **lease release** - the row keeps ``fenced_until``: the end of the fence of
+  every envelope the holder had out and never heard back from.
 * **capacity** - the collector's capabilities row is locked ``FOR UPDATE``
   while its in-flight work is counted and a dispatch added.
 * **sweeps and re-placement** - tasks are locked ``FOR UPDATE SKIP LOCKED``, so
@@ -20,7 +23,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, String, and_, func, insert, literal, or_, select, text, union_all, update
+from sqlalchemy import (
+    Interval,
+    RowMapping,
+    String,
+    and_,
+    func,
+    insert,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -34,6 +51,7 @@ from common.db.schema import (
     tasks,
     vault_integrations,
 )
+from common.envelope.fence import FENCE_S
 from router.states import IN_FLIGHT, State
 
 _IN_FLIGHT = [s.value for s in IN_FLIGHT]
@@ -43,7 +61,10 @@ CHANGED_TASKS = "versus_changed_tasks"
 
 @dataclass(frozen=True, slots=True)
 class LeaseHeld:
+    """Why a device could not be leased: another task holds it, or an earlier writer's fence runs."""
+
     holder_task_id: str
+    fenced_until: dt.datetime | None = None
 
 
 async def transition(
@@ -243,7 +264,12 @@ async def all_in_flight(conn: AsyncConnection) -> dict[tuple[str, str], int]:
 async def acquire_lease(
     conn: AsyncConnection, target_ref: str, task_id: str, collector_id: str | None, expires_at: dt.datetime
 ) -> int | LeaseHeld:
-    """The new epoch, or who holds the device. Re-acquiring by the same task keeps working."""
+    """The new epoch, or why the device is not available. Re-acquiring by the same task keeps working.
+
+    A device is available when nobody holds it (or the holder's lease ran out) and no earlier
+    writer's fence is running (``fenced_until``, set on release: see :func:`release_lease`).
+    ``expires_at`` must itself cover the fence of the holder's last envelope.
+    """
     stmt = (
         pg_insert(device_leases)
         .values(
@@ -260,10 +286,13 @@ async def acquire_lease(
                 "acquired_at": func.now(),
                 "expires_at": expires_at,
             },
-            where=or_(
-                device_leases.c.holder_task_id.is_(None),
-                device_leases.c.holder_task_id == task_id,
-                device_leases.c.expires_at < func.now(),
+            where=and_(
+                or_(
+                    device_leases.c.holder_task_id.is_(None),
+                    device_leases.c.holder_task_id == task_id,
+                    device_leases.c.expires_at < func.now(),
+                ),
+                or_(device_leases.c.fenced_until.is_(None), device_leases.c.fenced_until <= func.now()),
             ),
         )
         .returning(device_leases.c.epoch)
@@ -272,9 +301,12 @@ async def acquire_lease(
     if epoch is not None:
         return int(epoch)
     holder = await conn.execute(
-        select(device_leases.c.holder_task_id).where(device_leases.c.target_ref == target_ref)
+        select(device_leases.c.holder_task_id, device_leases.c.fenced_until).where(
+            device_leases.c.target_ref == target_ref
+        )
     )
-    return LeaseHeld(str(holder.scalar_one()))
+    holder_task_id, fenced_until = holder.one()
+    return LeaseHeld(holder_task_id or "", fenced_until)
 
 
 async def set_lease_dispatch(conn: AsyncConnection, target_ref: str, task_id: str, dispatch_id: str) -> None:
@@ -285,12 +317,38 @@ async def set_lease_dispatch(conn: AsyncConnection, target_ref: str, task_id: st
     )
 
 
+def _fence_of(task_id: Any) -> Any:
+    """When the last unanswered envelope handed out for ``task_id`` can no longer write (or NULL).
+
+    Unanswered: handed out, never reported, and not provably unreceived (``expired``). Reads
+    change nothing, so they fence nothing.
+    """
+    return (
+        select(func.max(dispatches.c.expires_at) + literal_column(f"interval '{FENCE_S} seconds'", Interval))
+        .where(
+            dispatches.c.task_id == task_id,
+            dispatches.c.handed_at.is_not(None),
+            dispatches.c.reported_at.is_(None),
+            dispatches.c.state != State.EXPIRED.value,
+            dispatches.c.op_class != "read",
+        )
+        .scalar_subquery()
+    )
+
+
+_RELEASED = {"holder_task_id": None, "holder_dispatch_id": None, "collector_id": None, "expires_at": None}
+
+
 async def release_lease(conn: AsyncConnection, target_ref: str, task_id: str) -> None:
-    """Release the device if this task holds it; the row (and its epoch) stays."""
+    """Release the device if this task holds it; the row (and its epoch) stays.
+
+    The row keeps a fence: no other writer gets the device before every envelope this
+    task had handed out and not heard back from is past ``expires_at`` + FENCE_S.
+    """
     await conn.execute(
         update(device_leases)
         .where(device_leases.c.target_ref == target_ref, device_leases.c.holder_task_id == task_id)
-        .values(holder_task_id=None, holder_dispatch_id=None, collector_id=None, expires_at=None)
+        .values(**_RELEASED, fenced_until=func.greatest(device_leases.c.fenced_until, _fence_of(task_id)))
     )
 
 
@@ -479,9 +537,50 @@ async def orphan_leases(conn: AsyncConnection) -> int:
                 device_leases.c.holder_task_id.not_in(live_holders), device_leases.c.expires_at <= func.now()
             ),
         )
-        .values(holder_task_id=None, holder_dispatch_id=None, collector_id=None, expires_at=None)
+        .values(
+            **_RELEASED,
+            fenced_until=func.greatest(
+                device_leases.c.fenced_until, _fence_of(device_leases.c.holder_task_id)
+            ),
+        )
     )
     return int(result.rowcount or 0)
+
+
+async def unknown_due(conn: AsyncConnection, limit: int) -> Sequence[RowMapping]:
+    """Unknown outcomes whose fence (or deadline) has passed: their ladder step runs now, locked."""
+    query = (
+        select(*tasks.c)
+        .where(
+            tasks.c.state == State.UNKNOWN.value,
+            or_(tasks.c.retry_at <= func.now(), tasks.c.deadline <= func.now()),
+        )
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return (await conn.execute(query)).mappings().all()
+
+
+async def refused_by(conn: AsyncConnection, task_id: str) -> set[str]:
+    """Collectors that refused an envelope of this task as not valid for them (never again)."""
+    query = select(dispatches.c.collector_id).where(
+        dispatches.c.task_id == task_id, dispatches.c.error_code.like("envelope_refused:%")
+    )
+    return set((await conn.execute(query)).scalars())
+
+
+async def reconcile_count(conn: AsyncConnection, task_id: str) -> int:
+    """Reconcile-reads sent for this task, not counting ones provably never received."""
+    query = (
+        select(func.count())
+        .select_from(dispatches)
+        .where(
+            dispatches.c.task_id == task_id,
+            dispatches.c.kind == "reconcile",
+            dispatches.c.state != State.EXPIRED.value,
+        )
+    )
+    return int((await conn.execute(query)).scalar_one())
 
 
 async def list_dispatches(

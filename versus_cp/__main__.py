@@ -1,3 +1,3 @@
-from versus_cp.main import main
+from versus_cp.entry import main
 
 raise SystemExit(main())

@@ -11,9 +11,12 @@ entry-point group; the class is built with a :class:`DriverContext`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
+
+from common.envelope.fence import window_open
 
 Status = Literal["success", "failed", "unknown"]
 
@@ -36,7 +39,13 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """What a driver is asked to do, taken from a verified envelope."""
+    """What a driver is asked to do, taken from a verified envelope.
+
+    ``expires_at`` is the envelope's (server time) and ``clock`` the collector's
+    server-corrected clock. A driver calls :meth:`check_window` right before each
+    device write: past the window the control plane may already have handed the
+    device to another writer (docs/reliability.md, "Fencing").
+    """
 
     task_id: str
     operation: str
@@ -44,6 +53,21 @@ class Task:
     idempotency_key: str
     params: bytes
     lease_epoch: int
+    expires_at: int = 0
+    clock: Callable[[], float] | None = field(default=None, compare=False, repr=False)
+
+    def window_open(self) -> bool:
+        """Whether the envelope's window is still open by the collector's clock (always, without one)."""
+        if not self.expires_at or self.clock is None:
+            return True
+        return window_open(self.clock(), self.expires_at)
+
+    def check_window(self) -> None:
+        """Raise :class:`WindowClosed` once the envelope's window has passed."""
+        if not self.window_open():
+            raise WindowClosed(
+                "window_closed", f"the envelope expired at {self.expires_at}; the device was not touched"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +92,11 @@ class DriverError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
+
+
+class WindowClosed(DriverError):
+    """The envelope's window passed before the device write: nothing was changed.
+
+    The collector reports this as a refusal (``window_closed``), never as a result
+    journaled under the idempotency key: the operation was not attempted.
+    """

@@ -50,6 +50,7 @@ class HttpDriver:
         body = base64.b64decode(params.get("body_b64", "")) if params.get("body_b64") else None
         try:
             async with httpx.AsyncClient(base_url=target["base_url"], verify=verify, timeout=30) as client:
+                task.check_window()
                 response = await client.request(
                     method, params.get("path", "/"), headers=headers, content=body
                 )

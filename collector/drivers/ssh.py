@@ -55,6 +55,7 @@ class SshDriver:
             options["client_keys"] = [target["client_key"]]
         try:
             async with asyncssh.connect(target["host"], port=int(target.get("port", 22)), **options) as conn:
+                task.check_window()  # the login may have taken a while: the command is the write
                 completed = await conn.run(command, check=False)
         except (OSError, asyncssh.Error) as exc:
             return Outcome("failed", b"", "ssh_unreachable", str(exc)[:200])

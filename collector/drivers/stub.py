@@ -11,7 +11,11 @@ the devices in a directory several collectors share, as real devices are
 reachable from every collector of a site (the fault-injection suite, chaos/,
 runs its collectors that way). Params may ask for a delay
 (``{"sleep": seconds}``, after the change; echo honours it too) to leave time
-to kill the collector mid-task.
+to kill the collector mid-task, for a delay before the write (``{"hold": s}``),
+for a refusal that changes nothing (``{"fail": true}``) or for a change the
+device does not confirm (``{"unclear": true}``). Every write is checked
+against the envelope's window first and leaves its evidence (lease epoch,
+dispatch, time) in ``<device>.writes``.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import asyncio
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import ClassVar
 
 from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Task
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+# Beside each device file: one JSON line per write (key, lease epoch, dispatch, expires_at, time).
+WRITES_SUFFIX = ".writes"
 DEVICE_DIR_ENV = "VERSUS_STUB_DEVICE_DIR"
 
 
@@ -58,14 +65,28 @@ class StubDriver:
             lines = path.read_text().splitlines() if path.exists() else []
             return Outcome("success" if task.idempotency_key in lines else "failed", b"")
         if task.operation in ("append", "apply_once"):
-            with path.open("a") as fh:
-                fh.write(task.idempotency_key + "\n")
+            if params.get("fail"):
+                return Outcome("failed", b"", "stub_failed", "asked to fail; the device was not changed")
+            if params.get("hold"):
+                # Time between accepting the task and writing (a slow login, say): a stop here
+                # leaves a holder that may wake up after its window.
+                await asyncio.sleep(float(params["hold"]))
+            task.check_window()
+            self._write(path, task)
             delay = float(params.get("sleep", 0))
             if delay:
                 await asyncio.sleep(delay)
-            if params.get("fail"):
-                return Outcome("failed", b"", "stub_failed", "asked to fail")
             if params.get("unclear"):
                 return Outcome("unknown", b"", "stub_unclear", "the device did not confirm")
             return Outcome("success", b"applied")
         raise DriverError("unknown_operation", f"stub has no operation {task.operation!r}")
+
+    def _write(self, path: Path, task: Task) -> None:
+        """Apply the change: the key goes into the device file, and the write's evidence (lease
+        epoch, dispatch, time) into ``<device>.writes`` for checkers of the single-writer rule."""
+        with path.open("a") as fh:
+            fh.write(task.idempotency_key + "\n")
+        evidence = {"key": task.idempotency_key, "epoch": task.lease_epoch, "dispatch": task.task_id,
+                    "expires_at": task.expires_at, "at": time.time()}  # fmt: skip
+        with path.with_name(path.name + WRITES_SUFFIX).open("a") as fh:
+            fh.write(json.dumps(evidence, separators=(",", ":")) + "\n")

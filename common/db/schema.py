@@ -186,6 +186,9 @@ tasks = Table(
     Column("error_code", Text, nullable=True),
     Column("evidence", Text, nullable=False, server_default=text("''")),
     Column("resolved_by", Text, nullable=True),
+    # An unknown outcome waits here until every envelope of the lost dispatch is past its fence
+    # (router/fencing.py); the sweeper climbs the ladder once this time has passed.
+    Column("retry_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("op_class IN ('read', 'mutate_reconcilable', 'mutate_terminal')", name="op_class"),
@@ -250,6 +253,8 @@ device_leases = Table(
     Column("collector_id", Text, nullable=True),
     Column("acquired_at", DateTime(timezone=True), nullable=True),
     Column("expires_at", DateTime(timezone=True), nullable=True),
+    # No new holder before this time: an envelope of an earlier holder might still execute until then.
+    Column("fenced_until", DateTime(timezone=True), nullable=True),
 )
 
 # What each collector can run and whether it takes new work. Owned by the router.

@@ -56,6 +56,9 @@ class ServerClock:
     def now(self, local_time_s: float) -> int:
         return int(local_time_s + self.offset_s)
 
+    def now_s(self, local_time_s: float) -> float:
+        return local_time_s + self.offset_s
+
 
 @dataclass(frozen=True, slots=True)
 class VerifyContext:

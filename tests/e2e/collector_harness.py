@@ -40,13 +40,19 @@ class Collector:
     state: Path
     log_path: Path
     site_id: str = ""
+    # Devices in a directory several collectors share (VERSUS_STUB_DEVICE_DIR), as at a real site.
+    devices: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
-    def enroll(self) -> str:
-        self.site_id = cli_json(
-            ["sites", "create", f"site-{self.state.name}", "--tenant", "acme"], self.cp.env
-        )["site"]["site_id"]
+    def enroll(self, site_id: str = "") -> str:
+        """Enroll into ``site_id``, or into a new site of its own."""
+        self.site_id = (
+            site_id
+            or cli_json(["sites", "create", f"site-{self.state.name}", "--tenant", "acme"], self.cp.env)[
+                "site"
+            ]["site_id"]
+        )
         command = cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)["enroll_command"]
         argv = [*shlex.split(command)[1:], "--state-dir", str(self.state)]
         done = subprocess.run(
@@ -64,8 +70,30 @@ class Collector:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "run", "--state-dir", str(self.state), "--claim-wait", "2",
              "--grace", "10", "--max-backoff", "1", *extra],
-            env=self.cp.env, stdout=self._log, stderr=self._log,
+            env=self._env(), stdout=self._log, stderr=self._log,
         )  # fmt: skip
+
+    def _env(self) -> dict[str, str]:
+        if self.devices is None:
+            return self.cp.env
+        return {**self.cp.env, "VERSUS_STUB_DEVICE_DIR": str(self.devices)}
+
+    @property
+    def device_dir(self) -> Path:
+        return self.devices or self.state / "stub-devices"
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def writes(self, target: str) -> list[dict[str, Any]]:
+        """The stub device's own evidence of every write: key, lease epoch, dispatch, time."""
+        path = self.device_dir / f"{target}.writes"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def runtime(self) -> dict[str, Any]:
+        path = self.state / "runtime.json"
+        return dict(json.loads(path.read_text())) if path.exists() else {}
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -88,7 +116,7 @@ class Collector:
             self._log = None
 
     def device(self, target: str) -> list[str]:
-        path = self.state / "stub-devices" / target
+        path = self.device_dir / target
         return path.read_text().splitlines() if path.exists() else []
 
     def log(self) -> str:
@@ -103,9 +131,9 @@ class Platform:
         self.stub = task_router_pb2_grpc.TaskRouterServiceStub(self.channel)
 
     def submit(self, site_id: str, operation: str, op_class: str, target: str, params: dict[str, Any],
-               key: str, provider: str = "stub") -> str:  # fmt: skip
+               key: str, provider: str = "stub", deadline_s: float = 300) -> str:  # fmt: skip
         deadline = Timestamp()
-        deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
+        deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=deadline_s))
         reply = self.stub.SubmitTask(pb.SubmitTaskRequest(
             provider=provider, operation=operation, op_class=OP_CLASSES[op_class], target_ref=target,
             site_id=site_id, tenant_id="acme", params=json.dumps(params).encode(), idempotency_key=key,

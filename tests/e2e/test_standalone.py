@@ -108,3 +108,46 @@ def test_gateway_alone(tmp_path: Path, database_url: str, redis_url: str) -> Non
     lines = (tmp_path / "gateway.log").read_text().strip().splitlines()
     assert lines
     assert all(line.startswith("{") and line.endswith("}") for line in lines)
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize("command", ["router", "enrollment", "gateway"])
+def test_sigterm_at_any_instant_of_start_up_exits_0(
+    tmp_path: Path, database_url: str, redis_url: str, command: str
+) -> None:
+    """From its first handler on (the entry point's first statements), a stop signal at any moment
+    of start-up stops the service cleanly, within its grace period."""
+    token = asyncio.run(mint_at(database_url, Role.SERVICE))
+    env = service_env(tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url,
+                      VERSUS_SERVICE_TOKEN=token)  # fmt: skip
+    grace = float(env["VERSUS_SHUTDOWN_GRACE_S"])
+    for n, moment in enumerate((0.6, 1.2, 2.0, "serving")):
+        log = tmp_path / f"{command}-{n}.log"
+        proc = _start(command, env, log)
+        spawned = time.monotonic()
+        try:
+            if moment == "serving":
+                _wait_until(lambda path=log: "serving" in path.read_text(), proc)
+                time.sleep(0.01)
+            else:
+                time.sleep(max(float(moment) - (time.monotonic() - spawned), 0))
+            # Python itself takes a few tens of milliseconds to start; from then on the signal is caught.
+            assert _catches_sigterm(proc.pid), f"no SIGTERM handler {moment} s after start"
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(grace + 10)
+            assert code == 0, f"SIGTERM {moment} s into start-up: exit {code}\n{log.read_text()[-2000:]}"
+            assert time.monotonic() - started < grace + 5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -213,7 +213,15 @@ async def test_claim_report_and_the_platform_sees_success(stack: Stack) -> None:
     claimed = await stack.post("/claim", {"claim_seq": 1, "held_task_ids": []}, c.bearer())
     assert claimed.status_code == 200, claimed.text
     body = claimed.json()
-    assert set(body) == {"dispatch_id", "server_time", "server_time_ms", "hold_s", "offers", "envelope"}
+    assert set(body) == {
+        "dispatch_id",
+        "server_time",
+        "server_time_ms",
+        "held_ms",
+        "hold_s",
+        "offers",
+        "envelope",
+    }
     assert body["offers"] == [] and body["hold_s"] == HOLD_S
     raw = claimed.content[claimed.content.index(b'"envelope":') + len(b'"envelope":') : -1]
     accepted = verify(raw, VerifyContext("col-1", int(time.time()), c.dispatch_keys, set(), _NoJournal()))

@@ -23,7 +23,7 @@ from router.live import WORK
 from router.placement import OpClassMismatch
 from router.service import DeviceLeased
 from router.states import State
-from tests.support.router_env import RouterEnv, make_router, open_envelope
+from tests.support.router_env import RouterEnv, make_router, make_silent, open_envelope
 
 pytestmark = pytest.mark.timeout(60)
 S = State
@@ -302,7 +302,7 @@ async def test_unknown_reconcilable_mutation_reconciles(env: RouterEnv) -> None:
     assert (await env.router.get(task_id))[0]["evidence"] == "reconciled: applied"
 
 
-async def test_reconcile_gives_up_after_max_attempts(env: RouterEnv) -> None:
+async def test_reconcile_not_applied_after_max_attempts_fails(env: RouterEnv) -> None:
     await env.add_collector("col-a")
     task_id, dispatch_id = await _dispatch(env, "apply", "dev-m")
     for _ in range(3):
@@ -310,13 +310,29 @@ async def test_reconcile_gives_up_after_max_attempts(env: RouterEnv) -> None:
         check = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
         assert check is not None
         state = (await env.router.report("col-a", check.dispatch_id, S.FAILED)).state
-        if state == S.INDETERMINATE:
+        if state != S.LEASED:
             break
         retry = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
         assert retry is not None
         dispatch_id = retry.dispatch_id
-    assert await _state(env, task_id) == "indeterminate"
-    assert (await env.router.get(task_id))[0]["attempts"] == 3
+    # Every reconcile-read said "not applied": the change is known not to have landed.
+    task = (await env.router.get(task_id))[0]
+    assert (task["state"], task["error_code"], task["attempts"]) == ("failed", "not_applied", 3)
+
+
+async def test_an_inconclusive_reconcile_read_is_asked_again_then_indeterminate(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    task_id, dispatch_id = await _dispatch(env, "apply", "dev-inconclusive")
+    await env.router.report("col-a", dispatch_id, S.UNKNOWN)
+    for n in range(3):
+        check = await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+        assert check is not None and open_envelope(check.envelope, "col-a")["operation"] == "apply.check"
+        # A read that failed with an error code says nothing about the device.
+        state = (
+            await env.router.report("col-a", check.dispatch_id, S.FAILED, error_code="ssh_unreachable")
+        ).state
+        assert state == (S.RECONCILING if n < 2 else S.INDETERMINATE)
+    assert (await env.router.get(task_id))[0]["attempts"] == 1  # never retried blind
 
 
 @pytest.mark.parametrize("stage", ["queued", "leased", "dispatched", "running", "success"])
@@ -384,8 +400,8 @@ async def test_sweeper(env: RouterEnv) -> None:
         await conn.execute(
             update(dispatches).where(dispatches.c.target_ref == "dev-u").values(expires_at=func.now())
         )
-    # ... dev-s's holder stops claiming ...
-    await env.router.redis.zrem("versus:live", "col-a")
+    # ... dev-s's holder stopped claiming a window ago (and Redis has known the fleet for longer).
+    await make_silent(env, "col-a")
     counts = await env.router.sweep()
     assert counts["unclaimed"] == 1
     assert counts["unknown"] == 1

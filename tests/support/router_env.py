@@ -110,3 +110,12 @@ def make_router(database_url: str, redis_url: str, **kw: Any) -> Router:
     router = Router(engine, aioredis.Redis.from_url(redis_url), lambda: KEYS.current, **kw)
     router.wake.start()
     return router
+
+
+async def make_silent(env: RouterEnv, collector_id: str) -> None:
+    """Make ``collector_id`` look silent for longer than the liveness window, in a Redis that has
+    tracked the fleet for longer still (so the sweeper may conclude it is silent, not unknown)."""
+    long_ago = time.time() - env.router.liveness.window_s - 60
+    run_id = (await env.router.redis.info("server"))["run_id"]
+    await env.router.redis.set("versus:live:since", f"{run_id}:{long_ago}")
+    await env.router.redis.zadd("versus:live", {collector_id: long_ago})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -70,3 +71,73 @@ def test_errors_outside_fault_windows_and_internal_errors_anywhere() -> None:
         "POST /api/collector/v1/claim 500 at +11.0s (internal error)",
         "outside 503 at +110.0s outside any fault window",
     ]
+
+
+def test_a_collector_fault_never_excuses_a_server_error() -> None:
+    windows = [
+        Window("collector_sigkill", 100.0, 103.0, "collector-1"),
+        Window("connection_drop", 100, 101, "3"),
+    ]
+    problems = checker.outside_windows([(101.0, "POST /api/collector/v1/claim 503")], windows, origin=90.0)
+    assert problems == ["POST /api/collector/v1/claim 503 at +11.0s outside any fault window"]
+
+
+def _fact(state: str, *, deadline_s: float = 60, settled_s: float | None = 10, handed: int = 1,
+          collectors: tuple[str, ...] = ("col-1",), error_code: str = "") -> checker.TaskFact:  # fmt: skip
+    return checker.TaskFact(
+        state, T0 + dt.timedelta(seconds=deadline_s), T0,
+        None if settled_s is None else T0 + dt.timedelta(seconds=settled_s), error_code, collectors, handed,
+    )  # fmt: skip
+
+
+def test_durable_task_facts_are_checked() -> None:
+    clock = checker.Clock(wall=T0.timestamp(), mono=1000.0)
+    tasks = [
+        _task("late", "echo", ""),
+        _task("failed-applied", "append", ""),
+        _task("failed-untried", "apply_once", ""),
+        _task("indeterminate-quiet", "append", ""),
+        _task("indeterminate-killed", "append", ""),
+        _task("unoffered-ran", "nonexistent", ""),
+        Submitted("lie", "append", "dev-1", task_id="tsk-lie", lie=True),
+        _task("fine", "echo", ""),
+    ]
+    facts = {
+        "late": _fact("expired", deadline_s=60, settled_s=80),
+        "failed-applied": _fact("failed"),
+        "failed-untried": _fact("failed", handed=0, error_code="device_leased"),
+        "indeterminate-quiet": _fact("indeterminate"),
+        "indeterminate-killed": _fact("indeterminate", collectors=("col-2",)),
+        "unoffered-ran": _fact("success"),
+        "lie": _fact("success"),
+        "fine": _fact("success"),
+    }
+    # A SIGKILL of col-2's process while its task ran; the runner started at wall T0 = mono 1000.
+    windows = [Window("collector_sigkill", 1005.0, 1006.0, "collector-2")]
+    names = {"col-1": "collector-1", "col-2": "collector-2"}
+    problems = checker.check_facts(
+        tasks, facts, Counter({"failed-applied": 1, "lie": 1}), windows, clock, names
+    )
+    flagged = {p.split(" ", 1)[0] for p in problems}
+    assert flagged == {
+        "late", "failed-applied", "failed-untried", "indeterminate-quiet", "unoffered-ran", "lie",
+    }, problems  # fmt: skip
+    # Final states come from PostgreSQL, not from the runner's memory.
+    assert tasks[0].state == "expired"
+
+
+def test_writes_out_of_epoch_order_or_past_their_window(tmp_path: Path) -> None:
+    def write(key: str, epoch: int, at: float, expires_at: int) -> str:
+        return json.dumps({"key": key, "epoch": epoch, "dispatch": "d", "expires_at": expires_at, "at": at})
+
+    (tmp_path / "dev-ok").write_text("a\nb\n")
+    (tmp_path / "dev-ok.writes").write_text(write("a", 1, 10.0, 20) + "\n" + write("b", 3, 30.0, 40) + "\n")
+    (tmp_path / "dev-stale").write_text("k2\nk\n")
+    (tmp_path / "dev-stale.writes").write_text(
+        write("k2", 3, 30.0, 40) + "\n" + write("k", 1, 35.0, 40) + "\n"
+    )
+    (tmp_path / "dev-late").write_text("z\n")
+    (tmp_path / "dev-late.writes").write_text(write("z", 1, 50.0, 40) + "\n")
+    problems = checker.writer_order(tmp_path)
+    assert sorted(p.split(":")[0] for p in problems) == ["dev-late", "dev-stale"], problems
+    assert checker.applications(tmp_path) == Counter({"a": 1, "b": 1, "k2": 1, "k": 1, "z": 1})

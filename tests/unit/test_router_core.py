@@ -52,7 +52,9 @@ def test_cancel_only_before_hand_out() -> None:
     ("op_class", "attempts", "step"),
     [
         ("read", 1, ladder.Step.RETRY),
-        ("read", 3, ladder.Step.INDETERMINATE),
+        # Reads are retried until the deadline, however many attempts that takes.
+        ("read", 3, ladder.Step.RETRY),
+        ("read", 50, ladder.Step.RETRY),
         ("mutate_reconcilable", 1, ladder.Step.RECONCILE),
         ("mutate_reconcilable", 3, ladder.Step.RECONCILE),
         ("mutate_terminal", 1, ladder.Step.INDETERMINATE),
@@ -65,8 +67,31 @@ def test_ladder(op_class: str, attempts: int, step: ladder.Step) -> None:
 def test_after_reconcile() -> None:
     assert ladder.after_reconcile(True, 1) is None
     assert ladder.after_reconcile(False, 1) is ladder.Step.RETRY
-    assert ladder.after_reconcile(False, 3) is ladder.Step.INDETERMINATE
-    assert ladder.after_reconcile(None, 1) is ladder.Step.INDETERMINATE
+    # Known not applied and no attempts left: failed, not unknown.
+    assert ladder.after_reconcile(False, 3) is ladder.Step.FAIL
+    # No answer (lost, refused, inconclusive): ask again up to the bound, then an operator decides.
+    assert ladder.after_reconcile(None, 1, reconciles=1) is ladder.Step.RECONCILE
+    assert ladder.after_reconcile(None, 1, reconciles=2) is ladder.Step.RECONCILE
+    assert ladder.after_reconcile(None, 1, reconciles=3) is ladder.Step.INDETERMINATE
+
+
+@pytest.mark.parametrize(
+    ("code", "verdict"),
+    [
+        ("unknown_kid", ladder.Refusal.PERMANENT),
+        ("kid_expired", ladder.Refusal.PERMANENT),
+        ("bad_signature", ladder.Refusal.PERMANENT),
+        ("wrong_collector", ladder.Refusal.PERMANENT),
+        ("params_hash_mismatch", ladder.Refusal.PERMANENT),
+        ("malformed", ladder.Refusal.PERMANENT),
+        ("expired", ladder.Refusal.REROUTE),
+        ("not_yet_valid", ladder.Refusal.REROUTE),
+        ("window_closed", ladder.Refusal.REROUTE),
+        ("replayed_task", ladder.Refusal.ALREADY_HELD),
+    ],
+)
+def test_refusals(code: str, verdict: ladder.Refusal) -> None:
+    assert ladder.on_refusal(code) is verdict
 
 
 def test_never_received_rule() -> None:

@@ -167,6 +167,7 @@ class Task(_message.Message):
     CONDITION_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     provider: _builtins.str
     operation: _builtins.str
@@ -184,6 +185,8 @@ class Task(_message.Message):
     """Evidence gathered while reconciling an unconfirmed outcome."""
     condition: _builtins.str
     """Visible condition while queued, e.g. "no_eligible_collector"."""
+    error_code: _builtins.str
+    """Stable code of why a failed task failed, e.g. "envelope_refused:unknown_kid" or "not_applied"."""
     @_builtins.property
     def deadline(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -216,10 +219,11 @@ class Task(_message.Message):
         condition: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        error_code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "condition", b"condition", "created_at", b"created_at", "deadline", b"deadline", "evidence", b"evidence", "history", b"history", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "provider", b"provider", "requires_fips", b"requires_fips", "result", b"result", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "tenant_id", b"tenant_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "condition", b"condition", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "evidence", b"evidence", "history", b"history", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "provider", b"provider", "requires_fips", b"requires_fips", "result", b"result", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "tenant_id", b"tenant_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
