@@ -155,7 +155,8 @@ def writer_order(devices: Path) -> list[str]:
                 )
             highest = max(highest, int(w["epoch"]))
             # Collectors and runner share this host's clock: any lateness is a collector's fault.
-            if float(w["at"]) > float(w["expires_at"]) + 1.0:
+            # (expires_at 0: a collector that does not tell its driver the window.)
+            if int(w["expires_at"]) and float(w["at"]) > float(w["expires_at"]) + 1.0:
                 late = float(w["at"]) - float(w["expires_at"])
                 problems.append(f"{device}: {w['key']} written {late:.1f}s after its envelope expired")
     return problems

@@ -472,4 +472,5 @@ def summary(state_dir: Path) -> dict[str, Any]:
         "journal": counts,
         "last_claim_at": runtime.get("last_claim_at"),
         "clock_offset_s": runtime.get("clock_offset_s"),
+        "clock_uncertainty_s": runtime.get("clock_uncertainty_s"),
     }

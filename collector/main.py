@@ -110,6 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gateway: {local['gateway_url']}")
         last = local["last_claim_at"]
         print(f"last claim: {f'{time.time() - last:.0f}s ago' if last else 'never'}")
+        offset, uncertainty = local["clock_offset_s"], local["clock_uncertainty_s"]
+        if uncertainty is None:
+            print("clock: local (no precise round trip with the gateway yet)")
+        else:
+            print(f"clock: server time = local {offset:+.3f}s (within {uncertainty:.3f}s)")
         journal = local["journal"]
         print(f"journal: {journal['received']} tasks received, {journal['held']} in flight or unreported")
         return 0

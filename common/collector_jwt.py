@@ -7,7 +7,12 @@ comes only from a verified token. Claims:
     iss  collector id           sub  collector id (the same)
     aud  "versus-collector-gateway"
     iat  issued at (Unix s)     exp  expiry, at most MAX_LIFETIME_S after iat
-    jti  unique token id
+    jti  unique token id        nbf  optional: not before (Unix s)
+
+iat, exp and nbf are JSON integers (not floats, not booleans). A token whose
+iat or nbf is later than now + LEEWAY_S is ``bearer_not_yet_valid``; one past
+exp + LEEWAY_S is ``bearer_expired``. The verification key is found by ``sub``
+(which must equal ``iss``); header fields such as ``kid`` and ``x5t`` are ignored.
 
 Pure code; key lookup is the caller's job.
 """
@@ -86,8 +91,10 @@ def verify(token: str, public_key: ec.EllipticCurvePublicKey, now: int) -> Beare
             leeway=LEEWAY_S,
             options={
                 "require": ["iss", "sub", "aud", "iat", "exp", "jti"],
+                # Times are checked below against the caller's clock, with one code per rule.
                 "verify_iat": False,
                 "verify_exp": False,
+                "verify_nbf": False,
             },
         )
     except jwt.InvalidAudienceError:
@@ -99,15 +106,19 @@ def verify(token: str, public_key: ec.EllipticCurvePublicKey, now: int) -> Beare
     if claims["iss"] != claims["sub"]:
         raise BearerError("iss and sub must both be the collector id", code="bearer_malformed")
     iat, exp = claims["iat"], claims["exp"]
-    if not (isinstance(iat, int) and isinstance(exp, int)):
+    if not (isinstance(iat, int) and isinstance(exp, int)) or isinstance(iat, bool) or isinstance(exp, bool):
         raise BearerError("iat and exp must be integers", code="bearer_malformed")
     if exp - iat > MAX_LIFETIME_S:
         raise BearerError(
             f"bearer tokens may live at most {MAX_LIFETIME_S}s", code="bearer_lifetime_too_long"
         )
-    if iat > now + LEEWAY_S:
+    nbf = claims.get("nbf", iat)
+    if not isinstance(nbf, int) or isinstance(nbf, bool):
+        raise BearerError("nbf must be an integer", code="bearer_malformed")
+    if max(iat, nbf) > now + LEEWAY_S:
         raise BearerError(
-            "bearer token is issued in the future; check the clock", code="bearer_not_yet_valid"
+            "bearer token is not valid yet (iat or nbf in the future); check the clock",
+            code="bearer_not_yet_valid",
         )
     if now > exp + LEEWAY_S:
         raise BearerError("bearer token has expired", code="bearer_expired")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from common.errors import ConfigError
+from common.errors import ConfigError, Unauthenticated
 from common.settings import Settings
 
 # File names, not secrets.
@@ -61,5 +61,9 @@ def operator_token(settings: Settings) -> str:
     path = settings.api_token_file or settings.state_dir / ADMIN_TOKEN_FILE
     token = read(path)
     if token is None:
-        raise ConfigError(f"no API token: set VERSUS_API_TOKEN or VERSUS_API_TOKEN_FILE (looked in {path})")
+        # Not authenticated (exit 3), like a token the service refuses: not a configuration error.
+        raise Unauthenticated(
+            f"no API token: set VERSUS_API_TOKEN or VERSUS_API_TOKEN_FILE (looked in {path})",
+            code="api_token_missing",
+        )
     return token

@@ -27,7 +27,9 @@ from common.state_dir import write_private, write_public
 LEAF_LIFETIME = dt.timedelta(days=90)
 CA_LIFETIME = dt.timedelta(days=3650)
 # Collector ids appear in URIs, envelopes and logs: keep them to a safe alphabet.
-COLLECTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# X.509 caps a Common Name at 64 characters (RFC 5280 ub-common-name), and the collector id is the CN.
+MAX_COLLECTOR_ID_CHARS = 64
+COLLECTOR_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_COLLECTOR_ID_CHARS - 1}}}")
 MAX_CSR_PEM_CHARS = 16 * 1024
 
 
@@ -69,7 +71,8 @@ def validate_csr(csr_pem: str) -> CsrInfo:
         raise InvalidArgument("the CSR has no Common Name (the collector id)", code="csr_cn_missing")
     if not COLLECTOR_ID.fullmatch(cn):
         raise InvalidArgument(
-            "the Common Name must be 1-128 characters of letters, digits, '.', '_' or '-'",
+            f"the Common Name must be 1-{MAX_COLLECTOR_ID_CHARS} characters of letters, digits, '.', '_' "
+            "or '-' (starting with a letter or digit)",
             code="csr_cn_invalid",
         )
     der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)

@@ -147,8 +147,8 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
     ) -> pb.IssueEnrollmentTokenResponse:
         issued = await self.service.issue_token(
             request.site_id,
-            max_uses=request.max_uses,
-            ttl_seconds=request.ttl_seconds,
+            max_uses=request.max_uses if request.HasField("max_uses") else None,
+            ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
             approval_mode=_APPROVAL_FROM_PB.get(request.approval_mode, "auto"),
             actor=rbac.current_actor(),
         )

@@ -171,7 +171,13 @@ class EnrollmentService:
 
     # --- tokens ----------------------------------------------------------------------------------
     async def issue_token(
-        self, site_id: str, *, max_uses: int, ttl_seconds: int, approval_mode: str, actor: str = "operator"
+        self,
+        site_id: str,
+        *,
+        max_uses: int | None,
+        ttl_seconds: int | None,
+        approval_mode: str,
+        actor: str = "operator",
     ) -> IssuedToken:
         uses, ttl = tokens.issue_limits(max_uses, ttl_seconds)
         mode = tokens.ApprovalMode(approval_mode or "auto")

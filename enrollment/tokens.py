@@ -70,14 +70,16 @@ def looks_like_token(candidate: str) -> bool:
     return candidate.startswith(PREFIX) and len(candidate) <= MAX_PLAINTEXT_CHARS
 
 
-def issue_limits(max_uses: int, ttl_seconds: int) -> tuple[int, dt.timedelta]:
-    """Apply defaults for 0 and refuse (never clamp) values over the documented maxima."""
-    uses = max_uses or DEFAULT_MAX_USES
-    ttl = dt.timedelta(seconds=ttl_seconds) if ttl_seconds else DEFAULT_TTL
+def issue_limits(max_uses: int | None, ttl_seconds: int | None) -> tuple[int, dt.timedelta]:
+    """Apply the defaults for values not given; refuse (never clamp or default) anything out of range."""
+    uses = DEFAULT_MAX_USES if max_uses is None else max_uses
     if not 1 <= uses <= MAX_USES_LIMIT:
         raise InvalidArgument(
-            f"max_uses must be between 1 and {MAX_USES_LIMIT}", code="max_uses_out_of_range"
+            f"max_uses must be between 1 and {MAX_USES_LIMIT}, not {uses}", code="max_uses_out_of_range"
         )
+    if ttl_seconds is not None and ttl_seconds < 1:
+        raise InvalidArgument(f"ttl must be at least 1 second, not {ttl_seconds}", code="ttl_out_of_range")
+    ttl = DEFAULT_TTL if ttl_seconds is None else dt.timedelta(seconds=ttl_seconds)
     if ttl > MAX_TTL:
         raise InvalidArgument(
             f"ttl must be at most {int(MAX_TTL.total_seconds())} seconds ({MAX_TTL})", code="ttl_too_long"

@@ -770,8 +770,7 @@ class Router:
             return current
         await store.release_lease(conn, task["target_ref"], task_id)
         await store.transition(
-            conn, task_id, current, S.FAILED, f"collector {collector} refused the envelope: {code}",
-            dispatch_id, error_code=error_code,
+            conn, task_id, current, S.FAILED, error_code, dispatch_id, error_code=error_code,
         )  # fmt: skip
         return S.FAILED
 

@@ -116,14 +116,25 @@ def _seconds(delta: dt.timedelta) -> int:
     return int(delta.total_seconds())
 
 
+def _positive(text: str) -> int:
+    """An integer of at least 1: out-of-range values are refused, never clamped to a default."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def add_token_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     issue = sub.add_parser("issue", help="Issue an enrollment token; the plaintext is shown once.")
     issue.add_argument("--site", required=True)
-    issue.add_argument("--max-uses", type=int, default=1, help=f"1-{MAX_USES_LIMIT} (default 1)")
+    issue.add_argument("--max-uses", type=_positive, default=1, help=f"1-{MAX_USES_LIMIT} (default 1)")
     issue.add_argument(
         "--ttl",
-        type=int,
+        type=_positive,
         default=_seconds(DEFAULT_TTL),
         help=f"lifetime in seconds (default {_seconds(DEFAULT_TTL)}, max {_seconds(MAX_TTL)})",
     )
@@ -154,8 +165,8 @@ def run_tokens(settings: Settings, args: argparse.Namespace) -> int:
         mode = pb.APPROVAL_MODE_MANUAL if args.manual_approval else pb.APPROVAL_MODE_AUTO
         request = pb.IssueEnrollmentTokenRequest(
             site_id=args.site,
-            max_uses=max(args.max_uses, 0),
-            ttl_seconds=max(args.ttl, 0),
+            max_uses=args.max_uses,
+            ttl_seconds=args.ttl,
             approval_mode=mode,
         )
         reply = _call(settings, "IssueEnrollmentToken", request)

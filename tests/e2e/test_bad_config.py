@@ -103,7 +103,7 @@ def test_gateway_alone_without_a_service_token(tmp_path: Path, database_url: str
 
 def test_operator_command_without_an_api_token(tmp_path: Path) -> None:
     done = run_cli(["collectors", "list"], service_env(tmp_path / "state"))
-    assert done.returncode == 2
+    assert done.returncode == 3  # not authenticated (docs/errors.md)
     _assert_one_line_error(done.stderr, "no API token: set VERSUS_API_TOKEN or VERSUS_API_TOKEN_FILE")
 
 

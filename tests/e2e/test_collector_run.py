@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -55,6 +56,8 @@ def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]
     assert ": active" in status.stdout
     assert f"gateway: https://localhost:{collector.cp.port('gateway')}" in status.stdout
     assert "journal: 2 tasks received, 0 in flight or unreported" in status.stdout
+    # The clock was corrected from a precise round trip (same host: the offset is about zero).
+    assert re.search(r"clock: server time = local [+-]0\.\d{3}s \(within 0\.\d{3}s\)", status.stdout)
 
 
 @pytest.mark.parametrize(

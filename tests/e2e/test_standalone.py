@@ -130,16 +130,21 @@ def test_sigterm_at_any_instant_of_start_up_exits_0(
     env = service_env(tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url,
                       VERSUS_SERVICE_TOKEN=token)  # fmt: skip
     grace = float(env["VERSUS_SHUTDOWN_GRACE_S"])
-    for n, moment in enumerate((0.6, 1.2, 2.0, "serving")):
+    moments: list[float | str] = [0.6, 1.2, 2.0, "serving"]
+    for n, moment in enumerate(moments):
         log = tmp_path / f"{command}-{n}.log"
         proc = _start(command, env, log)
         spawned = time.monotonic()
+
+        def serving(path: Path = log) -> bool:
+            return "serving" in path.read_text()
+
         try:
-            if moment == "serving":
-                _wait_until(lambda path=log: "serving" in path.read_text(), proc)
+            if isinstance(moment, str):
+                _wait_until(serving, proc)
                 time.sleep(0.01)
             else:
-                time.sleep(max(float(moment) - (time.monotonic() - spawned), 0))
+                time.sleep(max(moment - (time.monotonic() - spawned), 0))
             # Python itself takes a few tens of milliseconds to start; from then on the signal is caught.
             assert _catches_sigterm(proc.pid), f"no SIGTERM handler {moment} s after start"
             started = time.monotonic()

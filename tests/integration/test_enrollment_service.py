@@ -84,7 +84,7 @@ async def test_concurrent_redemptions_never_exceed_max_uses(
 
 async def test_bootstrap_contents(service: EnrollmentService) -> None:
     site_id = await _site(service)
-    issued = await service.issue_token(site_id, max_uses=1, ttl_seconds=0, approval_mode="auto")
+    issued = await service.issue_token(site_id, max_uses=1, ttl_seconds=None, approval_mode="auto")
     assert issued.plaintext.startswith("vst_")
     assert issued.enroll_command == (
         f"versus-collector enroll --url https://gw.test:8443 --token {issued.plaintext} --ca-pin sha256/abc="
@@ -106,7 +106,9 @@ async def test_bootstrap_contents(service: EnrollmentService) -> None:
 
 
 async def test_csr_asking_for_ca_gets_a_leaf(service: EnrollmentService) -> None:
-    issued = await service.issue_token(await _site(service), max_uses=1, ttl_seconds=0, approval_mode="auto")
+    issued = await service.issue_token(
+        await _site(service), max_uses=1, ttl_seconds=None, approval_mode="auto"
+    )
     result = await service.enroll(
         issued.plaintext, csr_pem(p256(), "col-ca", ask_for_ca=True), CollectorInfo()
     )
@@ -146,6 +148,9 @@ async def test_token_failures_are_indistinguishable_and_consume_nothing(service:
         (lambda: csr_pem(p384(), "col-384"), "csr_key_unsupported"),
         (lambda: csr_pem(p256(), None), "csr_cn_missing"),
         (lambda: csr_pem(p256(), "bad/cn with spaces"), "csr_cn_invalid"),
+        # X.509 caps a CN at 64 characters: 65 and 128 are refused, not a 500 at signing time.
+        (lambda: csr_pem(p256(), "c" * 65), "csr_cn_invalid"),
+        (lambda: csr_pem(p256(), "c" * 128), "csr_cn_invalid"),
     ],
 )
 async def test_bad_csrs_are_refused_without_consuming(
@@ -232,9 +237,19 @@ async def test_renewal_with_new_key_and_wrong_cn(service: EnrollmentService) -> 
     ("kwargs", "code"),
     [
         ({"max_uses": 1001, "ttl_seconds": 60}, "max_uses_out_of_range"),
+        ({"max_uses": 0, "ttl_seconds": 60}, "max_uses_out_of_range"),
         ({"max_uses": 1, "ttl_seconds": 24 * 3600 + 1}, "ttl_too_long"),
+        ({"max_uses": 1, "ttl_seconds": 0}, "ttl_out_of_range"),
     ],
 )
+async def test_a_64_character_collector_id_enrolls(service: EnrollmentService) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"
+    )
+    enrolled = await service.enroll(issued.plaintext, csr_pem(p256(), "c" * 64), CollectorInfo())
+    assert enrolled.collector_id == "c" * 64
+
+
 async def test_token_limits_are_refused_not_clamped(
     service: EnrollmentService, kwargs: dict[str, int], code: str
 ) -> None:

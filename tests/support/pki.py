@@ -19,7 +19,8 @@ def csr_pem(
     *,
     ask_for_ca: bool = False,
 ) -> str:
-    names = [x509.NameAttribute(NameOID.COMMON_NAME, cn)] if cn is not None else []
+    # Without the library's own length check: openssl happily writes a 65-128 character CN.
+    names = [x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False)] if cn is not None else []
     builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name(names))
     if ask_for_ca:
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)

@@ -69,3 +69,14 @@ def test_keys_rotate_refuses_bad_lifetime(
     monkeypatch.setenv("VERSUS_STATE_DIR", str(tmp_path))
     assert main(["keys", "rotate", "--set", "release", "--lifetime-days", "0"]) == EXIT_CONFIG
     assert "--lifetime-days must be between 1 and" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--max-uses", "0"], ["--max-uses", "-1"], ["--ttl", "0"], ["--ttl", "-5"]])
+def test_tokens_issue_refuses_out_of_range_values(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before any request is sent, never clamped to a default."""
+    with pytest.raises(SystemExit) as exited:
+        main(["tokens", "issue", "--site", "site-1", *flag])
+    assert exited.value.code == EXIT_CONFIG
+    assert "must be at least 1" in capsys.readouterr().err

@@ -164,3 +164,36 @@ def test_any_der_inside_a_pem_frame_is_refused_cleanly(der: bytes) -> None:
 def test_any_authorization_header_yields_a_token_or_none(value: str | None) -> None:
     token = bearer_token(value)
     assert token is None or (token and token == token.strip())
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"iat": NOW + 600, "exp": NOW + 660}, "bearer_not_yet_valid"),
+        ({"nbf": NOW + 600}, "bearer_not_yet_valid"),  # one code for both ways of saying "later"
+        ({"nbf": float(NOW)}, "bearer_malformed"),
+        ({"iat": float(NOW)}, "bearer_malformed"),
+        ({"exp": True}, "bearer_malformed"),
+        ({"iat": NOW - 700, "exp": NOW - 600}, "bearer_expired"),
+    ],
+)
+def test_bearer_time_rules(change: dict[str, Any], code: str) -> None:
+    claims: dict[str, Any] = {
+        "iss": "c1", "sub": "c1", "aud": collector_jwt.AUDIENCE, "iat": NOW, "exp": NOW + 60, "jti": "j",
+    }  # fmt: skip
+    claims.update(change)
+    token = jwt.encode(claims, KEY, algorithm="ES256")
+    with pytest.raises(collector_jwt.BearerError) as info:
+        collector_jwt.verify(token, KEY.public_key(), NOW)
+    assert info.value.code == code
+
+
+def test_a_past_nbf_is_fine() -> None:
+    claims = {
+        "iss": "c1", "sub": "c1", "aud": collector_jwt.AUDIENCE, "iat": NOW, "exp": NOW + 60, "jti": "j",
+        "nbf": NOW - 5,
+    }  # fmt: skip
+    assert (
+        collector_jwt.verify(jwt.encode(claims, KEY, algorithm="ES256"), KEY.public_key(), NOW).collector_id
+        == "c1"
+    )

@@ -29,17 +29,27 @@ def test_minted_tokens_are_prefixed_hashed_and_hidden() -> None:
 @pytest.mark.parametrize(
     ("max_uses", "ttl", "expected"),
     [
-        (0, 0, (1, dt.timedelta(hours=1))),
+        (None, None, (1, dt.timedelta(hours=1))),
         (5, 600, (5, dt.timedelta(minutes=10))),
         (1000, 86400, (1000, dt.timedelta(days=1))),
     ],
 )
-def test_issue_limits_defaults(max_uses: int, ttl: int, expected: tuple[int, dt.timedelta]) -> None:
+def test_issue_limits_defaults(
+    max_uses: int | None, ttl: int | None, expected: tuple[int, dt.timedelta]
+) -> None:
     assert tokens.issue_limits(max_uses, ttl) == expected
 
 
 @pytest.mark.parametrize(
-    ("max_uses", "ttl", "code"), [(1001, 0, "max_uses_out_of_range"), (1, 86401, "ttl_too_long")]
+    ("max_uses", "ttl", "code"),
+    [
+        (1001, None, "max_uses_out_of_range"),
+        (0, None, "max_uses_out_of_range"),
+        (-1, None, "max_uses_out_of_range"),
+        (1, 86401, "ttl_too_long"),
+        (1, 0, "ttl_out_of_range"),
+        (1, -5, "ttl_out_of_range"),
+    ],
 )
 def test_issue_limits_refuse(max_uses: int, ttl: int, code: str) -> None:
     with pytest.raises(InvalidArgument) as info:

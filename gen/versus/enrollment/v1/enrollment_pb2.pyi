@@ -642,24 +642,31 @@ class IssueEnrollmentTokenRequest(_message.Message):
     APPROVAL_MODE_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     max_uses: _builtins.int
-    """0 means the documented default (1)."""
+    """Unset means the documented default (1); 0 is refused (max_uses_out_of_range)."""
     ttl_seconds: _builtins.int
-    """Lifetime in seconds; 0 means the documented default."""
+    """Lifetime in seconds; unset means the documented default; 0 is refused (ttl_out_of_range)."""
     approval_mode: Global___ApprovalMode.ValueType
     """Unspecified means automatic approval."""
     def __init__(
         self,
         *,
         site_id: _builtins.str = ...,
-        max_uses: _builtins.int = ...,
-        ttl_seconds: _builtins.int = ...,
+        max_uses: _builtins.int | None = ...,
+        ttl_seconds: _builtins.int | None = ...,
         approval_mode: Global___ApprovalMode.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_uses", b"_max_uses", "_ttl_seconds", b"_ttl_seconds", "max_uses", b"max_uses", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "max_uses", b"max_uses", "site_id", b"site_id", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_uses", b"_max_uses", "_ttl_seconds", b"_ttl_seconds", "approval_mode", b"approval_mode", "max_uses", b"max_uses", "site_id", b"site_id", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_uses: _TypeAlias = _typing.Literal["max_uses"]  # noqa: Y015
+    _WhichOneofArgType__max_uses: _TypeAlias = _typing.Literal["_max_uses", b"_max_uses"]  # noqa: Y015
+    _WhichOneofReturnType__ttl_seconds: _TypeAlias = _typing.Literal["ttl_seconds"]  # noqa: Y015
+    _WhichOneofArgType__ttl_seconds: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_uses) -> _WhichOneofReturnType__max_uses | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds) -> _WhichOneofReturnType__ttl_seconds | None: ...
 
 Global___IssueEnrollmentTokenRequest: _TypeAlias = IssueEnrollmentTokenRequest  # noqa: Y015
 
