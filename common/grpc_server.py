@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1._async import HealthServicer as _AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from common import error_mapping, rbac
@@ -246,6 +246,19 @@ def _observe(service: str, method: str, code: grpc.StatusCode, started: float) -
 def placeholder(servicer_class: Callable[[], S]) -> S:
     """The generated base servicer: every RPC answers UNIMPLEMENTED until it is built."""
     return servicer_class()
+
+
+class HealthServicer(_AsyncHealthServicer):  # type: ignore[misc]
+    """grpc.health.v1.Health with ``List`` too (the library's servicer answers it UNIMPLEMENTED)."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: Any
+    ) -> health_pb2.HealthListResponse:
+        statuses = {
+            name: health_pb2.HealthCheckResponse(status=status)
+            for name, status in self._server_status.items()
+        }
+        return health_pb2.HealthListResponse(statuses=statuses)
 
 
 class GrpcServer:

@@ -83,21 +83,17 @@ def eligible(req: PlacementRequest, candidates: Sequence[Candidate]) -> list[Can
     chosen: list[Candidate] = []
     mismatched: set[str] = set()
     for c in candidates:
-        if not (
-            c.active
-            and not c.draining
-            and c.live
-            and c.site_id == req.site_id
-            and c.tenant_id == req.tenant_id
-        ):
-            continue
-        if req.requires_fips and not c.fips:
+        if not (c.active and c.site_id == req.site_id and c.tenant_id == req.tenant_id):
             continue
         op = _advertised(c, req)
         if op is None:
             continue
         if op.op_class != req.op_class:
+            # Judged on every manifest of the site, live or not: a lie must not slip through
+            # while the collectors that would expose it are briefly silent (after a Redis loss).
             mismatched.add(op.op_class)
+            continue
+        if c.draining or not c.live or (req.requires_fips and not c.fips):
             continue
         if c.in_flight.get(req.provider, 0) >= c.providers[req.provider].max_concurrency:
             continue

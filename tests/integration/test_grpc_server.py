@@ -69,6 +69,12 @@ async def test_health_reports_each_service_serving(server: GrpcServer) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Check(health_pb2.HealthCheckRequest(service="versus.nope.v1.Nope"))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        # Reflection lists Health/List: it answers too (the library's servicer does not).
+        listed = await stub.List(health_pb2.HealthListRequest())
+        assert {name: r.status for name, r in listed.statuses.items()} == {
+            "": health_pb2.HealthCheckResponse.SERVING,
+            "versus.router.v1.TaskRouterService": health_pb2.HealthCheckResponse.SERVING,
+        }
 
 
 async def test_reflection_lists_services(server: GrpcServer) -> None:

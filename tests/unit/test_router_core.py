@@ -134,10 +134,15 @@ def test_fips_required() -> None:
     assert [c.collector_id for c in placement.eligible(req, [_cand("a", fips=True)])] == ["a"]
 
 
-def test_op_class_mismatch_is_refused() -> None:
+@pytest.mark.parametrize(
+    "witness", [_cand("a"), _cand("a", live=False), _cand("a", draining=True), _cand("a", in_flight=4)]
+)
+def test_op_class_mismatch_is_refused(witness: Candidate) -> None:
+    """Any active collector of the site that advertises the operation exposes the lie, even one
+    that is silent (Redis just lost its data), draining or full."""
     lying = PlacementRequest("stub", "set", "read", "s1", "t1", "dev-1")
     with pytest.raises(placement.OpClassMismatch, match="declared mutate_terminal"):
-        placement.eligible(lying, [_cand("a")])
+        placement.eligible(lying, [witness])
 
 
 def test_pick_is_deterministic_least_loaded_and_spreads() -> None:
