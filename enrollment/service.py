@@ -45,7 +45,8 @@ class InvalidToken(Unauthenticated):
 @dataclass(frozen=True, slots=True)
 class CollectorPolicy:
     vault_mode: str = "local"  # new collectors start in mode A (docs/fleet.md)
-    heartbeat_interval_s: int = 15
+    # The claim long-poll hold: a collector claims (its heartbeat) at least this often.
+    heartbeat_interval_s: int = 25
     max_concurrency: Mapping[str, int] = field(default_factory=lambda: {"*": 8})
 
 

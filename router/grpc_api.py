@@ -284,6 +284,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             transport=request.transport,
             vault_mode=request.vault_mode,
             max_dispatches=request.max_dispatches,
+            free_slots=dict(request.free_slots),
         )
         now = ts(dt.datetime.now(dt.UTC))
         reply = bridge_pb.ClaimResponse(

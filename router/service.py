@@ -503,13 +503,19 @@ class Router:
         transport: str = "",
         vault_mode: str = "",
         max_dispatches: int = 1,
+        free_slots: Mapping[str, int] | None = None,
     ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], RestartWith | None]:
         """Hand the collector its next leased dispatches (up to ``max_dispatches``, capped at
         :data:`MAX_CLAIM_BATCH`) and any offers, waiting up to ``wait_s`` for either.
 
         The claim is the collector's heartbeat: it refreshes liveness and the
         session details (drain state, agent version, session id, transport,
-        running vault mode) in Redis. It is refused for a collector that is not
+        running vault mode) in Redis. Capacity and drain ride the claim too: a
+        draining collector is handed no new dispatches, and one that names its
+        ``free_slots`` only dispatches of providers with a free slot, at most as
+        many as it has free (an empty map: the collector did not say).
+
+        It is refused for a collector that is not
         active and for a superseded session (docs/fleet.md); when the recorded
         vault settings differ from the running ones it returns at once with
         what to restart with, and no work.
@@ -537,6 +543,11 @@ class Router:
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
         limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)
+        providers: list[str] | None = None
+        if free_slots:
+            providers = sorted(p for p, n in free_slots.items() if n > 0)
+            limit = min(limit, sum(n for n in free_slots.values() if n > 0))
+        taking = not draining and providers != []
         with self.wake.listener(collector_id) as woken:
             first = True
             while True:
@@ -548,7 +559,7 @@ class Router:
                 first = False
                 woken.clear()
                 offers = tuple(await self.tunnels.take_offers(collector_id)) if self.tunnels else ()
-                got = await self._take(collector_id, claim_seq, limit)
+                got = await self._take(collector_id, claim_seq, limit, providers) if taking else ()
                 if got or offers:
                     CLAIM_WAIT.observe(time.monotonic() - started)
                     return got, offers, None
@@ -568,9 +579,11 @@ class Router:
         if site_id is not None:
             await self.reevaluate(site_id)
 
-    async def _take(self, collector_id: str, claim_seq: int, limit: int) -> tuple[Claimed, ...]:
+    async def _take(
+        self, collector_id: str, claim_seq: int, limit: int, providers: Sequence[str] | None = None
+    ) -> tuple[Claimed, ...]:
         async with self.autocommit.connect() as conn:
-            rows = await store.take_leased(conn, collector_id, claim_seq, limit)
+            rows = await store.take_leased(conn, collector_id, claim_seq, limit, providers)
         now = _now()
         for row in rows:
             DISPATCH_STATES.labels(S.DISPATCHED.value).inc()

@@ -387,6 +387,7 @@ WITH picked AS (
     SELECT d.dispatch_id, d.task_id, d.kind
     FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
     WHERE d.collector_id = :collector_id AND d.state = 'leased' AND d.expires_at > now()
+      AND (CAST(:providers AS text[]) IS NULL OR d.provider = ANY(CAST(:providers AS text[])))
     ORDER BY d.created_at
     LIMIT :limit
     FOR UPDATE OF d, t SKIP LOCKED
@@ -409,10 +410,18 @@ SELECT dispatch_id, task_id, kind, envelope, created_at FROM handed ORDER BY cre
 
 
 async def take_leased(
-    conn: AsyncConnection, collector_id: str, claim_seq: int, limit: int = 1
+    conn: AsyncConnection,
+    collector_id: str,
+    claim_seq: int,
+    limit: int = 1,
+    providers: Sequence[str] | None = None,
 ) -> Sequence[RowMapping]:
-    """Hand out up to ``limit`` of the collector's oldest unexpired leased dispatches (``_TAKE``)."""
-    params = {"collector_id": collector_id, "claim_seq": claim_seq, "limit": limit}
+    """Hand out up to ``limit`` of the collector's oldest unexpired leased dispatches (``_TAKE``),
+    only of ``providers`` when given (those the collector has a free slot for)."""
+    params = {
+        "collector_id": collector_id, "claim_seq": claim_seq, "limit": limit,
+        "providers": None if providers is None else list(providers),
+    }  # fmt: skip
     rows = (await conn.execute(_TAKE, params)).mappings().all()
     for row in rows:
         if row["kind"] == "execute":

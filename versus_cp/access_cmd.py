@@ -24,7 +24,7 @@ from common.errors import ConfigError
 from common.rbac import Role
 from common.settings import Settings
 from versus_cp import rpc
-from versus_cp.output import enum_name, print_json, print_table, when
+from versus_cp.output import enum_name, integral, print_json, print_table, when
 
 ROLES = {
     Role.VIEWER.value: pb.ROLE_VIEWER,
@@ -145,7 +145,7 @@ def run_audit(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     rows = [
         (when(e.at), e.actor, e.action, f"{e.subject_type}:{e.subject_id}",
-         json.dumps(MessageToDict(e.details), separators=(",", ":"), sort_keys=True))
+         json.dumps(integral(MessageToDict(e.details)), separators=(",", ":"), sort_keys=True))
         for e in events
     ]  # fmt: skip
     print_table(["AT", "ACTOR", "ACTION", "SUBJECT", "DETAILS"], rows)

@@ -34,7 +34,16 @@ from common.errors import (
     VersusError,
 )
 from common.settings import CONFIG_FILE_ENV, Settings, load_settings
-from versus_cp import __version__, access_cmd, enrollment_cmd, fleet_cmd, keys_cmd, queue_cmd, tunnel_cmd
+from versus_cp import (
+    __version__,
+    access_cmd,
+    enrollment_cmd,
+    fleet_cmd,
+    keys_cmd,
+    queue_cmd,
+    tasks_cmd,
+    tunnel_cmd,
+)
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
@@ -106,6 +115,11 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         "Register and list the external vaults (AppRole) that vault mode C uses.",
         fleet_cmd.run_integrations,
         fleet_cmd.add_integration_arguments,
+    ),
+    "tasks": (
+        "Submit, get, watch and cancel tasks as a platform module would.",
+        tasks_cmd.run,
+        tasks_cmd.add_arguments,
     ),
     "queue": (
         "The dispatch queue: list by outcome, show evidence, resolve indeterminate tasks.",

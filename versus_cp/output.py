@@ -12,7 +12,24 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 
 def print_json(message: Message) -> None:
-    print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+    """The protobuf JSON mapping with proto field names, every field (zeros and empty values too),
+    enums by their full names (``TOKEN_STATUS_ACTIVE``); whole numbers from ``Struct`` values
+    (audit details) as integers, not ``1.0``."""
+    as_dict = MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    print(json.dumps(integral(as_dict), indent=2))
+
+
+def integral(value: Any) -> Any:
+    """``value`` with every whole float (protobuf ``Struct`` has only doubles) as an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    return value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -33,13 +33,15 @@ def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], 
         write_private(collector.state / "credentials.json", json.dumps(credentials).encode())
         collector.start()
 
+        # A device command can carry a secret: it must never reach the collector's log.
+        command = "uname # sekrit-cmd-4242"
         ssh_task = platform.submit(
-            collector.site_id, "show", "read", "sw-7", {"command": "uname"}, "ssh-1", provider="ssh"
+            collector.site_id, "show", "read", "sw-7", {"command": command}, "ssh-1", provider="ssh"
         )
         result = json.loads(platform.wait_state(ssh_task, {"success"}).result)
         assert result["exit_status"] == 0
         assert result["stdout"].strip() == "Linux"
-        assert ssh_device.commands == ["uname"]
+        assert ssh_device.commands == [command]
 
         http_task = platform.submit(
             collector.site_id,
@@ -60,6 +62,9 @@ def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], 
         # The credential was injected on the collector; it never travelled with the task.
         assert https_device.requests == [("POST", "/pool/web/disable", f"Bearer {secret}")]
         assert secret not in collector.log() and ssh_device.password not in collector.log()
+        assert "sekrit-cmd-4242" not in collector.log()
+        # asyncssh narrates connections and logins (with the user) at INFO: not in the log either.
+        assert "Opening SSH connection" not in collector.log() and "Auth for user" not in collector.log()
         assert secret not in cp.log()
     finally:
         collector.stop()

@@ -203,3 +203,35 @@ def test_a_permanent_refusal_ends_the_task_at_once(cp: ControlPlane, tmp_path: P
     finally:
         collector.stop()
         platform.close()
+
+
+def test_policy_is_honoured_and_a_busy_collector_keeps_its_heartbeat(
+    cp: ControlPlane, tmp_path: Path
+) -> None:
+    """policy.max_concurrency lowers the driver's concurrency (and the manifest); with its only
+    slot busy the collector still claims every heartbeat interval, asking for nothing."""
+    collector = _collector(cp, tmp_path, "policy")
+    policy_path = collector.state / "policy.json"
+    policy = json.loads(policy_path.read_text())
+    policy.update({"max_concurrency": {"*": 1}, "heartbeat_interval_s": 1})
+    policy_path.write_text(json.dumps(policy))
+    platform = Platform(cp)
+    try:
+        collector.start("--claim-wait", "25")
+        first = platform.submit(collector.site_id, "echo", "read", "dev-p1", {"sleep": 6}, "busy-1")
+        platform.wait_state(first, {"dispatched", "running"})
+        second = platform.submit(collector.site_id, "echo", "read", "dev-p2", {}, "busy-2")
+        claims = set()
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            claims.add(collector.runtime().get("last_claim_at"))
+            time.sleep(0.2)
+        # Busy, yet claiming about every second (the policy's interval, not the 25 s asked for)...
+        assert len(claims) >= 3, claims
+        # ... and not handed the second task while its one slot is taken.
+        assert _state_name(platform.task(second).task) in ("leased", "queued")
+        assert _state_name(platform.wait_state(first, SETTLED)) == "success"
+        assert _state_name(platform.wait_state(second, SETTLED, timeout=20)) == "success"
+    finally:
+        collector.stop()
+        platform.close()

@@ -233,6 +233,14 @@ async def test_renewal_with_new_key_and_wrong_cn(service: EnrollmentService) -> 
         await service.renew("col-n", csr_pem(p256(), "col-someone-else"))
 
 
+async def test_a_64_character_collector_id_enrolls(service: EnrollmentService) -> None:
+    issued = await service.issue_token(
+        await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"
+    )
+    enrolled = await service.enroll(issued.plaintext, csr_pem(p256(), "c" * 64), CollectorInfo())
+    assert enrolled.collector_id == "c" * 64
+
+
 @pytest.mark.parametrize(
     ("kwargs", "code"),
     [
@@ -242,14 +250,6 @@ async def test_renewal_with_new_key_and_wrong_cn(service: EnrollmentService) -> 
         ({"max_uses": 1, "ttl_seconds": 0}, "ttl_out_of_range"),
     ],
 )
-async def test_a_64_character_collector_id_enrolls(service: EnrollmentService) -> None:
-    issued = await service.issue_token(
-        await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"
-    )
-    enrolled = await service.enroll(issued.plaintext, csr_pem(p256(), "c" * 64), CollectorInfo())
-    assert enrolled.collector_id == "c" * 64
-
-
 async def test_token_limits_are_refused_not_clamped(
     service: EnrollmentService, kwargs: dict[str, int], code: str
 ) -> None:

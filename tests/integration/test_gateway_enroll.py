@@ -113,7 +113,7 @@ async def test_enroll_response_has_the_documented_shape(stack: Stack) -> None:
     }  # fmt: skip
     assert body["gateway"] == {"addrs": ["gw.it:8443"], "server_name": "gw.it"}
     assert body["auth"] == {"mode": "bearer", "audience": "versus-collector-gateway"}
-    assert body["policy"] == {"vault_mode": "local", "heartbeat_interval_s": 15, "max_concurrency": {"*": 8}}
+    assert body["policy"] == {"vault_mode": "local", "heartbeat_interval_s": 25, "max_concurrency": {"*": 8}}
     assert set(body["dispatch_keys"][0]) == {"kid", "alg", "pub", "not_after"}
     assert body["dispatch_keys"][0]["kid"].startswith("dsp-")
     assert body["release_keys"][0]["kid"].startswith("rel-")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -168,3 +169,20 @@ async def test_a_lost_reconcile_read_is_sent_again_within_bounds(env: RouterEnv)
         await env.router.sweep()
         await env.router.liveness.redis.zadd("versus:live", {holder: dt.datetime.now(dt.UTC).timestamp()})
         assert (await _task(env, task_id))["state"] == ("reconciling" if n < 2 else "indeterminate")
+
+
+async def test_capacity_and_drain_ride_the_claim(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    await env.router.submit(env.request("echo", target="dev-cap"))
+
+    async def claim(**kw: Any) -> int:
+        got, _, _ = await env.router.claim_with_offers(
+            "col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0, **kw
+        )
+        return len(got)
+
+    # No free slot for the provider, or draining: nothing is handed out (and the dispatch stays leased).
+    assert await claim(free_slots={"stub": 0}) == 0
+    assert await claim(free_slots={"other": 3}) == 0
+    assert await claim(draining=True) == 0
+    assert await claim(free_slots={"stub": 1}) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -19,8 +21,10 @@ def csr_pem(
     *,
     ask_for_ca: bool = False,
 ) -> str:
-    # Without the library's own length check: openssl happily writes a 65-128 character CN.
-    names = [x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False)] if cn is not None else []
+    # Without the library's own length check (and its warning): openssl writes a 65-128 character CN.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        names = [x509.NameAttribute(NameOID.COMMON_NAME, cn, _validate=False)] if cn is not None else []
     builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name(names))
     if ask_for_ca:
         builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)

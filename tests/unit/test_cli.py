@@ -80,3 +80,22 @@ def test_tokens_issue_refuses_out_of_range_values(
         main(["tokens", "issue", "--site", "site-1", *flag])
     assert exited.value.code == EXIT_CONFIG
     assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_json_output_keeps_zeros_and_whole_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    from versus.access.v1 import access_pb2
+    from versus.enrollment.v1 import enrollment_pb2
+
+    from versus_cp.output import print_json
+
+    print_json(
+        enrollment_pb2.EnrollmentToken(token_id="t", max_uses=1, status=enrollment_pb2.TOKEN_STATUS_ACTIVE)
+    )
+    token = json.loads(capsys.readouterr().out)
+    assert (token["uses"], token["max_uses"], token["status"]) == (0, 1, "TOKEN_STATUS_ACTIVE")
+    event = access_pb2.AuditEvent(action="token.issue")
+    event.details.update({"max_uses": 1, "ratio": 0.5})
+    print_json(event)
+    out = capsys.readouterr().out
+    assert json.loads(out)["details"] == {"max_uses": 1, "ratio": 0.5}
+    assert "1.0" not in out

@@ -1,0 +1,65 @@
+"""`versus-cp tasks`: submit, watch, get and cancel from the command line, against real processes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.collector_harness import Collector
+from tests.e2e.harness import ControlPlane, run_cli
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_tasks_commands(start_control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    collector.start()
+    platform_env = {**cp.env, "VERSUS_API_TOKEN": cp.mint_token("platform", "cli-platform")}
+    target = ["--site", collector.site_id, "--tenant", "acme", "--provider", "stub"]
+    try:
+        done = run_cli(
+            ["tasks", "submit", *target, "--operation", "echo", "--class", "read", "--target", "dev-1",
+             "--params", '{"hello": "cli"}', "--key", "cli-1", "--wait", "--json"],
+            platform_env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        states = [json.loads(line)["state"] for line in done.stdout.splitlines()]
+        assert states[-1] == "success"
+        task_id = json.loads(done.stdout.splitlines()[0])["task_id"]
+
+        got = run_cli(["tasks", "get", task_id, "--json"], cp.env)  # the admin token may read
+        assert got.returncode == 0, got.stderr
+        task = json.loads(got.stdout)["task"]
+        assert json.loads(base64.b64decode(task["result"])) == {"hello": "cli"}
+        human = run_cli(["tasks", "get", task_id], cp.env)
+        assert "state" in human.stdout and "success" in human.stdout
+
+        # An operation nobody offers waits in the queue: cancel it.
+        queued = run_cli(
+            ["tasks", "submit", *target, "--operation", "nonexistent", "--class", "read", "--target", "dev-2",
+             "--key", "cli-2", "--json"],
+            platform_env,
+        )  # fmt: skip
+        assert queued.returncode == 0, queued.stderr
+        queued_id = json.loads(queued.stdout)["task"]["task_id"]
+        cancelled = run_cli(["tasks", "cancel", queued_id, "--reason", "not needed"], cp.env)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert f"task {queued_id} is cancelled" in cancelled.stdout
+        watched = run_cli(["tasks", "watch", queued_id], cp.env)
+        assert watched.returncode == 5  # settled, but not a success
+        assert watched.stdout.strip().endswith("cancelled")
+
+        # Only platform tokens submit: the admin token is refused (exit 3), bad params before sending (2).
+        echo = ["tasks", "submit", *target, "--operation", "echo", "--class", "read", "--target", "d"]
+        denied = run_cli(echo, cp.env)
+        assert denied.returncode == 3, denied.stderr
+        bad = run_cli([*echo, "--params", "{not json"], platform_env)
+        assert bad.returncode == 2 and "params_invalid" in bad.stderr
+    finally:
+        collector.stop()

@@ -1,0 +1,197 @@
+"""Tasks from the command line, as a platform module would submit them (TaskRouterService):
+
+    versus-cp tasks submit --site S --tenant T --provider P --operation O --class CLASS --target T
+                           [--params JSON | --params-file FILE] [--key K] [--deadline SECONDS]
+                           [--fips] [--label K=V ...] [--wait]
+    versus-cp tasks get TASK_ID
+    versus-cp tasks watch TASK_ID          # each state change until the task settles
+    versus-cp tasks cancel TASK_ID [--reason TEXT]
+
+Submitting needs a platform token (``versus-cp access create NAME --role platform``, then
+``VERSUS_API_TOKEN``); get and watch work with any viewer, cancel with an operator. Every
+command takes ``--json``. ``watch`` and ``submit --wait`` exit 0 when the task succeeded and
+5 when it settled otherwise (failed, expired, cancelled or indeterminate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from versus.router.v1 import task_pb2, task_router_pb2_grpc
+from versus.router.v1 import task_router_pb2 as pb
+
+from common import token_files
+from common.errors import InvalidArgument
+from common.grpc_client import sync_channel
+from common.settings import Settings
+from versus_cp import rpc
+from versus_cp.output import enum_name, fields, print_json, print_table, when
+
+CLASSES = {
+    "read": task_pb2.OP_CLASS_READ,
+    "mutate_reconcilable": task_pb2.OP_CLASS_MUTATE_RECONCILABLE,
+    "mutate_terminal": task_pb2.OP_CLASS_MUTATE_TERMINAL,
+}
+SETTLED = frozenset(
+    {
+        task_pb2.TASK_STATE_SUCCESS,
+        task_pb2.TASK_STATE_FAILED,
+        task_pb2.TASK_STATE_EXPIRED,
+        task_pb2.TASK_STATE_CANCELLED,
+        task_pb2.TASK_STATE_INDETERMINATE,
+    }
+)
+EXIT_NOT_SUCCESS = 5
+DEFAULT_DEADLINE_S = 300
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    submit = sub.add_parser("submit", help="Submit a task (needs a platform token).")
+    submit.add_argument("--site", required=True)
+    submit.add_argument("--tenant", required=True)
+    submit.add_argument("--provider", required=True)
+    submit.add_argument("--operation", required=True)
+    submit.add_argument("--class", dest="op_class", required=True, choices=list(CLASSES))
+    submit.add_argument("--target", required=True, help="the device (target_ref)")
+    params = submit.add_mutually_exclusive_group()
+    params.add_argument("--params", default="", help="parameters as JSON text (sent as its bytes)")
+    params.add_argument("--params-file", type=Path, help="parameters: this file's bytes")
+    submit.add_argument("--key", default="", help="idempotency key (default: a new random one)")
+    submit.add_argument(
+        "--deadline",
+        type=int,
+        default=DEFAULT_DEADLINE_S,
+        help=f"seconds from now (default {DEFAULT_DEADLINE_S})",
+    )
+    submit.add_argument("--fips", action="store_true", help="only a FIPS collector may run it")
+    submit.add_argument("--label", action="append", default=[], metavar="K=V")
+    submit.add_argument("--wait", action="store_true", help="watch the task until it settles")
+    get = sub.add_parser("get", help="A task with its history.")
+    get.add_argument("task_id")
+    watch = sub.add_parser("watch", help="Print each state change until the task settles.")
+    watch.add_argument("task_id")
+    cancel = sub.add_parser("cancel", help="Cancel a task that was not handed to a collector yet.")
+    cancel.add_argument("task_id")
+    cancel.add_argument("--reason", default="")
+    for p in (submit, get, watch, cancel):
+        p.add_argument("--json", action="store_true")
+
+
+def _call(settings: Settings, method: str, request: Any) -> Any:
+    return rpc.call(
+        settings, settings.router_address, task_router_pb2_grpc.TaskRouterServiceStub, method, request
+    )
+
+
+def _state(value: int) -> str:
+    return enum_name(value, task_pb2.TaskState, "TASK_STATE_")
+
+
+def _submit_request(args: argparse.Namespace) -> pb.SubmitTaskRequest:
+    if args.params_file is not None:
+        try:
+            params = args.params_file.read_bytes()
+        except OSError as exc:
+            raise InvalidArgument(
+                f"cannot read {args.params_file}: {exc.strerror}", code="params_invalid"
+            ) from None
+    else:
+        if args.params:
+            try:
+                json.loads(args.params)
+            except ValueError:
+                raise InvalidArgument("--params is not JSON (use --params-file for other bytes)",
+                                      code="params_invalid") from None  # fmt: skip
+        params = args.params.encode()
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"--label {item!r} is not K=V", code="labels_invalid")
+        labels[key] = value
+    if args.deadline < 1:
+        raise InvalidArgument("--deadline must be at least 1 second", code="deadline_past")
+    deadline = Timestamp()
+    deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline))
+    return pb.SubmitTaskRequest(
+        provider=args.provider, operation=args.operation, op_class=CLASSES[args.op_class],
+        target_ref=args.target, site_id=args.site, tenant_id=args.tenant, params=params,
+        idempotency_key=args.key or f"cli-{secrets.token_hex(12)}", deadline=deadline,
+        requires_fips=args.fips, labels=labels,
+    )  # fmt: skip
+
+
+def _print_task(task: task_pb2.Task) -> None:
+    print(fields([
+        ("task", task.task_id), ("state", _state(task.state)),
+        ("operation", f"{task.provider}/{task.operation}"), ("target", task.target_ref),
+        ("site / tenant", f"{task.site_id} / {task.tenant_id}"), ("idempotency key", task.idempotency_key),
+        ("attempts", task.attempts), ("deadline", when(task.deadline)),
+        ("error", task.error_code or "-"), ("condition", task.condition or "-"),
+    ]))  # fmt: skip
+    if task.evidence:
+        print(f"\nEvidence\n  {task.evidence}")
+    if task.result:
+        print(f"\nResult\n  {task.result.decode(errors='replace')}")
+    if task.history:
+        print("\nHistory")
+        rows = [(when(h.at), _state(h.from_state), _state(h.to_state), h.reason) for h in task.history]
+        print_table(["AT", "FROM", "TO", "REASON"], rows)
+
+
+def _watch(settings: Settings, task_id: str, as_json: bool) -> int:
+    """Follow WatchTask until the task settles; the exit status says how it ended."""
+    address = settings.router_address
+    with sync_channel(address, token_files.operator_token(settings)) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        last: task_pb2.Task | None = None
+        try:
+            for reply in stub.WatchTask(pb.WatchTaskRequest(task_id=task_id)):
+                last = reply.task
+                if as_json:
+                    print(json.dumps({"task_id": last.task_id, "state": _state(last.state),
+                                      "attempts": last.attempts, "error_code": last.error_code}))  # fmt: skip
+                else:
+                    print(f"{when(last.updated_at)}  {_state(last.state)}", flush=True)
+                if last.state in SETTLED:
+                    break
+        except grpc.RpcError as exc:
+            raise rpc.error_from(exc, address) from None
+    if last is None or last.state not in SETTLED:
+        print("versus-cp: the watch ended before the task settled", file=sys.stderr)
+        return 1
+    return 0 if last.state == task_pb2.TASK_STATE_SUCCESS else EXIT_NOT_SUCCESS
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action == "submit":
+        reply = _call(settings, "SubmitTask", _submit_request(args))
+        if args.json and not args.wait:
+            print_json(reply)
+        elif not args.json:
+            print(f"task {reply.task.task_id} is {_state(reply.task.state)}")
+        return _watch(settings, reply.task.task_id, args.json) if args.wait else 0
+    if args.action == "watch":
+        return _watch(settings, args.task_id, args.json)
+    if args.action == "get":
+        reply = _call(settings, "GetTask", pb.GetTaskRequest(task_id=args.task_id))
+        if args.json:
+            print_json(reply)
+        else:
+            _print_task(reply.task)
+        return 0
+    reply = _call(settings, "CancelTask", pb.CancelTaskRequest(task_id=args.task_id, reason=args.reason))
+    if args.json:
+        print_json(reply)
+    else:
+        print(f"task {reply.task.task_id} is {_state(reply.task.state)}")
+    return 0
