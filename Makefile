@@ -30,8 +30,18 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/versus-cp up
 
+# Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
+# directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
+# other's; the first suite's output is printed once both finished.
 test: check
-	$(BIN)/pytest
+	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
+	$(BIN)/pytest tests/unit tests/integration --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
+	fast=$$!; \
+	$(BIN)/pytest tests/e2e --basetemp=$$tmp/e2e; e2e=$$?; \
+	wait $$fast; fast=$$?; \
+	echo "--- tests/unit and tests/integration ---"; cat $$tmp/fast.log; \
+	rm -rf $$tmp; \
+	exit $$(( fast || e2e ))
 
 check: lint proto-lint protos-check
 

@@ -387,12 +387,23 @@ class Router:
         return await self.candidates.load(conn, req.site_id, req.tenant_id, req.provider)
 
     async def pick_tunnel_collector(self, collector_id: str, site_id: str, tenant_id: str) -> str:
-        """The live, active collector that will carry a tunnel: the one named, or one of the site's."""
+        """The live, active collector that will carry a tunnel: the one named, or one of the site's.
+
+        A named collector must belong to the site and tenant the request names (when it names
+        them): a tunnel never crosses into another tenant's network.
+        """
         now = time.time()
         if collector_id:
             async with self.engine.connect() as conn:
-                site = await store.collector_site(conn, collector_id)
-            if site is None or not await self.liveness.live([collector_id], now):
+                home = await store.collector_home(conn, collector_id)
+            if home is None:
+                raise NotFound(f"collector {collector_id!r} does not exist", code="collector_not_found")
+            if (tenant_id and home["tenant_id"] != tenant_id) or (site_id and home["site_id"] != site_id):
+                raise PermissionDenied(
+                    f"collector {collector_id!r} does not serve that site and tenant",
+                    code="collector_not_in_tenant",
+                )
+            if not await self.liveness.live([collector_id], now):
                 raise FailedPrecondition(
                     f"collector {collector_id!r} is not connected", code="collector_not_live"
                 )
@@ -400,7 +411,11 @@ class Router:
         if not site_id or not tenant_id:
             raise InvalidArgument("name a collector, or a site and tenant", code="tunnel_target_invalid")
         async with self.engine.connect() as conn:
+            owner = await store.site_tenant(conn, site_id)
             rows = await store.candidates(conn, site_id, tenant_id)
+        if owner is None or owner != tenant_id:
+            # The same answer for "no such site" and "another tenant's site".
+            raise NotFound(f"tenant {tenant_id!r} has no site {site_id!r}", code="site_not_found")
         live = sorted(await self.liveness.live([r["collector_id"] for r in rows], now))
         draining = await self.liveness.self_draining(live)
         usable = [cid for cid in live if cid not in draining]

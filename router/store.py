@@ -47,6 +47,7 @@ from common.db.schema import (
     collectors,
     device_leases,
     dispatches,
+    sites,
     task_transitions,
     tasks,
     vault_integrations,
@@ -679,6 +680,21 @@ async def collector_standing(conn: AsyncConnection, collector_id: str) -> RowMap
         .where(collectors.c.collector_id == collector_id)
     )
     return (await conn.execute(query)).mappings().first()
+
+
+async def collector_home(conn: AsyncConnection, collector_id: str) -> RowMapping | None:
+    """Site and tenant of one collector (None: no such collector)."""
+    query = select(collectors.c.site_id, collectors.c.tenant_id).where(
+        collectors.c.collector_id == collector_id
+    )
+    return (await conn.execute(query)).mappings().first()
+
+
+async def site_tenant(conn: AsyncConnection, site_id: str) -> str | None:
+    """The tenant a site belongs to (None: no such site)."""
+    return (
+        await conn.execute(select(sites.c.tenant_id).where(sites.c.site_id == site_id))
+    ).scalar_one_or_none()
 
 
 async def collector_site(conn: AsyncConnection, collector_id: str) -> str | None:

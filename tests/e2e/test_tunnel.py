@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from common.state_dir import write_private
-from tests.e2e.collector_harness import Collector
+from tests.e2e.collector_harness import Collector, cli_json
 from tests.e2e.harness import ControlPlane
 from tests.support.devices import EchoDevice, HttpsDevice, SshDevice
 
@@ -87,29 +87,24 @@ def test_tunnel_without_a_live_collector_fails_clearly(
     start_control_plane: Callable[..., ControlPlane],
 ) -> None:
     cp = start_control_plane()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "versus_cp",
-            "tunnel",
-            "--target",
-            "127.0.0.1:22",
-            "--site",
-            "site-none",
-            "--tenant",
-            "acme",
-        ],
-        env=cp.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+
+    def tunnel(site: str, tenant: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "versus_cp", "tunnel", "--target", "127.0.0.1:22", "--site", site,
+             "--tenant", tenant],
+            env=cp.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+
+    done = tunnel("site-none", "acme")
+    assert done.returncode == 4  # not found
+    assert done.stderr.strip() == "versus-cp: error: tenant 'acme' has no site 'site-none' (site_not_found)"
+    site = cli_json(["sites", "create", "empty", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    assert tunnel(site, "nope").returncode == 4  # another tenant's site looks like no site
+    done = tunnel(site, "acme")
     assert done.returncode == 5  # refused in the current state
-    assert done.stderr.strip() == (
-        "versus-cp: error: no live collector serves site 'site-none' (no_eligible_collector)"
+    assert (
+        done.stderr.strip()
+        == f"versus-cp: error: no live collector serves site {site!r} (no_eligible_collector)"
     )
 
 

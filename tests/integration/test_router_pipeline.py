@@ -14,6 +14,7 @@ from common.errors import (
     Conflict,
     FailedPrecondition,
     InvalidArgument,
+    NotFound,
     PayloadTooLarge,
     PermissionDenied,
     Unauthenticated,
@@ -456,3 +457,23 @@ async def test_a_lost_reconcile_read_is_dispatched_again(env: RouterEnv) -> None
     assert open_envelope(again.envelope, "col-a")["operation"] == "apply.check"
     assert (await env.router.report("col-a", again.dispatch_id, S.SUCCESS)).state == S.SUCCESS
     assert await _state(env, task_id) == "success"
+
+
+async def test_tunnel_targets_stay_inside_their_tenant(env: RouterEnv) -> None:
+    await env.add_collector("col-a")
+    pick = env.router.pick_tunnel_collector
+    assert await pick("col-a", env.site_id, env.tenant_id) == "col-a"
+    assert await pick("", env.site_id, env.tenant_id) == "col-a"
+    with pytest.raises(PermissionDenied) as denied:
+        await pick("col-a", "", "another-tenant")
+    assert denied.value.code == "collector_not_in_tenant"
+    with pytest.raises(PermissionDenied):
+        await pick("col-a", "site-elsewhere", env.tenant_id)
+    with pytest.raises(NotFound) as unknown:
+        await pick("col-nobody", "", "")
+    assert unknown.value.code == "collector_not_found"
+    # Another tenant's site looks exactly like a site that does not exist.
+    for site, tenant in ((env.site_id, "another-tenant"), ("site-none", env.tenant_id)):
+        with pytest.raises(NotFound) as missing:
+            await pick("", site, tenant)
+        assert missing.value.code == "site_not_found"
