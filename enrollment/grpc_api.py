@@ -167,8 +167,10 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
     async def RevokeEnrollmentToken(
         self, request: pb.RevokeEnrollmentTokenRequest, context: Context
     ) -> pb.RevokeEnrollmentTokenResponse:
-        token = await self.service.store.revoke_token(request.token_id, rbac.current_actor())
-        return pb.RevokeEnrollmentTokenResponse(token=self._token_pb(token))
+        token, revoked = await self.service.store.revoke_token(
+            request.token_id, rbac.current_actor(), with_collectors=request.with_collectors
+        )
+        return pb.RevokeEnrollmentTokenResponse(token=self._token_pb(token), revoked_collector_ids=revoked)
 
     async def ApproveCollector(
         self, request: pb.ApproveCollectorRequest, context: Context

@@ -293,7 +293,12 @@ class EnrollmentStore:
         async with self.engine.connect() as conn:
             return [_token(row) for row in (await conn.execute(query)).mappings().all()]
 
-    async def revoke_token(self, token_id: str, actor: str) -> Token:
+    async def revoke_token(
+        self, token_id: str, actor: str, *, with_collectors: bool = False
+    ) -> tuple[Token, list[str]]:
+        """Revoke a token (idempotent); with ``with_collectors`` also every pending or active
+        collector it enrolled, in the same transaction, each audited. Returns the token and the
+        collectors revoked now."""
         async with self.engine.begin() as conn:
             row = (
                 (
@@ -309,8 +314,27 @@ class EnrollmentStore:
             )
             if row is None:
                 raise NotFound(f"token {token_id!r} does not exist", code="token_not_found")
-            await _audit(conn, actor, "token.revoke", "enrollment_token", token_id, {})
-        return _token(row)
+            revoked: list[str] = []
+            if with_collectors:
+                result = await conn.execute(
+                    update(collectors)
+                    .where(
+                        collectors.c.enrolled_token_id == token_id,
+                        collectors.c.status.in_(["pending", "active"]),
+                    )
+                    .values(status="revoked", status_changed_at=func.now())
+                    .returning(collectors.c.collector_id, collectors.c.status)
+                )
+                revoked = sorted(str(r[0]) for r in result)
+                for collector_id in revoked:
+                    details = {"reason": f"enrollment token {token_id} revoked", "token_id": token_id,
+                               "after": {"status": "revoked"}}  # fmt: skip
+                    await _audit(conn, actor, "collector.revoked", "collector", collector_id, details)
+            await _audit(
+                conn, actor, "token.revoke", "enrollment_token", token_id,
+                {"with_collectors": with_collectors, "revoked_collectors": revoked},
+            )  # fmt: skip
+        return _token(row), revoked
 
     @asynccontextmanager
     async def redemption(self, token_sha256: bytes) -> AsyncIterator[Redemption]:

@@ -6,7 +6,7 @@
     versus-cp sites delete SITE_ID
     versus-cp tokens issue --site SITE_ID [--max-uses N] [--ttl SECONDS] [--manual-approval]
     versus-cp tokens list [--site SITE_ID]
-    versus-cp tokens revoke TOKEN_ID
+    versus-cp tokens revoke TOKEN_ID [--with-collectors]
 
 Every command takes ``--json`` for machine-readable output.
 """
@@ -145,6 +145,11 @@ def add_token_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--site", default="")
     revoke = sub.add_parser("revoke", help="Revoke a token before it expires.")
     revoke.add_argument("token_id")
+    revoke.add_argument(
+        "--with-collectors",
+        action="store_true",
+        help="also revoke every pending or active collector this token enrolled (a leaked token)",
+    )
     for p in (issue, listing, revoke):
         p.add_argument("--json", action="store_true")
 
@@ -180,8 +185,15 @@ def run_tokens(settings: Settings, args: argparse.Namespace) -> int:
         reply = _call(settings, "ListEnrollmentTokens", pb.ListEnrollmentTokensRequest(site_id=args.site))
         _json(reply) if args.json else _print_tokens(list(reply.tokens))
     else:
-        reply = _call(
-            settings, "RevokeEnrollmentToken", pb.RevokeEnrollmentTokenRequest(token_id=args.token_id)
+        revoke = pb.RevokeEnrollmentTokenRequest(
+            token_id=args.token_id, with_collectors=args.with_collectors
         )
-        _json(reply) if args.json else _print_tokens([reply.token])
+        reply = _call(settings, "RevokeEnrollmentToken", revoke)
+        if args.json:
+            _json(reply)
+        else:
+            _print_tokens([reply.token])
+            if args.with_collectors:
+                revoked = ", ".join(reply.revoked_collector_ids) or "none"
+                print(f"\ncollectors it enrolled, revoked now: {revoked}")
     return 0

@@ -217,6 +217,32 @@ async def test_manual_approval_flow(service: EnrollmentService) -> None:
     assert {"token.issue", "collector.enroll", "collector.active", "collector.denied"} <= actions
 
 
+async def test_revoking_a_token_can_revoke_what_it_enrolled(service: EnrollmentService) -> None:
+    site_id = await _site(service)
+    leaked = await service.issue_token(site_id, max_uses=3, ttl_seconds=600, approval_mode="auto")
+    other = await service.issue_token(site_id, max_uses=1, ttl_seconds=600, approval_mode="auto")
+    await service.enroll(leaked.plaintext, csr_pem(p256(), "col-l1"), CollectorInfo())
+    await service.enroll(leaked.plaintext, csr_pem(p256(), "col-l2"), CollectorInfo())
+    await service.enroll(other.plaintext, csr_pem(p256(), "col-o"), CollectorInfo())
+    # A plain revoke stops further redemptions only: what it enrolled stays.
+    _, revoked = await service.store.revoke_token(leaked.token.token_id, "alice")
+    assert revoked == [] and (await service.status("col-l1")).status == "active"
+    _, revoked = await service.store.revoke_token(leaked.token.token_id, "alice", with_collectors=True)
+    assert revoked == ["col-l1", "col-l2"]
+    assert [(await service.status(c)).status for c in ("col-l1", "col-l2", "col-o")] == [
+        "revoked", "revoked", "active",
+    ]  # fmt: skip
+    _, again = await service.store.revoke_token(leaked.token.token_id, "alice", with_collectors=True)
+    assert again == []  # idempotent
+    async with service.store.engine.connect() as conn:
+        audited = (
+            await conn.execute(
+                select(audit_events.c.subject_id).where(audit_events.c.action == "collector.revoked")
+            )
+        ).scalars()
+        assert sorted(audited) == ["col-l1", "col-l2"]
+
+
 async def test_renewal_with_new_key_and_wrong_cn(service: EnrollmentService) -> None:
     issued = await service.issue_token(
         await _site(service), max_uses=1, ttl_seconds=600, approval_mode="auto"

@@ -742,15 +742,21 @@ class RevokeEnrollmentTokenRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_ID_FIELD_NUMBER: _builtins.int
+    WITH_COLLECTORS_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
+    with_collectors: _builtins.bool
+    """Also revoke every collector this token enrolled that is pending or active
+    (a token that leaked may have been redeemed by someone else).
+    """
     def __init__(
         self,
         *,
         token_id: _builtins.str = ...,
+        with_collectors: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token_id", b"token_id", "with_collectors", b"with_collectors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -761,16 +767,22 @@ class RevokeEnrollmentTokenResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_FIELD_NUMBER: _builtins.int
+    REVOKED_COLLECTOR_IDS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def token(self) -> Global___EnrollmentToken: ...
+    @_builtins.property
+    def revoked_collector_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Collectors revoked with the token (with_collectors only)."""
+
     def __init__(
         self,
         *,
         token: Global___EnrollmentToken | None = ...,
+        revoked_collector_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revoked_collector_ids", b"revoked_collector_ids", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
