@@ -99,28 +99,59 @@ async def carry(
         writer.close()
         return
     log.info("tunnel open", session_id=session_id)
-
-    async def device_to_gateway() -> None:
-        while data := await reader.read(CHUNK_BYTES):
-            await ws.send(data)
-        await ws.send(EOF_FRAME)
-
-    async def gateway_to_device() -> None:
-        async for message in ws:
-            if isinstance(message, bytes):
-                writer.write(message)
-                await writer.drain()
-            elif message == EOF_FRAME and writer.can_write_eof():
-                writer.write_eof()
-                return
-
     try:
-        await asyncio.gather(device_to_gateway(), gateway_to_device())
-    except (OSError, websockets.WebSocketException):
-        pass
+        await _relay(reader, writer, ws)
     finally:
         await ws.close()
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         log.info("tunnel closed", session_id=session_id)
+
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: Any) -> None:
+    """Relay until the session is over, then return (the caller closes both connections).
+
+    Over means: both directions closed (``eof`` each way: a half-close is honoured, the other
+    direction may go on), or either connection is gone — the platform's end going away
+    closes the gateway socket, and the device connection must not outlive it (a device has
+    few sessions to spare), nor the socket a device that hung up.
+    """
+
+    async def device_to_gateway() -> None:
+        with contextlib.suppress(OSError, websockets.WebSocketException):
+            while data := await reader.read(CHUNK_BYTES):
+                await ws.send(data)
+            await ws.send(EOF_FRAME)
+
+    async def gateway_to_device() -> bool:
+        """True when the platform half-closed (``eof``); False when the socket is gone."""
+        try:
+            async for message in ws:
+                if isinstance(message, bytes):
+                    writer.write(message)
+                    await writer.drain()
+                elif message == EOF_FRAME:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return True
+        except (OSError, websockets.WebSocketException):
+            pass
+        return False
+
+    upstream = asyncio.ensure_future(device_to_gateway())
+    downstream = asyncio.ensure_future(gateway_to_device())
+    gone = asyncio.ensure_future(ws.wait_closed())
+    try:
+        done, _ = await asyncio.wait({upstream, downstream}, return_when=asyncio.FIRST_COMPLETED)
+        if downstream in done and downstream.result() and not upstream.done():
+            # The platform is done sending: the device may still answer until it closes.
+            await asyncio.wait({upstream, gone}, return_when=asyncio.FIRST_COMPLETED)
+        elif upstream in done and not downstream.done():
+            # The device is done sending: the platform may still send until it half-closes
+            # (a device that closed completely fails the next write, which ends it too).
+            await asyncio.wait({downstream, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (upstream, downstream, gone):
+            task.cancel()
+        await asyncio.gather(upstream, downstream, gone, return_exceptions=True)

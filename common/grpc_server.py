@@ -11,6 +11,7 @@ trailing metadata). Only health checks and reflection need no token.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -167,6 +168,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             bound = rbac.bind(None)
             started = time.perf_counter()
             code = grpc.StatusCode.OK
+            result: Any = None
             try:
                 rbac.bind(await self._authorize(call))
                 result = inner(request, context)
@@ -183,6 +185,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 raise
             finally:
                 _observe(service, method, code, started)
+                if inspect.isasyncgen(result):
+                    # Close the handler's own generator now (its cleanup runs here), rather than
+                    # leave it to garbage collection, where it would run in a stray task.
+                    with contextlib.suppress(Exception):
+                        await result.aclose()
                 rbac.unbind(bound)
                 unbind_request_id()
 

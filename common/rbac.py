@@ -135,7 +135,15 @@ def bind(principal: Principal | None) -> contextvars.Token[Principal | None]:
 
 
 def unbind(token: contextvars.Token[Principal | None]) -> None:
-    _current.reset(token)
+    """Restore the principal bound before ``token``.
+
+    A streaming handler that the client abandons is finalised by the event loop in a task of
+    its own, hence another Context: there is nothing to restore then, and that is no error.
+    """
+    try:
+        _current.reset(token)
+    except ValueError:
+        _current.set(None)
 
 
 def current() -> Principal | None:

@@ -115,6 +115,12 @@ async def tunnel(ws: WebSocket) -> None:
         watcher.cancel()
         reader.cancel()
         await asyncio.gather(reader, watcher, return_exceptions=True)
+        # End the request stream and the call before the channel goes: gRPC's task feeding the
+        # requests would otherwise be destroyed still waiting for the next one.
+        with contextlib.suppress(asyncio.QueueFull):
+            outbound.put_nowait(None)
+        call.cancel()
+        await asyncio.sleep(0)
         await channel.close(None)
         with contextlib.suppress(RuntimeError):
             await ws.close(code=close_code[0], reason=close_code[1])

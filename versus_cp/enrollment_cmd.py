@@ -185,9 +185,7 @@ def run_tokens(settings: Settings, args: argparse.Namespace) -> int:
         reply = _call(settings, "ListEnrollmentTokens", pb.ListEnrollmentTokensRequest(site_id=args.site))
         _json(reply) if args.json else _print_tokens(list(reply.tokens))
     else:
-        revoke = pb.RevokeEnrollmentTokenRequest(
-            token_id=args.token_id, with_collectors=args.with_collectors
-        )
+        revoke = pb.RevokeEnrollmentTokenRequest(token_id=args.token_id, with_collectors=args.with_collectors)
         reply = _call(settings, "RevokeEnrollmentToken", revoke)
         if args.json:
             _json(reply)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 
@@ -20,6 +21,8 @@ from common.state_dir import write_private
 from tests.e2e.collector_harness import Collector, cli_json
 from tests.e2e.harness import ControlPlane
 from tests.support.devices import EchoDevice, HttpsDevice, SshDevice
+
+SESSIONS = 20
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,6 +81,52 @@ def test_openssh_through_a_tunnel(start_control_plane: Callable[..., ControlPlan
         assert done.stdout.split() == ["Linux", "tunnelled"]
         assert device.commands == ["uname -s; echo tunnelled"]
         assert "tunnel open" in collector.log()
+    finally:
+        collector.stop()
+        device.close()
+
+
+def _device_connections(port: int) -> int:
+    """Established TCP connections to the device's port, as the OS sees them."""
+    return sum(
+        1
+        for c in psutil.net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    )
+
+
+def test_every_ssh_session_closes_its_device_connection(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    """ssh exits and kills its ProxyCommand: the collector's device connection must end too, and
+    a normal open/close logs no error."""
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    device = SshDevice()
+    try:
+        collector.start()
+        _wait_live(collector)
+        key = device.write_client_key(tmp_path / "id_ed25519")
+        target = f"127.0.0.1:{device.port}"
+        proxy = shlex.join([sys.executable, "-m", "versus_cp", "tunnel", "--target", target,
+                            "--site", collector.site_id, "--tenant", "acme"])  # fmt: skip
+        for n in range(SESSIONS):
+            command = ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                       "-o", "UserKnownHostsFile=/dev/null", "-o", f"ProxyCommand={proxy}", "-i", str(key),
+                       f"{device.username}@device", f"echo session-{n}"]  # fmt: skip
+            done = subprocess.run(
+                command, env=cp.env, capture_output=True, text=True, timeout=60, check=False
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() == f"session-{n}"
+            deadline = time.monotonic() + 2
+            while _device_connections(device.port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _device_connections(device.port) == 0, f"session {n} left its device connection open"
+        logged = cp.log() + collector.log()
+        assert "Traceback" not in logged
+        assert "[error" not in logged and '"level": "error"' not in logged
     finally:
         collector.stop()
         device.close()
