@@ -21,6 +21,7 @@ from common.logs import get_logger
 CHUNK_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 10.0
 EOF_FRAME = "eof"
+UNREACHABLE_FRAME = "error:target_unreachable"
 
 log = get_logger("versus.collector.tunnel")
 
@@ -92,7 +93,13 @@ async def carry(
             asyncio.open_connection(str(offer["host"]), int(offer["port"])), CONNECT_TIMEOUT_S
         )
     except (OSError, TimeoutError) as exc:
-        log.warning("tunnel target unreachable", session_id=session_id, reason=str(exc))
+        log.warning("tunnel target unreachable", session_id=session_id, reason=str(exc) or type(exc).__name__)
+        # Say so at once: the platform would otherwise wait for a dial-back that never comes.
+        ws = await _dial_back(session_id, gateway_url, context, bearer)
+        if ws is not None:
+            with contextlib.suppress(OSError, websockets.WebSocketException):
+                await ws.send(UNREACHABLE_FRAME)
+            await ws.close()
         return
     ws = await _dial_back(session_id, gateway_url, context, bearer)
     if ws is None:

@@ -4,9 +4,11 @@ The collector opens it after a claim offered the session. The gateway checks
 the bearer token, that the session was offered to this very collector, then
 relays bytes to the router holding the platform's end (``RelayTunnel``).
 Frames: binary = bytes; the text frame ``eof`` = this direction is closed
-(half-close). Limits: 64 KiB per frame, the router's bounded queues for
-backpressure, the router's idle timeout and maximum session length; the socket
-is closed if the collector's standing lapses.
+(half-close); ``error:target_unreachable`` = the collector could not connect
+to the device (the session ends with that reason at once). Limits: 64 KiB per
+frame, the router's bounded queues for backpressure, the router's idle
+timeout and maximum session length; the socket is closed if the collector's
+standing lapses.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from gateway.standing import standing_lapsed
 
 MAX_FRAME_BYTES = 64 * 1024
 EOF_FRAME = "eof"
+# "error:<reason>": the collector could not open the device connection (then it hangs up).
+ERROR_PREFIX = "error:"
 
 router = APIRouter(prefix="/api/collector/v1")
 log = get_logger("versus.gateway.tunnel")
@@ -74,6 +78,11 @@ async def tunnel(ws: WebSocket) -> None:
                 elif message.get("text") == EOF_FRAME:
                     half_closed = True
                     await outbound.put(pb.RelayTunnelRequest(close_write=True))
+                elif (text := message.get("text") or "").startswith(ERROR_PREFIX):
+                    # The collector could not reach the device: the session ends with its reason now.
+                    await outbound.put(pb.RelayTunnelRequest(failed=text.removeprefix(ERROR_PREFIX)[:64]))
+                    await outbound.put(None)
+                    return
         except (WebSocketDisconnect, RuntimeError):
             pass
         if half_closed and close_code[0] == 1000:

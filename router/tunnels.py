@@ -18,8 +18,9 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
 from versus.router.v1 import tunnel_pb2 as pb
@@ -39,6 +40,11 @@ _SESSION = "versus:tunnel:"
 _OFFERS = "versus:offers:"
 
 log = get_logger("versus.router.tunnels")
+
+# How long a session's Redis record outlives the offer's wait (a dial-back in flight at the end).
+RECORD_GRACE_S = 30
+# Reasons a collector may end a session with (RelayTunnelRequest.failed); anything else is collector_gone.
+FAILURE_REASONS = frozenset({"target_unreachable"})
 
 # None in a queue means: this direction is closed (half-close).
 Chunk = bytes | None
@@ -83,7 +89,8 @@ class TunnelHub:
         record = {"collector_id": collector_id, "router": self.advertise_address}
         offer = json.dumps({"type": "tunnel", "session_id": session.session_id, "host": host, "port": port})
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(_SESSION + session.session_id, json.dumps(record), ex=int(OFFER_WAIT_S + MAX_SESSION_S))
+        # The record is read once, by the gateway at the dial-back: it need not outlive the offer.
+        pipe.set(_SESSION + session.session_id, json.dumps(record), ex=int(OFFER_WAIT_S + RECORD_GRACE_S))
         pipe.rpush(_OFFERS + collector_id, offer)
         pipe.expire(_OFFERS + collector_id, int(OFFER_WAIT_S))
         pipe.publish(wake_channel(collector_id), WORK)
@@ -100,8 +107,13 @@ class TunnelHub:
     async def has_offers(self, collector_id: str) -> bool:
         return bool(await self.redis.exists(_OFFERS + collector_id))
 
-    def forget(self, session: Session) -> None:
+    async def forget(self, session: Session) -> None:
+        """The session ended: drop it here and its Redis record (best effort; the record expires)."""
         self.sessions.pop(session.session_id, None)
+        try:
+            await self.redis.delete(_SESSION + session.session_id)
+        except Exception:
+            log.warning("tunnel record not deleted; it expires shortly", session_id=session.session_id)
 
 
 async def _pump_in(
@@ -126,23 +138,34 @@ async def _pump_in(
                 session.eof_from.add(side)
                 await queue.put(None)
                 return
+            elif kind == "failed":
+                reason: str = request.failed  # type: ignore[attr-defined]
+                session.close(reason if reason in FAILURE_REASONS else "collector_gone")
+                return
     except Exception as exc:  # the stream broke
         log.info("tunnel stream ended", session_id=session.session_id, reason=type(exc).__name__)
     session.close(f"{side}_gone")
 
 
+async def _settle(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` unless it is done, and wait until it is: no task is left pending behind."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
 async def _both_done(reader: asyncio.Task[None], session: Session) -> None:
     """Wait for the other direction to finish, unless the session closes first."""
     closed = asyncio.ensure_future(session.closed.wait())
-    await asyncio.wait([reader, closed], return_when=asyncio.FIRST_COMPLETED)
-    closed.cancel()
-    if not reader.done():
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+    try:
+        await asyncio.wait([reader, closed], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await _settle(closed)
+        if not reader.done():
+            await _settle(reader)
 
 
-async def _drain(queue: asyncio.Queue[Chunk], session: Session) -> AsyncIterator[Chunk]:
+async def _drain(queue: asyncio.Queue[Chunk], session: Session) -> AsyncGenerator[Chunk, None]:
     """Chunks from ``queue`` until its direction closes, the session closes, or a timeout passes."""
     while True:
         if session.closed.is_set():
@@ -161,10 +184,13 @@ async def _drain(queue: asyncio.Queue[Chunk], session: Session) -> AsyncIterator
             return
         getter = asyncio.ensure_future(queue.get())
         closer = asyncio.ensure_future(session.closed.wait())
-        done, _ = await asyncio.wait([getter, closer], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        closer.cancel()
-        if getter not in done:
-            getter.cancel()
+        try:
+            await asyncio.wait([getter, closer], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await _settle(closer)
+            if not getter.done():
+                await _settle(getter)
+        if getter.cancelled():
             continue
         chunk = getter.result()
         session.touch()
@@ -190,6 +216,7 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
         collector_id = await self.pick_collector(target.collector_id, target.site_id, target.tenant_id)  # type: ignore[operator]
         session = await self.hub.offer(collector_id, target.host, target.port)
         log.info("tunnel offered", session_id=session.session_id, collector_id=collector_id)
+        reader: asyncio.Task[None] | None = None
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(session.paired.wait(), OFFER_WAIT_S)
@@ -202,16 +229,19 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
             reader = asyncio.create_task(
                 _pump_in(request_iterator, session.to_collector, session, "platform")
             )
-            async for chunk in _drain(session.to_platform, session):
-                if chunk is None:
-                    yield pb.OpenTunnelResponse(close_write=True)
-                else:
-                    yield pb.OpenTunnelResponse(data=chunk)
+            async with contextlib.aclosing(_drain(session.to_platform, session)) as chunks:
+                async for chunk in chunks:
+                    if chunk is None:
+                        yield pb.OpenTunnelResponse(close_write=True)
+                    else:
+                        yield pb.OpenTunnelResponse(data=chunk)
             await _both_done(reader, session)
             yield pb.OpenTunnelResponse(closed=pb.TunnelClosed(reason=session.reason or "done"))
         finally:
             session.close(session.reason or "platform_gone")
-            self.hub.forget(session)
+            if reader is not None:
+                await _settle(reader)
+            await self.hub.forget(session)
 
     async def RelayTunnel(
         self, request_iterator: AsyncIterator[pb.RelayTunnelRequest], context: Context
@@ -230,16 +260,17 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
         reader = asyncio.create_task(_pump_in(request_iterator, session.to_platform, session, "collector"))
         finished = sent_eof = False
         try:
-            async for chunk in _drain(session.to_collector, session):
-                if chunk is None:
-                    sent_eof = True
-                    yield pb.RelayTunnelResponse(close_write=True)
-                else:
-                    yield pb.RelayTunnelResponse(data=chunk)
+            async with contextlib.aclosing(_drain(session.to_collector, session)) as chunks:
+                async for chunk in chunks:
+                    if chunk is None:
+                        sent_eof = True
+                        yield pb.RelayTunnelResponse(close_write=True)
+                    else:
+                        yield pb.RelayTunnelResponse(data=chunk)
             await _both_done(reader, session)
             finished = True
         finally:
-            reader.cancel()
+            await _settle(reader)
             # Both directions done before the stream ended: the collector hanging up
             # now is the normal end, not the collector going away.
             if not finished and not (sent_eof and "collector" in session.eof_from):

@@ -44,6 +44,12 @@ def _target(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+_REASONS = {
+    "target_unreachable": " (the collector could not connect to the target)",
+    "collector_did_not_connect": " (no collector dialled back in time)",
+}
+
+
 def _start_stdin_reader(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue[bytes]) -> None:
     """Read stdin on a daemon thread; b"" marks its end.
 
@@ -97,7 +103,8 @@ async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
                 elif kind == "data":
                     stdout.write(reply.data)
                 elif kind == "closed" and reply.closed.reason not in ("done", ""):
-                    print(f"versus-cp: tunnel closed: {reply.closed.reason}", file=sys.stderr)
+                    why = _REASONS.get(reply.closed.reason, "")
+                    print(f"versus-cp: tunnel closed: {reply.closed.reason}{why}", file=sys.stderr)
                     return 1
         except grpc.aio.AioRpcError as exc:
             raise rpc.error_from(exc, settings.router_address) from None

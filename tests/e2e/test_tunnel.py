@@ -16,7 +16,9 @@ from typing import Any
 import psutil
 import psycopg
 import pytest
+import redis
 
+from common.embedded.process import free_port
 from common.state_dir import write_private
 from tests.e2e.collector_harness import Collector, cli_json
 from tests.e2e.harness import ControlPlane
@@ -130,6 +132,35 @@ def test_every_ssh_session_closes_its_device_connection(
     finally:
         collector.stop()
         device.close()
+
+
+def test_an_unreachable_target_is_reported_at_once(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    """The collector knows at once that nothing listens there; the platform must not wait for a
+    dial-back timeout (30 s). Afterwards no session record is left in Redis."""
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    try:
+        collector.start()
+        _wait_live(collector)
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "versus_cp", "tunnel", "--target", f"127.0.0.1:{free_port()}",
+             "--site", collector.site_id, "--tenant", "acme"],
+            env=cp.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1
+        assert "tunnel closed: target_unreachable" in done.stderr
+        assert time.monotonic() - started < 10
+        client = redis.Redis.from_url(f"unix://{cp.state_dir / 'redis' / 'redis.sock'}")
+        try:
+            assert list(client.scan_iter(match="versus:tunnel:*")) == []
+        finally:
+            client.close()
+    finally:
+        collector.stop()
 
 
 def test_tunnel_without_a_live_collector_fails_clearly(

@@ -189,8 +189,13 @@ class RelayTunnelRequest(_message.Message):
     HELLO_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     CLOSE_WRITE_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     close_write: _builtins.bool
+    failed: _builtins.str
+    """The collector could not open the device connection: the session ends with this
+    stable reason ("target_unreachable") at once.
+    """
     @_builtins.property
     def hello(self) -> Global___RelayHello: ...
     def __init__(
@@ -199,12 +204,13 @@ class RelayTunnelRequest(_message.Message):
         hello: Global___RelayHello | None = ...,
         data: _builtins.bytes = ...,
         close_write: _builtins.bool = ...,
+        failed: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "failed", b"failed", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "failed", b"failed", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "data", "close_write"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "data", "close_write", "failed"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
