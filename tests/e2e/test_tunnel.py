@@ -38,6 +38,16 @@ def _wait_live(collector: Collector) -> None:
     time.sleep(0.5)
 
 
+def _ssh_command(collector: Collector, device: SshDevice, tmp_path: Path, remote: str) -> list[str]:
+    """OpenSSH to the device with `versus-cp tunnel` as its ProxyCommand (as an operator would)."""
+    key = device.write_client_key(tmp_path / "id_ed25519")
+    proxy = shlex.join([sys.executable, "-m", "versus_cp", "tunnel", "--target", f"127.0.0.1:{device.port}",
+                        "--site", collector.site_id, "--tenant", "acme"])  # fmt: skip
+    return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", f"ProxyCommand={proxy}", "-i", str(key),
+            f"{device.username}@device-behind-the-collector", remote]  # fmt: skip
+
+
 def test_openssh_through_a_tunnel(start_control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
     cp = start_control_plane()
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
@@ -46,38 +56,7 @@ def test_openssh_through_a_tunnel(start_control_plane: Callable[..., ControlPlan
     try:
         collector.start()
         _wait_live(collector)
-        key = device.write_client_key(tmp_path / "id_ed25519")
-        proxy = shlex.join(
-            [
-                sys.executable,
-                "-m",
-                "versus_cp",
-                "tunnel",
-                "--target",
-                f"127.0.0.1:{device.port}",
-                "--site",
-                collector.site_id,
-                "--tenant",
-                "acme",
-            ]
-        )
-        command = [
-            "ssh",
-            "-F",
-            "/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            f"ProxyCommand={proxy}",
-            "-i",
-            str(key),
-            f"{device.username}@device-behind-the-collector",
-            "uname -s; echo tunnelled",
-        ]
+        command = _ssh_command(collector, device, tmp_path, "uname -s; echo tunnelled")
         done = subprocess.run(command, env=cp.env, capture_output=True, text=True, timeout=90, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["Linux", "tunnelled"]
@@ -109,14 +88,8 @@ def test_every_ssh_session_closes_its_device_connection(
     try:
         collector.start()
         _wait_live(collector)
-        key = device.write_client_key(tmp_path / "id_ed25519")
-        target = f"127.0.0.1:{device.port}"
-        proxy = shlex.join([sys.executable, "-m", "versus_cp", "tunnel", "--target", target,
-                            "--site", collector.site_id, "--tenant", "acme"])  # fmt: skip
         for n in range(SESSIONS):
-            command = ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                       "-o", "UserKnownHostsFile=/dev/null", "-o", f"ProxyCommand={proxy}", "-i", str(key),
-                       f"{device.username}@device", f"echo session-{n}"]  # fmt: skip
+            command = _ssh_command(collector, device, tmp_path, f"echo session-{n}")
             done = subprocess.run(
                 command, env=cp.env, capture_output=True, text=True, timeout=60, check=False
             )

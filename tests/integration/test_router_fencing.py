@@ -7,7 +7,6 @@ are in tests/e2e/test_failure_regressions.py.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,17 +16,10 @@ from common.db.schema import device_leases, dispatches, tasks
 from common.envelope.fence import FENCE_S
 from router.service import DeviceLeased
 from router.states import State
-from tests.support.router_env import RouterEnv, make_router, make_silent, open_envelope
+from tests.support.router_env import RouterEnv, make_silent, open_envelope
 
 pytestmark = pytest.mark.timeout(60)
 S = State
-
-
-@pytest.fixture
-async def env(database_url: str, redis_url: str) -> AsyncIterator[RouterEnv]:
-    router = make_router(database_url, redis_url)
-    yield RouterEnv(router)
-    await router.aclose()
 
 
 async def _dispatch(env: RouterEnv, op: str, target: str, key: str = "") -> tuple[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import func, select, update
@@ -24,17 +23,10 @@ from router.live import WORK
 from router.placement import OpClassMismatch
 from router.service import DeviceLeased
 from router.states import State
-from tests.support.router_env import RouterEnv, make_router, make_silent, open_envelope
+from tests.support.router_env import RouterEnv, make_silent, open_envelope
 
 pytestmark = pytest.mark.timeout(60)
 S = State
-
-
-@pytest.fixture
-async def env(database_url: str, redis_url: str) -> AsyncIterator[RouterEnv]:
-    router = make_router(database_url, redis_url)
-    yield RouterEnv(router)
-    await router.aclose()
 
 
 async def _state(env: RouterEnv, task_id: str) -> str:
