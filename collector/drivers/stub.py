@@ -12,8 +12,9 @@ reachable from every collector of a site (the fault-injection suite, chaos/,
 runs its collectors that way). Params may ask for a delay
 (``{"sleep": seconds}``, after the change; echo honours it too) to leave time
 to kill the collector mid-task, for a delay before the write (``{"hold": s}``),
-for a refusal that changes nothing (``{"fail": true}``) or for a change the
-device does not confirm (``{"unclear": true}``). Every write is checked
+for a refusal that changes nothing (``{"fail": true}``), for a change the
+device does not confirm (``{"unclear": true}``) or for a check that cannot
+tell (``{"check_error": true}``: ``append.check`` fails with an error code). Every write is checked
 against the envelope's window first and leaves its evidence (lease epoch,
 dispatch, time) in ``<device>.writes``.
 """
@@ -62,6 +63,9 @@ class StubDriver:
             return Outcome("success", task.params)
         path = self.device(task.target_ref)
         if task.operation == "append.check":
+            if params.get("check_error"):
+                # The read itself went wrong (the device did not answer): says nothing either way.
+                return Outcome("failed", b"", "stub_check_error", "the device did not answer the check")
             lines = path.read_text().splitlines() if path.exists() else []
             return Outcome("success" if task.idempotency_key in lines else "failed", b"")
         if task.operation in ("append", "apply_once"):

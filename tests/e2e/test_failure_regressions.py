@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from tests.e2e.collector_harness import Collector, Platform, wait_for
+from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
@@ -232,6 +232,32 @@ def test_policy_is_honoured_and_a_busy_collector_keeps_its_heartbeat(
         assert _state_name(platform.task(second).task) in ("leased", "queued")
         assert _state_name(platform.wait_state(first, SETTLED)) == "success"
         assert _state_name(platform.wait_state(second, SETTLED, timeout=20)) == "success"
+    finally:
+        collector.stop()
+        platform.close()
+
+
+def test_an_inconclusive_reconcile_read_is_asked_again_before_an_operator_decides(
+    cp: ControlPlane, tmp_path: Path
+) -> None:
+    """The device applies the change but will not confirm it, and the check cannot tell: the
+    router asks the reconcile-read three times (the bound), never retries blind, then waits for an
+    operator."""
+    collector = _collector(cp, tmp_path, "inconclusive")
+    platform = Platform(cp)
+    try:
+        collector.start()
+        params = {"unclear": True, "check_error": True}
+        task_id = platform.submit(
+            collector.site_id, "append", "mutate_reconcilable", "dev-i", params, "inc-1"
+        )
+        task = platform.wait_state(task_id, SETTLED, timeout=60)
+        assert _state_name(task) == "indeterminate"
+        assert task.attempts == 1  # never retried blind
+        dispatches = cli_json(["queue", "list", "--target", "dev-i"], cp.env)["dispatches"]
+        kinds = sorted(d["kind"] for d in dispatches)
+        assert kinds == ["execute", "reconcile", "reconcile", "reconcile"], kinds
+        assert collector.device("dev-i") == ["inc-1"]  # applied once, by the only attempt
     finally:
         collector.stop()
         platform.close()
