@@ -37,6 +37,7 @@ from common.settings import CONFIG_FILE_ENV, Settings, load_settings
 from versus_cp import (
     __version__,
     access_cmd,
+    endpoints,
     enrollment_cmd,
     fleet_cmd,
     keys_cmd,
@@ -84,6 +85,8 @@ def _service(name: str) -> Handler:
 
 
 _SERVICES = "needs DATABASE_URL and REDIS_URL"
+# Commands that are the control plane (or set it up) rather than talk to a running one.
+_SERVERS = frozenset({"up", "migrate", "router", "enrollment", "gateway"})
 COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
     "up": ("Run the whole control plane (embedded PostgreSQL and Redis unless URLs are set).", _cmd_up, None),
     "migrate": ("Apply database migrations and exit.", _cmd_migrate, None),
@@ -175,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[CONFIG_FILE_ENV] = args.config
     try:
         settings = load_settings()
+        if args.command not in _SERVERS:
+            # An operator command: find a running `up` on this state directory unless told otherwise.
+            settings = endpoints.apply(settings)
         _, command, _ = COMMANDS[args.command]
         return command(settings, args)
     except ConfigError as exc:

@@ -50,7 +50,7 @@ from common.settings import Settings
 from common.state_dir import StateLock, ensure_writable
 from common.tls import GatewayTls
 from gateway.server import resolve_tls
-from versus_cp import access_bootstrap
+from versus_cp import access_bootstrap, endpoints
 from versus_cp.banner import render_banner
 from versus_cp.migrate import apply as apply_migrations
 
@@ -141,7 +141,11 @@ class Supervisor:
             file=sys.stderr,
             flush=True,
         )
-        return await self._wait_for_exit(stop)
+        endpoints.write(self.settings, state)
+        try:
+            return await self._wait_for_exit(stop)
+        finally:
+            endpoints.remove(state)
 
     # --- backends --------------------------------------------------------------------------------
     def _backends(self, state: Path) -> tuple[str, str]:

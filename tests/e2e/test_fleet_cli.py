@@ -123,3 +123,21 @@ def test_a_second_process_with_the_same_identity_replaces_the_first(running: tup
         assert second.proc is not None and second.proc.poll() is None
     finally:
         second.stop()
+
+
+def test_operator_commands_find_the_running_up_without_port_variables(running: tuple[Collector, str]) -> None:
+    """`up` runs on ports of its own (set through variables); an operator shell that only knows the
+    state directory still reaches it, and explicit settings still win."""
+    collector, collector_id = running
+    cp = collector.cp
+    bare = {k: v for k, v in cp.env.items() if not k.startswith(("VERSUS_ROUTER_", "VERSUS_ENROLLMENT_"))}
+    listed = cli_json(["collectors", "list"], bare)["collectors"]
+    assert [c["collector_id"] for c in listed] == [collector_id]
+    assert cli_json(["sites", "list"], bare)["sites"]
+    wrong = run_cli(["collectors", "list"], {**bare, "VERSUS_ROUTER_PORT": "1"})
+    assert wrong.returncode == 1 and "cannot reach the service" in wrong.stderr
+    assert json.loads((cp.state_dir / "endpoints.json").read_text())["router"].endswith(
+        f":{cp.port('router')}"
+    )
+    assert cp.stop() == 0
+    assert not (cp.state_dir / "endpoints.json").exists()
