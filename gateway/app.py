@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +31,7 @@ from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
-from gateway import collector_api, control_ws, enroll_api, openapi_bodies, tunnel_ws
+from gateway import collector_api, control_ws, enroll_api, openapi_bodies, openapi_errors, tunnel_ws
 from gateway.auth import AdmissionGate
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
@@ -97,6 +98,7 @@ class Readiness(BaseModel):
 class ErrorDetail(BaseModel):
     code: str
     message: str
+    details: dict[str, Any] | None = None
 
 
 class ErrorBody(BaseModel):
@@ -228,6 +230,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         bearer_paths=[
             f"/api/collector/v1/{name}" for name in ("enrollment", "renew", "claim", "report", "capabilities")
         ],
+        errors=openapi_errors.ERRORS,
     )
 
     @app.get("/metrics", include_in_schema=False)

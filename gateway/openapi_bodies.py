@@ -29,9 +29,15 @@ BEARER = {
 }
 
 
-def install(app: FastAPI, bodies: Mapping[str, type[BaseModel]], bearer_paths: Iterable[str] = ()) -> None:
+def install(
+    app: FastAPI,
+    bodies: Mapping[str, type[BaseModel]],
+    bearer_paths: Iterable[str] = (),
+    errors: Mapping[str, Mapping[int, str]] | None = None,
+) -> None:
     """Make ``app.openapi()`` document ``bodies`` (path -> model) as JSON request bodies of their POSTs,
-    and the collector bearer token on every operation of ``bearer_paths``."""
+    the collector bearer token on every operation of ``bearer_paths``, and ``errors`` (path ->
+    status -> the codes it carries) as responses with the error body."""
     bearer_paths = tuple(bearer_paths)
 
     def openapi() -> dict[str, Any]:
@@ -52,6 +58,13 @@ def install(app: FastAPI, bodies: Mapping[str, type[BaseModel]], bearer_paths: I
             for path in bearer_paths:
                 for operation in doc["paths"][path].values():
                     operation["security"] = [{BEARER_SCHEME: []}]
+        for path, statuses in (errors or {}).items():
+            for operation in doc["paths"][path].values():
+                for status, codes in sorted(statuses.items()):
+                    operation.setdefault("responses", {})[str(status)] = {
+                        "description": f"Refused: {codes}",
+                        "content": {"application/json": {"schema": {"$ref": REF.format(model="ErrorBody")}}},
+                    }
         app.openapi_schema = doc
         return doc
 

@@ -39,3 +39,25 @@ def test_the_collector_bearer_is_declared_exactly_where_it_is_required() -> None
     }
     # Enrollment and the trust bundle come before a collector has a key; probes need no identity.
     assert secured == {"enrollment", "renew", "claim", "report", "capabilities"}
+
+
+def test_every_refusal_is_declared_with_the_error_body() -> None:
+    paths = openapi.document()["paths"]
+    error = {"$ref": "#/components/schemas/ErrorBody"}
+
+    def declared(path: str, method: str = "post") -> dict[str, str]:
+        responses = paths[f"/api/collector/v1/{path}"][method]["responses"]
+        return {
+            status: r["description"]
+            for status, r in responses.items()
+            if status.startswith("4") and r["content"]["application/json"]["schema"] == error
+        }
+
+    enroll = declared("enroll")
+    assert set(enroll) == {"400", "401", "408", "409", "413", "415"}
+    assert "csr_cn_invalid" in enroll["400"] and "invalid_token" in enroll["401"]
+    for path in ("claim", "report", "capabilities", "renew"):
+        assert {"400", "401", "403", "413", "415"} <= set(declared(path)), path
+    assert "report_not_expected" in declared("report")["412"]
+    assert "session_superseded" in declared("claim")["409"]
+    assert set(declared("trust", "get")) == {"404"}
