@@ -135,6 +135,8 @@ class Fleet:
                     conn, current_actor(), "collector.drain" if drained else "collector.undrain",
                     "collector", collector_id, {"before": {"drained": before}, "after": {"drained": drained}},
                 )  # fmt: skip
+        # This process's cached candidate rows still say the old drain state for up to a second.
+        self.router.candidates.invalidate()
         if not drained:
             # Routing is back: place what waited for this collector's site.
             await self.router.reevaluate(row["site_id"])

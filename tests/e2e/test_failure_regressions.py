@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import redis
 
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
-from tests.e2e.harness import ControlPlane
+from tests.e2e.harness import ControlPlane, service_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,9 +41,15 @@ def _state_name(task: object) -> str:
     return task_pb2.TaskState.Name(task.state).removeprefix("TASK_STATE_").lower()  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def cp(start_control_plane: Callable[..., ControlPlane]) -> ControlPlane:
-    return start_control_plane()
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One control plane for the module (each test brings its own site and collectors): starting
+    one per test cost more than the tests themselves."""
+    root = tmp_path_factory.mktemp("control-plane")
+    plane = ControlPlane(service_env(root / "state"), root / "up.log").start()
+    yield plane
+    if plane.proc.poll() is None:
+        plane.stop()
 
 
 def _collector(

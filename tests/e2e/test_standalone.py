@@ -130,7 +130,7 @@ def test_sigterm_at_any_instant_of_start_up_exits_0(
     env = service_env(tmp_path / "state", DATABASE_URL=database_url, REDIS_URL=redis_url,
                       VERSUS_SERVICE_TOKEN=token)  # fmt: skip
     grace = float(env["VERSUS_SHUTDOWN_GRACE_S"])
-    moments: list[float | str] = [0.6, 1.2, 2.0, "serving"]
+    moments: list[float | str] = [0.6, 1.5, "serving"]
     for n, moment in enumerate(moments):
         log = tmp_path / f"{command}-{n}.log"
         proc = _start(command, env, log)
