@@ -21,7 +21,8 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as _AsyncHealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import _async as reflection_aio
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from common import error_mapping, rbac
 from common.errors import StartupError, Unauthenticated, VersusError
@@ -268,6 +269,26 @@ class HealthServicer(_AsyncHealthServicer):  # type: ignore[misc]
         return health_pb2.HealthListResponse(statuses=statuses)
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _serve_reflection_v1(service_names: Sequence[str], server: grpc.aio.Server) -> None:
+    """Reflection v1 beside v1alpha (current grpcurl and buf curl ask for v1 first).
+
+    grpcio-reflection implements only v1alpha; the v1 messages are the same on the wire, so the
+    same servicer answers under the v1 name.
+    """
+    servicer = reflection_aio.ReflectionServicer(service_names)
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )
+
+
 class GrpcServer:
     """A grpc.aio server with health, reflection and the service interceptor."""
 
@@ -292,10 +313,9 @@ class GrpcServer:
             reg.add_to_server(reg.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = [reg.full_name for reg in self.services]
-        reflection.enable_server_reflection(
-            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self.server,
-        )
+        listed = [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(listed, self.server)
+        _serve_reflection_v1(listed, self.server)
         try:
             bound = self.server.add_insecure_port(self.address)
         except RuntimeError as exc:

@@ -90,6 +90,26 @@ async def test_reflection_lists_services(server: GrpcServer) -> None:
     assert {"versus.router.v1.TaskRouterService", "grpc.health.v1.Health"} <= names
 
 
+async def test_reflection_v1_is_served_too(server: GrpcServer) -> None:
+    """grpcurl and buf curl ask for grpc.reflection.v1 first: it answers like v1alpha."""
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        call = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+
+        async def requests() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+            yield reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="versus.router.v1.TaskRouterService"
+            )
+
+        replies = [reply async for reply in call(requests())]
+    assert "versus.router.v1.TaskRouterService" in {s.name for s in replies[0].list_services_response.service}
+    assert replies[1].file_descriptor_response.file_descriptor_proto
+
+
 async def test_domain_error_maps_to_status_and_stable_code(server: GrpcServer) -> None:
     before = GRPC_REQUESTS.labels("versus.router.v1.TaskRouterService", "GetTask", "NOT_FOUND")._value.get()
     async with aio_channel(server.address, PLATFORM_TOKEN) as channel:
