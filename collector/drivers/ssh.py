@@ -25,6 +25,13 @@ from collector.drivers.base import DriverContext, DriverError, Operation, Outcom
 MAX_OUTPUT_BYTES = 512 * 1024
 
 
+def known_hosts_line(host: str, port: int, host_key: str) -> str:
+    """The pinned key as an OpenSSH ``known_hosts`` line: the bare host on port 22 (as OpenSSH and
+    asyncssh look it up there), ``[host]:port`` on any other port."""
+    name = host if port == 22 else f"[{host}]:{port}"
+    return f"{name} {host_key}\n"
+
+
 class SshDriver:
     provider: ClassVar[str] = "ssh"
     max_concurrency: ClassVar[int] = 4
@@ -46,7 +53,7 @@ class SshDriver:
         if not command:
             raise DriverError("bad_params", "params.command is required")
         known_hosts = asyncssh.import_known_hosts(
-            f"[{target['host']}]:{target.get('port', 22)} {target['host_key']}\n"
+            known_hosts_line(str(target["host"]), int(target.get("port", 22)), str(target["host_key"]))
         )
         options: dict[str, Any] = {"known_hosts": known_hosts, "username": target["username"]}
         if target.get("password"):

@@ -124,3 +124,19 @@ def test_stub_device_counts_applications(tmp_path: Path) -> None:
     assert json.loads(asyncio.run(stub.execute(Task("d", "echo", "x", "k", b'{"a":1}', 0))).result) == {
         "a": 1
     }
+
+
+@pytest.mark.parametrize("port", [22, 2222])
+def test_pinned_host_key_matches_on_any_port(port: int) -> None:
+    """The pin is written in OpenSSH's own form: the bare host on port 22, `[host]:port` elsewhere."""
+    import asyncssh
+
+    from collector.drivers.ssh import known_hosts_line
+
+    key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    trusted = asyncssh.import_known_hosts(known_hosts_line("10.0.0.7", port, key))
+    host_keys = trusted.match("10.0.0.7", "10.0.0.7", port)[0]
+    assert {k.export_public_key().decode().strip() for k in host_keys} == {key}
+    assert known_hosts_line("10.0.0.7", port, key).startswith(
+        "10.0.0.7 " if port == 22 else "[10.0.0.7]:2222 "
+    )
