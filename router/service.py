@@ -722,21 +722,7 @@ class Router:
                 )
                 return S.RUNNING
             return current
-        await store.update_dispatch(
-            conn,
-            dispatch_id,
-            state=outcome.value,
-            reported_at=_now(),
-            result=result,
-            error_code=error_code or None,
-            error_message=error_message[:1000] or None,
-        )
-        DISPATCH_STATES.labels(outcome.value).inc()
-        collector, provider = d["collector_id"], d["provider"]
-        effects.add(lambda: self.in_flight.add(collector, provider, -1))
-        # One slot of this provider was freed: give it the oldest queued task that could use it.
-        site_id, tenant_id = task["site_id"], task["tenant_id"]
-        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
+        await self._answered(conn, task, d, outcome, result, error_code, error_message, effects)
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, outcome, result, effects, error_code=error_code)
         if current not in (S.DISPATCHED, S.RUNNING):
@@ -761,6 +747,29 @@ class Router:
         )
         return await self._climb(conn, task, evidence, effects)
 
+    async def _answered(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        outcome: State,
+        result: bytes,
+        error_code: str,
+        error_message: str,
+        effects: Effects,
+    ) -> None:
+        """Record the collector's final answer on a dispatch; its slot is free again."""
+        await store.update_dispatch(
+            conn, d["dispatch_id"], state=outcome.value, reported_at=_now(), result=result,
+            error_code=error_code or None, error_message=error_message[:1000] or None,
+        )  # fmt: skip
+        DISPATCH_STATES.labels(outcome.value).inc()
+        collector, provider = d["collector_id"], d["provider"]
+        effects.add(lambda: self.in_flight.add(collector, provider, -1))
+        # One slot of this provider was freed: give it the oldest queued task that could use it.
+        site_id, tenant_id = task["site_id"], task["tenant_id"]
+        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
+
     async def _refused(
         self,
         conn: AsyncConnection,
@@ -775,15 +784,9 @@ class Router:
         verdict = ladder.on_refusal(code)
         if verdict is ladder.Refusal.ALREADY_HELD:
             return current  # the collector holds this dispatch already; its real report follows
-        dispatch_id, task_id = d["dispatch_id"], task["task_id"]
+        dispatch_id, task_id, collector = d["dispatch_id"], task["task_id"], d["collector_id"]
         error_code = f"envelope_refused:{code}"
-        await store.update_dispatch(
-            conn, dispatch_id, state=S.FAILED.value, reported_at=_now(), result=b"",
-            error_code=error_code, error_message=message[:1000] or None,
-        )  # fmt: skip
-        DISPATCH_STATES.labels(S.FAILED.value).inc()
-        collector, provider = d["collector_id"], d["provider"]
-        effects.add(lambda: self.in_flight.add(collector, provider, -1))
+        await self._answered(conn, task, d, S.FAILED, b"", error_code, message, effects)
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, S.FAILED, b"", effects, refused=True)
         if verdict is ladder.Refusal.REROUTE and current == S.DISPATCHED:
