@@ -94,7 +94,8 @@ async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
 
 
 def _mint_platform_token(stack: ChaosStack) -> str:
-    return str(stack.cli("access", "create", "chaos-platform", "--role", "platform")["plaintext"])
+    created = stack.cli("access", "create", "chaos-platform", "--role", "platform", "--all-tenants")
+    return str(created["plaintext"])
 
 
 def run(config: Config, root: Path) -> Report:

@@ -27,13 +27,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from common import audit
 from common.db.schema import api_tokens
 from common.errors import InvalidArgument, NotFound
-from common.rbac import Principal, Role
+from common.rbac import ALL_TENANTS, Principal, Role
 
 TOKEN_PREFIX = "vsk_"  # noqa: S105 - a prefix, not a secret
 CACHE_TTL_S = 5.0
 CACHE_MAX_ENTRIES = 4096
 MAX_TTL_S = 366 * 24 * 3600
 MAX_NAME_LENGTH = 100
+MAX_TENANTS = 100
 
 
 def new_plaintext() -> str:
@@ -54,9 +55,12 @@ class ApiToken:
     created_at: dt.datetime
     expires_at: dt.datetime | None
     revoked_at: dt.datetime | None
+    # None: fleet-wide (see common.rbac.Principal); ALL_TENANTS inside: every tenant.
+    tenants: frozenset[str] | None = None
 
     @classmethod
     def from_row(cls, row: RowMapping) -> ApiToken:
+        tenants = row["tenants"]
         return cls(
             row["token_id"],
             row["name"],
@@ -66,7 +70,11 @@ class ApiToken:
             row["created_at"],
             row["expires_at"],
             row["revoked_at"],
+            frozenset(tenants) if tenants is not None else None,
         )
+
+    def principal(self) -> Principal:
+        return Principal(self.token_id, self.name, self.role, self.tenants)
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,31 @@ class Issued:
         return f"Issued(token={self.token!r}, plaintext=<redacted>)"
 
 
+def tenant_scope(role: Role, tenants: Sequence[str], all_tenants: bool) -> list[str] | None:
+    """The stored scope of a new token: platform tokens must name theirs, other roles are fleet-wide."""
+    if role != Role.PLATFORM:
+        if tenants or all_tenants:
+            raise InvalidArgument(
+                f"only platform tokens are scoped to tenants; a {role.value} token is fleet-wide",
+                code="tenants_not_applicable",
+            )
+        return None
+    if all_tenants:
+        if tenants:
+            raise InvalidArgument("name tenants or all tenants, not both", code="tenants_invalid")
+        return [ALL_TENANTS]
+    if not tenants:
+        raise InvalidArgument(
+            "a platform token needs its tenants (or all tenants, deliberately)", code="tenants_required"
+        )
+    if len(tenants) > MAX_TENANTS:
+        raise InvalidArgument(f"at most {MAX_TENANTS} tenants per token", code="tenants_invalid")
+    for t in tenants:
+        if not t.strip() or len(t) > MAX_NAME_LENGTH or t == ALL_TENANTS:
+            raise InvalidArgument(f"tenant {t!r} is not a tenant id", code="tenants_invalid")
+    return sorted(set(tenants))
+
+
 def _check(name: str, ttl_s: int) -> None:
     if not name.strip() or len(name) > MAX_NAME_LENGTH:
         raise InvalidArgument(f"name must be 1-{MAX_NAME_LENGTH} characters", code="name_invalid")
@@ -86,10 +119,21 @@ def _check(name: str, ttl_s: int) -> None:
 
 
 async def create(
-    conn: AsyncConnection, name: str, role: Role, created_by: str, ttl_s: int = 0, service: str = "router"
+    conn: AsyncConnection,
+    name: str,
+    role: Role,
+    created_by: str,
+    ttl_s: int = 0,
+    service: str = "router",
+    tenants: Sequence[str] = (),
+    all_tenants: bool = False,
 ) -> Issued:
-    """Insert a new token and its audit row in the caller's transaction."""
+    """Insert a new token and its audit row in the caller's transaction.
+
+    Platform tokens need ``tenants`` or ``all_tenants`` (:func:`tenant_scope`).
+    """
     _check(name, ttl_s)
+    scope = tenant_scope(role, tenants, all_tenants)
     plaintext = new_plaintext()
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=ttl_s) if ttl_s else None
     row = (
@@ -104,6 +148,7 @@ async def create(
                     display_prefix=plaintext[: len(TOKEN_PREFIX) + 6],
                     created_by=created_by,
                     expires_at=expires,
+                    tenants=scope,
                 )
                 .returning(*api_tokens.c)
             )
@@ -114,7 +159,8 @@ async def create(
     token = ApiToken.from_row(row)
     await audit.record(
         conn, service=service, actor=created_by, action="api_token.create", subject_type="api_token",
-        subject_id=token.token_id, details={"after": {"name": name, "role": role.value, "ttl_s": ttl_s}},
+        subject_id=token.token_id,
+        details={"after": {"name": name, "role": role.value, "ttl_s": ttl_s, "tenants": scope}},
     )  # fmt: skip
     return Issued(token, plaintext)
 
@@ -191,7 +237,7 @@ class TokenAuthenticator:
         if token is None:
             self._cache.pop(key, None)
             return None
-        principal = Principal(token.token_id, token.name, token.role)
+        principal = token.principal()
         self._cache[key] = (now + self.ttl_s, principal)
         self._cache.move_to_end(key)
         while len(self._cache) > CACHE_MAX_ENTRIES:

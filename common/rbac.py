@@ -13,7 +13,8 @@ Roles:
 - ``collector-admin``: operator plus approve, deny, revoke, vault modes, sites,
   enrollment tokens and API tokens;
 - ``platform``: platform modules; submit, watch and cancel tasks and open
-  tunnels, nothing else;
+  tunnels, nothing else, and only for the tenants the token names (see
+  :meth:`Principal.covers`);
 - ``service``: internal callers (the gateway) of the collector bridge, the
   tunnel relay and enrollment.
 
@@ -38,18 +39,55 @@ class Role(enum.StrEnum):
     SERVICE = "service"
 
 
+ALL_TENANTS = "*"
+_current: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("versus_principal", default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """An authenticated caller: the API token it presented and that token's role."""
+    """An authenticated caller: the API token it presented, that token's role and tenant scope.
+
+    ``tenants`` is None for a fleet-wide caller (operators, admins, services, and platform
+    tokens created before tenant scoping); otherwise the tenants it may act for, where
+    :data:`ALL_TENANTS` stands for every tenant.
+    """
 
     token_id: str
     name: str
     role: Role
+    tenants: frozenset[str] | None = None
 
     @property
     def actor(self) -> str:
         """How the caller appears in the audit log."""
         return f"{self.name} ({self.token_id})"
+
+    def covers(self, tenant_id: str) -> bool:
+        """Whether this caller may see and act on ``tenant_id``'s tasks, sites and tunnels."""
+        return self.tenants is None or ALL_TENANTS in self.tenants or tenant_id in self.tenants
+
+
+def require_tenant(tenant_id: str) -> None:
+    """Refuse the RPC being served unless its caller's scope covers ``tenant_id``."""
+    principal = _current.get()
+    if principal is not None and not principal.covers(tenant_id):
+        raise PermissionDenied(
+            f"this API token may not act for tenant {tenant_id!r}", code="tenant_not_in_scope"
+        )
+
+
+def sees_tenant(tenant_id: str) -> bool:
+    """Whether the caller of the RPC being served may see ``tenant_id``'s records."""
+    principal = _current.get()
+    return principal is None or principal.covers(tenant_id)
+
+
+def tenant_filter() -> frozenset[str] | None:
+    """The tenants a listing must be limited to for this caller; None for no limit."""
+    principal = _current.get()
+    if principal is None or principal.tenants is None or ALL_TENANTS in principal.tenants:
+        return None
+    return principal.tenants
 
 
 _VIEW = frozenset({Role.VIEWER, Role.OPERATOR, Role.COLLECTOR_ADMIN})
@@ -118,8 +156,6 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_ACCESS}/ListAuditEvents": _VIEW,
     f"/{_ACCESS}/WhoAmI": frozenset(Role),
 }
-
-_current: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("versus_principal", default=None)
 
 
 def authorize(principal: Principal, method: str) -> None:

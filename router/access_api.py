@@ -38,6 +38,8 @@ def token_pb(token: api_tokens.ApiToken) -> pb.ApiToken:
         expires_at=_ts(token.expires_at),
         revoked_at=_ts(token.revoked_at),
         created_by=token.created_by,
+        tenants=sorted(token.tenants - {rbac.ALL_TENANTS}) if token.tenants is not None else [],
+        all_tenants=token.tenants is not None and rbac.ALL_TENANTS in token.tenants,
     )
 
 
@@ -64,8 +66,9 @@ class AccessServicer(access_pb2_grpc.AccessServiceServicer):
             raise InvalidArgument("role is required", code="role_invalid")
         async with self.engine.begin() as conn:
             issued = await api_tokens.create(
-                conn, request.name, role, rbac.current_actor(), request.ttl_seconds
-            )
+                conn, request.name, role, rbac.current_actor(), request.ttl_seconds,
+                tenants=list(request.tenants), all_tenants=request.all_tenants,
+            )  # fmt: skip
         return pb.CreateApiTokenResponse(token=token_pb(issued.token), plaintext=issued.plaintext)
 
     async def ListApiTokens(
@@ -116,6 +119,9 @@ class AccessServicer(access_pb2_grpc.AccessServiceServicer):
     async def WhoAmI(self, request: pb.WhoAmIRequest, context: Context) -> pb.WhoAmIResponse:
         principal = rbac.current()
         assert principal is not None  # the interceptor authenticated the call
+        scope = principal.tenants
         return pb.WhoAmIResponse(
-            token_id=principal.token_id, name=principal.name, role=ROLE_TO_PB[principal.role]
-        )
+            token_id=principal.token_id, name=principal.name, role=ROLE_TO_PB[principal.role],
+            tenants=sorted(scope - {rbac.ALL_TENANTS}) if scope is not None else [],
+            all_tenants=scope is not None and rbac.ALL_TENANTS in scope,
+        )  # fmt: skip

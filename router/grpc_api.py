@@ -143,6 +143,8 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
     async def SubmitTask(self, request: pb.SubmitTaskRequest, context: Context) -> pb.SubmitTaskResponse:
         if not request.HasField("deadline"):
             raise InvalidArgument("deadline is required", code="deadline_missing")
+        if request.tenant_id:  # a missing tenant is the validator's to refuse
+            rbac.require_tenant(request.tenant_id)
         submitted = SubmitRequest(
             provider=request.provider,
             operation=request.operation,
@@ -159,14 +161,26 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
         task, existing = await self.router.submit(submitted)
         return pb.SubmitTaskResponse(task=task_pb(task), existing=existing)
 
+    async def _visible(self, task_id: str) -> tuple[RowMapping, Sequence[RowMapping]]:
+        """The task and its history, if the caller's tenant scope covers it.
+
+        Another tenant's task is answered exactly as a task that does not exist, so a scoped
+        token cannot even learn which task ids are in use.
+        """
+        task, history = await self.router.get(task_id)
+        if not rbac.sees_tenant(task["tenant_id"]):
+            raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+        return task, history
+
     async def GetTask(self, request: pb.GetTaskRequest, context: Context) -> pb.GetTaskResponse:
-        task, history = await self.router.get(request.task_id)
+        task, history = await self._visible(request.task_id)
         return pb.GetTaskResponse(task=task_pb(task, history))
 
     async def WatchTask(
         self, request: pb.WatchTaskRequest, context: Context
     ) -> AsyncIterator[pb.WatchTaskResponse]:
         seen: Any = None
+        await self._visible(request.task_id)  # a task's tenant never changes: checking once holds
         # Woken by the commit of every transition of this task; the timeout is only a safety net.
         with self.router.wake.listener(task_key(request.task_id)) as changed:
             while True:
@@ -182,6 +196,7 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
                     await asyncio.wait_for(changed.wait(), WATCH_FALLBACK_S)
 
     async def CancelTask(self, request: pb.CancelTaskRequest, context: Context) -> pb.CancelTaskResponse:
+        await self._visible(request.task_id)
         return pb.CancelTaskResponse(task=task_pb(await self.router.cancel(request.task_id, request.reason)))
 
     async def ListDispatches(

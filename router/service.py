@@ -197,7 +197,9 @@ class Router:
         async with self.engine.begin() as conn:
             created = await store.insert_task(conn, _task_values(req, digest))
             # None: the key exists (a retry, or another submitter a moment ago).
-            existing = await store.task_by_key(conn, req.idempotency_key) if created is None else None
+            existing = (
+                await store.task_by_key(conn, req.tenant_id, req.idempotency_key) if created is None else None
+            )
             if existing is not None:
                 if existing["request_sha256"] != digest:
                     raise Conflict(
@@ -386,11 +388,14 @@ class Router:
         """Collectors of the request's site and tenant with their liveness, load and drain state."""
         return await self.candidates.load(conn, req.site_id, req.tenant_id, req.provider)
 
-    async def pick_tunnel_collector(self, collector_id: str, site_id: str, tenant_id: str) -> str:
+    async def pick_tunnel_collector(
+        self, collector_id: str, site_id: str, tenant_id: str, may_see: Callable[[str], bool] = lambda _: True
+    ) -> str:
         """The live, active collector that will carry a tunnel: the one named, or one of the site's.
 
         A named collector must belong to the site and tenant the request names (when it names
-        them): a tunnel never crosses into another tenant's network.
+        them) and to a tenant the caller may see (``may_see``): a tunnel never crosses into
+        another tenant's network.
         """
         now = time.time()
         if collector_id:
@@ -398,7 +403,11 @@ class Router:
                 home = await store.collector_home(conn, collector_id)
             if home is None:
                 raise NotFound(f"collector {collector_id!r} does not exist", code="collector_not_found")
-            if (tenant_id and home["tenant_id"] != tenant_id) or (site_id and home["site_id"] != site_id):
+            if (
+                (tenant_id and home["tenant_id"] != tenant_id)
+                or (site_id and home["site_id"] != site_id)
+                or not may_see(home["tenant_id"])
+            ):
                 raise PermissionDenied(
                     f"collector {collector_id!r} does not serve that site and tenant",
                     code="collector_not_in_tenant",

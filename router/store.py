@@ -124,13 +124,13 @@ async def transitions(
 
 
 async def insert_task(conn: AsyncConnection, values: Mapping[str, Any]) -> RowMapping | None:
-    """Insert a new task; None when the idempotency key already exists."""
+    """Insert a new task; None when the tenant already has a task under this idempotency key."""
     row = (
         (
             await conn.execute(
                 pg_insert(tasks)
                 .values(**values)
-                .on_conflict_do_nothing(index_elements=["idempotency_key"])
+                .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
                 .returning(*tasks.c)
             )
         )
@@ -140,9 +140,15 @@ async def insert_task(conn: AsyncConnection, values: Mapping[str, Any]) -> RowMa
     return row
 
 
-async def task_by_key(conn: AsyncConnection, idempotency_key: str) -> RowMapping | None:
+async def task_by_key(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> RowMapping | None:
     return (
-        (await conn.execute(select(*tasks.c).where(tasks.c.idempotency_key == idempotency_key)))
+        (
+            await conn.execute(
+                select(*tasks.c).where(
+                    tasks.c.tenant_id == tenant_id, tasks.c.idempotency_key == idempotency_key
+                )
+            )
+        )
         .mappings()
         .first()
     )

@@ -18,7 +18,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
+from common import rbac
 from common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from common.grpc_server import Context
 from common.logs import get_logger
@@ -199,8 +200,12 @@ async def _drain(queue: asyncio.Queue[Chunk], session: Session) -> AsyncGenerato
             return
 
 
+# (collector_id, site_id, tenant_id, may_see_tenant) -> the collector that will carry the tunnel.
+PickCollector = Callable[[str, str, str, Callable[[str], bool]], Awaitable[str]]
+
+
 class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
-    def __init__(self, hub: TunnelHub, pick_collector: object):
+    def __init__(self, hub: TunnelHub, pick_collector: PickCollector):
         self.hub = hub
         self.pick_collector = pick_collector
 
@@ -213,7 +218,11 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
         target = first.open
         if not target.host or len(target.host) > 255 or not 0 < target.port < 65536:
             raise InvalidArgument("host and a port in 1-65535 are required", code="tunnel_target_invalid")
-        collector_id = await self.pick_collector(target.collector_id, target.site_id, target.tenant_id)  # type: ignore[operator]
+        if target.tenant_id:
+            rbac.require_tenant(target.tenant_id)
+        collector_id = await self.pick_collector(
+            target.collector_id, target.site_id, target.tenant_id, rbac.sees_tenant
+        )
         session = await self.hub.offer(collector_id, target.host, target.port)
         log.info("tunnel offered", session_id=session.session_id, collector_id=collector_id)
         reader: asyncio.Task[None] | None = None

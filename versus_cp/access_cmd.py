@@ -1,6 +1,7 @@
 """API tokens and the audit log (served by the router's AccessService):
 
-    versus-cp access create NAME --role viewer|operator|collector-admin|platform|service [--ttl SECONDS]
+    versus-cp access create NAME --role viewer|operator|collector-admin|service [--ttl SECONDS]
+    versus-cp access create NAME --role platform (--tenant T [--tenant T ...] | --all-tenants) [--ttl SECONDS]
     versus-cp access list
     versus-cp access revoke TOKEN_ID
     versus-cp access whoami
@@ -49,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("name")
     create.add_argument("--role", required=True, choices=list(ROLES))
     create.add_argument("--ttl", type=int, default=0, help="lifetime in seconds (default: no expiry)")
+    create.add_argument(
+        "--tenant", action="append", default=[], dest="tenants", metavar="TENANT",
+        help="platform tokens: a tenant the token may act for (repeat for several)",
+    )  # fmt: skip
+    create.add_argument(
+        "--all-tenants", action="store_true", help="platform tokens: act for every tenant, deliberately"
+    )
     listing = sub.add_parser("list", help="List API tokens (never their plaintext).")
     revoke = sub.add_parser("revoke", help="Revoke an API token (takes effect within 5 s everywhere).")
     revoke.add_argument("token_id")
@@ -60,13 +68,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true")
 
 
+def _scope(role: int, tenants: Any, all_tenants: bool) -> str:
+    if role != pb.ROLE_PLATFORM:
+        return "fleet"
+    if all_tenants:
+        return "all tenants"
+    return ",".join(tenants) or "unscoped (legacy)"
+
+
 def _print_tokens(tokens: list[pb.ApiToken]) -> None:
     rows = [
-        (t.token_id, t.name, _role(t.role), t.display_prefix + "…", when(t.created_at), when(t.expires_at),
-         "revoked" if t.revoked_at.seconds else "active")
+        (t.token_id, t.name, _role(t.role), _scope(t.role, t.tenants, t.all_tenants), t.display_prefix + "…",
+         when(t.created_at), when(t.expires_at), "revoked" if t.revoked_at.seconds else "active")
         for t in tokens
     ]  # fmt: skip
-    print_table(["TOKEN", "NAME", "ROLE", "PREFIX", "CREATED", "EXPIRES", "STATE"], rows)
+    print_table(["TOKEN", "NAME", "ROLE", "SCOPE", "PREFIX", "CREATED", "EXPIRES", "STATE"], rows)
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -76,7 +92,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         reply = _call(
             settings,
             "CreateApiToken",
-            pb.CreateApiTokenRequest(name=args.name, role=ROLES[args.role], ttl_seconds=args.ttl),
+            pb.CreateApiTokenRequest(
+                name=args.name,
+                role=ROLES[args.role],
+                ttl_seconds=args.ttl,
+                tenants=args.tenants,
+                all_tenants=args.all_tenants,
+            ),
         )
         if args.json:
             print_json(reply)
@@ -93,7 +115,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print_json(reply) if args.json else _print_tokens([reply.token])
         return 0
     reply = _call(settings, "WhoAmI", pb.WhoAmIRequest())
-    print_json(reply) if args.json else print(f"{reply.name} ({reply.token_id}): {_role(reply.role)}")
+    scope = _scope(reply.role, reply.tenants, reply.all_tenants)
+    print_json(reply) if args.json else print(
+        f"{reply.name} ({reply.token_id}): {_role(reply.role)}, {scope}"
+    )
     return 0
 
 

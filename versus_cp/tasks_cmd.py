@@ -7,7 +7,7 @@
     versus-cp tasks watch TASK_ID          # each state change until the task settles
     versus-cp tasks cancel TASK_ID [--reason TEXT]
 
-Submitting needs a platform token (``versus-cp access create NAME --role platform``, then
+Submitting needs a platform token (``versus-cp access create NAME --role platform --tenant T``, then
 ``VERSUS_API_TOKEN``); get and watch work with any viewer, cancel with an operator. Every
 command takes ``--json``. ``watch`` and ``submit --wait`` exit 0 when the task succeeded and
 5 when it settled otherwise (failed, expired, cancelled or indeterminate).

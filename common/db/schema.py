@@ -24,7 +24,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 # Deterministic constraint names keep autogenerate comparisons and
 # hand-written migrations in agreement.
@@ -70,6 +70,9 @@ api_tokens = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("expires_at", DateTime(timezone=True), nullable=True),
     Column("revoked_at", DateTime(timezone=True), nullable=True),
+    # Platform tokens: the tenants they may act for; ["*"] for every tenant. NULL for other roles
+    # (fleet-wide) and for platform tokens created before tenant scoping (unscoped, docs/access.md).
+    Column("tenants", ARRAY(Text), nullable=True),
     CheckConstraint("role IN ('viewer', 'operator', 'collector-admin', 'platform', 'service')", name="role"),
 )
 
@@ -166,7 +169,8 @@ tasks = Table(
     "tasks",
     metadata,
     Column("task_id", Text, primary_key=True),
-    Column("idempotency_key", Text, nullable=False, unique=True),
+    # Idempotency keys are per tenant: one tenant's key can neither find nor block another's task.
+    Column("idempotency_key", Text, nullable=False),
     Column("request_sha256", LargeBinary, nullable=False),
     Column("provider", Text, nullable=False),
     Column("operation", Text, nullable=False),
@@ -192,6 +196,7 @@ tasks = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("op_class IN ('read', 'mutate_reconcilable', 'mutate_terminal')", name="op_class"),
+    UniqueConstraint("tenant_id", "idempotency_key"),
     Index(None, "state", "site_id", "created_at"),
 )
 

@@ -95,9 +95,17 @@ class ControlPlane:
     def ca_file(self) -> Path:
         return self.state_dir / "tls" / "gateway-ca.pem"
 
-    def mint_token(self, role: str, name: str | None = None) -> str:
-        """A new API token with ``role``, created through `versus-cp access create` with the admin token."""
-        done = run_cli(["access", "create", name or f"e2e-{role}", "--role", role, "--json"], self.env)
+    def mint_token(self, role: str, name: str | None = None, tenants: tuple[str, ...] = ()) -> str:
+        """A new API token with ``role``, created through `versus-cp access create` with the admin token.
+
+        A platform token acts for ``tenants``, or for every tenant when none are named.
+        """
+        scope: list[str] = []
+        if role == "platform":
+            scope = [f"--tenant={t}" for t in tenants] or ["--all-tenants"]
+        done = run_cli(
+            ["access", "create", name or f"e2e-{role}", "--role", role, *scope, "--json"], self.env
+        )
         assert done.returncode == 0, done.stderr
         return str(json.loads(done.stdout)["plaintext"])
 

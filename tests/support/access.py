@@ -9,10 +9,18 @@ from common.db import engine as db_engine
 from common.rbac import Role
 
 
-async def mint(engine: AsyncEngine, role: Role, name: str | None = None) -> str:
-    """A fresh token with ``role``; returns the plaintext."""
+async def mint(
+    engine: AsyncEngine, role: Role, name: str | None = None, tenants: tuple[str, ...] = ()
+) -> str:
+    """A fresh token with ``role``; returns the plaintext.
+
+    A platform token is scoped to ``tenants``, or to every tenant when none are named.
+    """
     async with engine.begin() as conn:
-        issued = await api_tokens.create(conn, name or f"test-{role.value}", role, "tests")
+        issued = await api_tokens.create(
+            conn, name or f"test-{role.value}", role, "tests",
+            tenants=tenants, all_tenants=role == Role.PLATFORM and not tenants,
+        )  # fmt: skip
     return issued.plaintext
 
 

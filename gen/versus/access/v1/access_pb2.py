@@ -26,39 +26,39 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dversus/access/v1/access.proto\x12\x10versus.access.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x02\n\x08\x41piToken\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.versus.access.v1.Role\x12\x16\n\x0e\x64isplay_prefix\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncreated_by\x18\x08 \x01(\t\"`\n\x15\x43reateApiTokenRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.versus.access.v1.Role\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\"V\n\x16\x43reateApiTokenResponse\x12)\n\x05token\x18\x01 \x01(\x0b\x32\x1a.versus.access.v1.ApiToken\x12\x11\n\tplaintext\x18\x02 \x01(\t\"\x16\n\x14ListApiTokensRequest\"C\n\x15ListApiTokensResponse\x12*\n\x06tokens\x18\x01 \x03(\x0b\x32\x1a.versus.access.v1.ApiToken\")\n\x15RevokeApiTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"C\n\x16RevokeApiTokenResponse\x12)\n\x05token\x18\x01 \x01(\x0b\x32\x1a.versus.access.v1.ApiToken\"\xd8\x01\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07service\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\t\x12\x14\n\x0csubject_type\x18\x06 \x01(\t\x12\x12\n\nsubject_id\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12(\n\x07\x64\x65tails\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\"\x8f\x01\n\x16ListAuditEventsRequest\x12\x14\n\x0csubject_type\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x15\n\raction_prefix\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\"`\n\x17ListAuditEventsResponse\x12,\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1c.versus.access.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x0f\n\rWhoAmIRequest\"V\n\x0eWhoAmIResponse\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.versus.access.v1.Role*\x7f\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_VIEWER\x10\x01\x12\x11\n\rROLE_OPERATOR\x10\x02\x12\x18\n\x14ROLE_COLLECTOR_ADMIN\x10\x03\x12\x11\n\rROLE_PLATFORM\x10\x04\x12\x10\n\x0cROLE_SERVICE\x10\x05\x32\xf0\x03\n\rAccessService\x12\x63\n\x0e\x43reateApiToken\x12\'.versus.access.v1.CreateApiTokenRequest\x1a(.versus.access.v1.CreateApiTokenResponse\x12`\n\rListApiTokens\x12&.versus.access.v1.ListApiTokensRequest\x1a\'.versus.access.v1.ListApiTokensResponse\x12\x63\n\x0eRevokeApiToken\x12\'.versus.access.v1.RevokeApiTokenRequest\x1a(.versus.access.v1.RevokeApiTokenResponse\x12\x66\n\x0fListAuditEvents\x12(.versus.access.v1.ListAuditEventsRequest\x1a).versus.access.v1.ListAuditEventsResponse\x12K\n\x06WhoAmI\x12\x1f.versus.access.v1.WhoAmIRequest\x1a .versus.access.v1.WhoAmIResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dversus/access/v1/access.proto\x12\x10versus.access.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x02\n\x08\x41piToken\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.versus.access.v1.Role\x12\x16\n\x0e\x64isplay_prefix\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nrevoked_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncreated_by\x18\x08 \x01(\t\x12\x0f\n\x07tenants\x18\t \x03(\t\x12\x13\n\x0b\x61ll_tenants\x18\n \x01(\x08\"\x86\x01\n\x15\x43reateApiTokenRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.versus.access.v1.Role\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\r\x12\x0f\n\x07tenants\x18\x04 \x03(\t\x12\x13\n\x0b\x61ll_tenants\x18\x05 \x01(\x08\"V\n\x16\x43reateApiTokenResponse\x12)\n\x05token\x18\x01 \x01(\x0b\x32\x1a.versus.access.v1.ApiToken\x12\x11\n\tplaintext\x18\x02 \x01(\t\"\x16\n\x14ListApiTokensRequest\"C\n\x15ListApiTokensResponse\x12*\n\x06tokens\x18\x01 \x03(\x0b\x32\x1a.versus.access.v1.ApiToken\")\n\x15RevokeApiTokenRequest\x12\x10\n\x08token_id\x18\x01 \x01(\t\"C\n\x16RevokeApiTokenResponse\x12)\n\x05token\x18\x01 \x01(\x0b\x32\x1a.versus.access.v1.ApiToken\"\xd8\x01\n\nAuditEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07service\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\t\x12\x14\n\x0csubject_type\x18\x06 \x01(\t\x12\x12\n\nsubject_id\x18\x07 \x01(\t\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12(\n\x07\x64\x65tails\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\"\x8f\x01\n\x16ListAuditEventsRequest\x12\x14\n\x0csubject_type\x18\x01 \x01(\t\x12\x12\n\nsubject_id\x18\x02 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x15\n\raction_prefix\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\"`\n\x17ListAuditEventsResponse\x12,\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1c.versus.access.v1.AuditEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x0f\n\rWhoAmIRequest\"|\n\x0eWhoAmIResponse\x12\x10\n\x08token_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04role\x18\x03 \x01(\x0e\x32\x16.versus.access.v1.Role\x12\x0f\n\x07tenants\x18\x04 \x03(\t\x12\x13\n\x0b\x61ll_tenants\x18\x05 \x01(\x08*\x7f\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_VIEWER\x10\x01\x12\x11\n\rROLE_OPERATOR\x10\x02\x12\x18\n\x14ROLE_COLLECTOR_ADMIN\x10\x03\x12\x11\n\rROLE_PLATFORM\x10\x04\x12\x10\n\x0cROLE_SERVICE\x10\x05\x32\xf0\x03\n\rAccessService\x12\x63\n\x0e\x43reateApiToken\x12\'.versus.access.v1.CreateApiTokenRequest\x1a(.versus.access.v1.CreateApiTokenResponse\x12`\n\rListApiTokens\x12&.versus.access.v1.ListApiTokensRequest\x1a\'.versus.access.v1.ListApiTokensResponse\x12\x63\n\x0eRevokeApiToken\x12\'.versus.access.v1.RevokeApiTokenRequest\x1a(.versus.access.v1.RevokeApiTokenResponse\x12\x66\n\x0fListAuditEvents\x12(.versus.access.v1.ListAuditEventsRequest\x1a).versus.access.v1.ListAuditEventsResponse\x12K\n\x06WhoAmI\x12\x1f.versus.access.v1.WhoAmIRequest\x1a .versus.access.v1.WhoAmIResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'versus.access.v1.access_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1344
-  _globals['_ROLE']._serialized_end=1471
+  _globals['_ROLE']._serialized_start=1459
+  _globals['_ROLE']._serialized_end=1586
   _globals['_APITOKEN']._serialized_start=115
-  _globals['_APITOKEN']._serialized_end=383
-  _globals['_CREATEAPITOKENREQUEST']._serialized_start=385
-  _globals['_CREATEAPITOKENREQUEST']._serialized_end=481
-  _globals['_CREATEAPITOKENRESPONSE']._serialized_start=483
-  _globals['_CREATEAPITOKENRESPONSE']._serialized_end=569
-  _globals['_LISTAPITOKENSREQUEST']._serialized_start=571
-  _globals['_LISTAPITOKENSREQUEST']._serialized_end=593
-  _globals['_LISTAPITOKENSRESPONSE']._serialized_start=595
-  _globals['_LISTAPITOKENSRESPONSE']._serialized_end=662
-  _globals['_REVOKEAPITOKENREQUEST']._serialized_start=664
-  _globals['_REVOKEAPITOKENREQUEST']._serialized_end=705
-  _globals['_REVOKEAPITOKENRESPONSE']._serialized_start=707
-  _globals['_REVOKEAPITOKENRESPONSE']._serialized_end=774
-  _globals['_AUDITEVENT']._serialized_start=777
-  _globals['_AUDITEVENT']._serialized_end=993
-  _globals['_LISTAUDITEVENTSREQUEST']._serialized_start=996
-  _globals['_LISTAUDITEVENTSREQUEST']._serialized_end=1139
-  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_start=1141
-  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_end=1237
-  _globals['_WHOAMIREQUEST']._serialized_start=1239
-  _globals['_WHOAMIREQUEST']._serialized_end=1254
-  _globals['_WHOAMIRESPONSE']._serialized_start=1256
-  _globals['_WHOAMIRESPONSE']._serialized_end=1342
-  _globals['_ACCESSSERVICE']._serialized_start=1474
-  _globals['_ACCESSSERVICE']._serialized_end=1970
+  _globals['_APITOKEN']._serialized_end=421
+  _globals['_CREATEAPITOKENREQUEST']._serialized_start=424
+  _globals['_CREATEAPITOKENREQUEST']._serialized_end=558
+  _globals['_CREATEAPITOKENRESPONSE']._serialized_start=560
+  _globals['_CREATEAPITOKENRESPONSE']._serialized_end=646
+  _globals['_LISTAPITOKENSREQUEST']._serialized_start=648
+  _globals['_LISTAPITOKENSREQUEST']._serialized_end=670
+  _globals['_LISTAPITOKENSRESPONSE']._serialized_start=672
+  _globals['_LISTAPITOKENSRESPONSE']._serialized_end=739
+  _globals['_REVOKEAPITOKENREQUEST']._serialized_start=741
+  _globals['_REVOKEAPITOKENREQUEST']._serialized_end=782
+  _globals['_REVOKEAPITOKENRESPONSE']._serialized_start=784
+  _globals['_REVOKEAPITOKENRESPONSE']._serialized_end=851
+  _globals['_AUDITEVENT']._serialized_start=854
+  _globals['_AUDITEVENT']._serialized_end=1070
+  _globals['_LISTAUDITEVENTSREQUEST']._serialized_start=1073
+  _globals['_LISTAUDITEVENTSREQUEST']._serialized_end=1216
+  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_start=1218
+  _globals['_LISTAUDITEVENTSRESPONSE']._serialized_end=1314
+  _globals['_WHOAMIREQUEST']._serialized_start=1316
+  _globals['_WHOAMIREQUEST']._serialized_end=1331
+  _globals['_WHOAMIRESPONSE']._serialized_start=1333
+  _globals['_WHOAMIRESPONSE']._serialized_end=1457
+  _globals['_ACCESSSERVICE']._serialized_start=1589
+  _globals['_ACCESSSERVICE']._serialized_end=2085
 # @@protoc_insertion_point(module_scope)

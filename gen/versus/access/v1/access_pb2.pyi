@@ -66,12 +66,16 @@ class ApiToken(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     REVOKED_AT_FIELD_NUMBER: _builtins.int
     CREATED_BY_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ALL_TENANTS_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
     name: _builtins.str
     role: Global___Role.ValueType
     display_prefix: _builtins.str
     """First characters of the plaintext, to recognise a token without storing it."""
     created_by: _builtins.str
+    all_tenants: _builtins.bool
+    """Platform tokens only: scoped to every tenant, deliberately."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -80,6 +84,12 @@ class ApiToken(_message.Message):
 
     @_builtins.property
     def revoked_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Platform tokens only: the tenants whose tasks and tunnels the token may touch.
+        Empty with all_tenants unset means the token predates tenant scoping and is unscoped.
+        """
+
     def __init__(
         self,
         *,
@@ -91,10 +101,12 @@ class ApiToken(_message.Message):
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         revoked_at: _timestamp_pb2.Timestamp | None = ...,
         created_by: _builtins.str = ...,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+        all_tenants: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "revoked_at", b"revoked_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "created_by", b"created_by", "display_prefix", b"display_prefix", "expires_at", b"expires_at", "name", b"name", "revoked_at", b"revoked_at", "role", b"role", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_tenants", b"all_tenants", "created_at", b"created_at", "created_by", b"created_by", "display_prefix", b"display_prefix", "expires_at", b"expires_at", "name", b"name", "revoked_at", b"revoked_at", "role", b"role", "tenants", b"tenants", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -107,20 +119,31 @@ class CreateApiTokenRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ALL_TENANTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: Global___Role.ValueType
     ttl_seconds: _builtins.int
     """0 = does not expire."""
+    all_tenants: _builtins.bool
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Required for ROLE_PLATFORM (one or more tenants, or all_tenants); refused for other roles,
+        which are fleet-wide.
+        """
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         role: Global___Role.ValueType = ...,
         ttl_seconds: _builtins.int = ...,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+        all_tenants: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_tenants", b"all_tenants", "name", b"name", "role", b"role", "tenants", b"tenants", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -350,19 +373,28 @@ class WhoAmIResponse(_message.Message):
     TOKEN_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ALL_TENANTS_FIELD_NUMBER: _builtins.int
     token_id: _builtins.str
     name: _builtins.str
     role: Global___Role.ValueType
+    all_tenants: _builtins.bool
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tenants a platform token is scoped to; empty when all_tenants is set."""
+
     def __init__(
         self,
         *,
         token_id: _builtins.str = ...,
         name: _builtins.str = ...,
         role: Global___Role.ValueType = ...,
+        tenants: _abc.Iterable[_builtins.str] | None = ...,
+        all_tenants: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_tenants", b"all_tenants", "name", b"name", "role", b"role", "tenants", b"tenants", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
