@@ -178,7 +178,7 @@ async def test_idempotency_keys_are_per_tenant(scoped: Scoped) -> None:
 async def test_platform_tokens_must_name_their_tenants(scoped: Scoped) -> None:
     admin = scoped.access("admin")
 
-    def create(role: int, **kw: Any) -> Any:
+    def create(role: Any, **kw: Any) -> Any:
         return admin.CreateApiToken(apb.CreateApiTokenRequest(name="m", role=role, **kw))
 
     assert await _outcome(create(apb.ROLE_PLATFORM)) == (grpc.StatusCode.INVALID_ARGUMENT, "tenants_required")
