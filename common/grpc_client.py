@@ -7,12 +7,16 @@ metadata themselves. The token is held by the interceptor and never logged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
+from common import error_mapping
+from common.errors import Unavailable, VersusError
 from common.grpc_server import AUTHORIZATION_HEADER
+
+T = TypeVar("T")
 
 
 def _with_token(metadata: Any, token: str) -> grpc.aio.Metadata:
@@ -104,3 +108,32 @@ def aio_channel(address: str, token: str, options: Sequence[tuple[str, Any]] = (
 def sync_channel(address: str, token: str) -> grpc.Channel:
     """A blocking channel to ``address`` whose every call carries ``token``."""
     return grpc.intercept_channel(grpc.insecure_channel(address), _SyncBearer(token))
+
+
+async def call_mapped(
+    method: Callable[..., Awaitable[T]],
+    request: Any,
+    *,
+    timeout_s: float,
+    metadata: Sequence[tuple[str, str]] | None = None,
+) -> T:
+    """Invoke a unary RPC of another control-plane service; a failure comes back as the domain
+    error that service raised (same kind, same stable code), so the caller's own answer carries it.
+
+    Unreachable or too slow is :class:`Unavailable` (``backend_unavailable``): retry later.
+    """
+    try:
+        return await method(request, timeout=timeout_s, metadata=tuple(metadata) if metadata else None)
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise Unavailable(
+                "an internal service is unavailable; retry later", code="backend_unavailable"
+            ) from None
+        # grpc.aio returns its own Metadata type, iterable as (key, value) pairs.
+        metadata_pairs: Any = exc.trailing_metadata() or ()
+        versus_code = next((v for k, v in metadata_pairs if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
+        error: VersusError = error_mapping.from_grpc(
+            code, exc.details() or "", versus_code if isinstance(versus_code, str) else None
+        )
+        raise error from None

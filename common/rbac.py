@@ -135,6 +135,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_ENROLL}/RevokeEnrollmentToken": _ADMIN,
     f"/{_ENROLL}/ApproveCollector": _ADMIN,
     f"/{_ENROLL}/DenyCollector": _ADMIN,
+    f"/{_ENROLL}/RevokeCollector": _ADMIN,
     # Tasks: platform modules submit; operators watch the queue and settle what could not be confirmed.
     f"/{_ROUTER}/SubmitTask": _PLATFORM,
     f"/{_ROUTER}/GetTask": _PLATFORM | _VIEW,

@@ -184,6 +184,12 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
         status = await self.service.deny(request.collector_id, rbac.current_actor(), request.reason)
         return pb.DenyCollectorResponse(collector_id=request.collector_id, status=status)
 
+    async def RevokeCollector(
+        self, request: pb.RevokeCollectorRequest, context: Context
+    ) -> pb.RevokeCollectorResponse:
+        status = await self.service.revoke(request.collector_id, rbac.current_actor(), request.reason)
+        return pb.RevokeCollectorResponse(collector_id=request.collector_id, status=status)
+
     async def GetEnrollmentStatus(
         self, request: pb.GetEnrollmentStatusRequest, context: Context
     ) -> pb.GetEnrollmentStatusResponse:

@@ -31,6 +31,7 @@ AUTH_MODE = "bearer"
 AUDIENCE = "versus-collector-gateway"
 UPDATE_POLICIES = ("manual", "auto", "pinned")
 MAX_NAME_CHARS = 200
+MAX_REASON_LENGTH = 500
 
 
 class InvalidToken(Unauthenticated):
@@ -318,8 +319,16 @@ class EnrollmentService:
         return await self.store.transition(collector_id, {"pending"}, "active", actor or "operator", {})
 
     async def deny(self, collector_id: str, actor: str, reason: str) -> str:
+        _check_reason(reason)
         return await self.store.transition(
             collector_id, {"pending"}, "denied", actor or "operator", {"reason": reason}
+        )
+
+    async def revoke(self, collector_id: str, actor: str, reason: str) -> str:
+        """Permanent; the router's fleet service ends sessions and work after calling this."""
+        _check_reason(reason)
+        return await self.store.transition(
+            collector_id, {"pending", "active"}, "revoked", actor or "operator", {"reason": reason}
         )
 
     async def status(self, collector_id: str) -> Collector:
@@ -357,3 +366,8 @@ class EnrollmentService:
             key_changed=csr.public_key_sha256 != collector.public_key_sha256,
         )
         return cert_pem + self.ca.cert_pem, cert.not_valid_after_utc
+
+
+def _check_reason(reason: str) -> None:
+    if len(reason) > MAX_REASON_LENGTH:
+        raise InvalidArgument(f"reason is at most {MAX_REASON_LENGTH} characters", code="reason_too_long")

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
 from versus.enrollment.v1 import enrollment_pb2_grpc
 from versus.router.v1 import collector_bridge_pb2_grpc
 
-from common import error_mapping
-from common.errors import Unavailable, VersusError
-from common.grpc_client import aio_channel
+from common.grpc_client import aio_channel, call_mapped
 from common.logs import REQUEST_ID_HEADER
 
 # Every internal call gets a deadline; a wedged service must not hold a collector request forever.
@@ -42,18 +39,4 @@ async def call(
 ) -> T:
     """Invoke a unary RPC; a failure comes back as the domain error the service raised."""
     metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
-    try:
-        return await method(request, timeout=timeout_s, metadata=metadata)
-    except grpc.aio.AioRpcError as exc:
-        code = exc.code()
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            raise Unavailable(
-                "an internal service is unavailable; retry later", code="backend_unavailable"
-            ) from None
-        # grpc.aio returns its own Metadata type, iterable as (key, value) pairs.
-        metadata_pairs: Any = exc.trailing_metadata() or ()
-        versus_code = next((v for k, v in metadata_pairs if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
-        error: VersusError = error_mapping.from_grpc(
-            code, exc.details() or "", versus_code if isinstance(versus_code, str) else None
-        )
-        raise error from None
+    return await call_mapped(method, request, timeout_s=timeout_s, metadata=metadata)

@@ -1,7 +1,9 @@
 """Fleet management: the operator's view of collectors and the actions on them.
 
-Status lives in PostgreSQL (changed here and by enrollment), session health in
-Redis (written by every claim); :mod:`router.fleet_state` turns both into the
+Status lives in PostgreSQL, written only by the enrollment service (approve,
+deny and revoke go through its RPCs, as the operator who asked:
+:mod:`router.enrollment_client`); drain and vault settings are the router's own
+columns. Session health lives in Redis (written by every claim); :mod:`router.fleet_state` turns both into the
 two state machines. Every accepted action writes an audit row with the
 caller, and the state before and after, in the same transaction as the change.
 """
@@ -17,15 +19,14 @@ from typing import Any
 from sqlalchemy.engine import RowMapping
 
 from common import revocations
-from common.errors import FailedPrecondition, InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from common.rbac import current_actor
-from enrollment.store import EnrollmentStore
 from router import fleet_state, fleet_store
+from router.enrollment_client import EnrollmentClient, Metadata
 from router.fleet_state import CollectorStatus, Probe, SessionState
 from router.service import Router
 
 VAULT_MODES = ("local", "relayed", "external")
-MAX_REASON_LENGTH = 500
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,13 @@ class Fleet:
         self.router = router
         self.engine = router.engine
         self.clock = clock
-        self.enrollment = EnrollmentStore(router.engine)
+
+    @property
+    def enrollment(self) -> EnrollmentClient:
+        client: EnrollmentClient | None = self.router.enrollment
+        if client is None:
+            raise Unavailable("this router has no enrollment service address", code="enrollment_unavailable")
+        return client
 
     # --- views ---------------------------------------------------------------------------------
     async def _views(self, rows: Sequence[RowMapping]) -> list[CollectorView]:
@@ -149,22 +156,17 @@ class Fleet:
     async def undrain(self, collector_id: str) -> CollectorView:
         return await self._set_drained(collector_id, False)
 
-    async def approve(self, collector_id: str) -> CollectorView:
-        await self.enrollment.transition(collector_id, {"pending"}, "active", current_actor(), {})
+    async def approve(self, collector_id: str, caller: Metadata) -> CollectorView:
+        await self.enrollment.approve(collector_id, caller)
         return await self.get(collector_id)
 
-    async def deny(self, collector_id: str, reason: str) -> CollectorView:
-        _check_reason(reason)
-        details = {"reason": reason}
-        await self.enrollment.transition(collector_id, {"pending"}, "denied", current_actor(), details)
+    async def deny(self, collector_id: str, reason: str, caller: Metadata) -> CollectorView:
+        await self.enrollment.deny(collector_id, reason, caller)
         return await self.get(collector_id)
 
-    async def revoke(self, collector_id: str, reason: str) -> CollectorView:
+    async def revoke(self, collector_id: str, reason: str, caller: Metadata) -> CollectorView:
         """Permanent. The gateway refuses the identity from its next request; sessions and tunnels end."""
-        _check_reason(reason)
-        await self.enrollment.transition(
-            collector_id, {"pending", "active"}, "revoked", current_actor(), {"reason": reason}
-        )
+        await self.enrollment.revoke(collector_id, reason, caller)
         await self.router.collector_removed(collector_id)
         await revocations.announce(self.router.redis, collector_id)
         return await self.get(collector_id)
@@ -216,8 +218,3 @@ class Fleet:
     async def integrations(self) -> Sequence[RowMapping]:
         async with self.engine.connect() as conn:
             return await fleet_store.list_integrations(conn)
-
-
-def _check_reason(reason: str) -> None:
-    if len(reason) > MAX_REASON_LENGTH:
-        raise InvalidArgument(f"reason is at most {MAX_REASON_LENGTH} characters", code="reason_too_long")

@@ -9,6 +9,7 @@ from versus.fleet.v1 import fleet_pb2_grpc
 from common.errors import InvalidArgument
 from common.grpc_server import Context
 from common.pb_time import timestamp as _ts
+from router.enrollment_client import forwarded
 from router.fleet import CollectorView, Fleet
 from router.fleet_state import CollectorStatus, SessionState
 
@@ -156,13 +157,13 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         self, request: pb.ApproveCollectorRequest, context: Context
     ) -> pb.ApproveCollectorResponse:
         return pb.ApproveCollectorResponse(
-            collector=collector_pb(await self.fleet.approve(request.collector_id))
+            collector=collector_pb(await self.fleet.approve(request.collector_id, _caller(context)))
         )
 
     async def DenyCollector(
         self, request: pb.DenyCollectorRequest, context: Context
     ) -> pb.DenyCollectorResponse:
-        view = await self.fleet.deny(request.collector_id, request.reason)
+        view = await self.fleet.deny(request.collector_id, request.reason, _caller(context))
         return pb.DenyCollectorResponse(collector=collector_pb(view))
 
     async def DrainCollector(
@@ -180,7 +181,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     async def RevokeCollector(
         self, request: pb.RevokeCollectorRequest, context: Context
     ) -> pb.RevokeCollectorResponse:
-        view = await self.fleet.revoke(request.collector_id, request.reason)
+        view = await self.fleet.revoke(request.collector_id, request.reason, _caller(context))
         return pb.RevokeCollectorResponse(collector=collector_pb(view))
 
     async def SetVaultMode(
@@ -229,3 +230,8 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         self, request: pb.CancelUpdateRequest, context: Context
     ) -> pb.CancelUpdateResponse:
         raise NotImplementedError
+
+
+def _caller(context: Context) -> list[tuple[str, str]]:
+    """The caller's credentials, for the enrollment service to authorise and audit."""
+    return forwarded(context.invocation_metadata())

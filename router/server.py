@@ -31,6 +31,7 @@ from common.settings import Settings
 from common.state_dir import ensure_writable
 from router import store
 from router.access_api import AccessServicer
+from router.enrollment_client import EnrollmentClient
 from router.fleet import Fleet
 from router.fleet_api import FleetServicer
 from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
@@ -124,6 +125,7 @@ async def serve(settings: Settings) -> None:
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20, pre_ping=False)
     router = Router(engine, create_redis(redis_url), lambda: keys.get().current)
     router.tunnels = TunnelHub(router.redis, settings.router_address)
+    router.enrollment = EnrollmentClient(settings.enrollment_address)
     router.wake.start()
     stop_sweeping = asyncio.Event()
     sweeper = asyncio.create_task(sweep_forever(router, stop=stop_sweeping))

@@ -157,6 +157,8 @@ class Router:
         self._background: set[asyncio.Task[Any]] = set()
         # Set by the server when this process also serves tunnels (router/tunnels.py).
         self.tunnels: Any = None
+        # Set by the server: the enrollment service, owner of collector status (router/enrollment_client.py).
+        self.enrollment: Any = None
 
     async def _load_in_flight(self) -> Mapping[tuple[str, str], int]:
         async with self.engine.connect() as conn:
@@ -185,6 +187,8 @@ class Router:
         """Stop background work and close the connections this router was given."""
         await self.close()
         await self.redis.aclose()
+        if self.enrollment is not None:
+            await self.enrollment.close()
         await self.engine.dispose()
 
     # --- submit and placement --------------------------------------------------------------------

@@ -125,8 +125,10 @@ enrollment_tokens = Table(
     Index(None, "site_id"),
 )
 
-# Collector identities issued by the Collector CA. Owned by the enrollment service;
-# the gateway reads the key and status to authenticate bearer tokens.
+# Collector identities issued by the Collector CA. Owned by the enrollment service, the only
+# writer of identity, certificate and status (the router's fleet service asks it over gRPC);
+# the router writes only the vault-mode columns. The gateway reads the key and status to
+# authenticate bearer tokens.
 collectors = Table(
     "collectors",
     metadata,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,14 +14,14 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
-from sqlalchemy import update
+from sqlalchemy import select, update
 from versus.access.v1 import access_pb2, access_pb2_grpc
 from versus.fleet.v1 import fleet_pb2 as fpb
 from versus.fleet.v1 import fleet_pb2_grpc
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common.db.schema import collectors
+from common.db.schema import audit_events, collectors
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
 from common.rbac import Role
@@ -233,6 +234,30 @@ async def test_approve_and_deny_pending_collectors(stack: Stack, admin: Ops) -> 
         await admin.fleet.ApproveCollector(fpb.ApproveCollectorRequest(collector_id="col-pd"))
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert _code(info.value) == "collector_wrong_status"
+    # The enrollment service made the change, as the operator who asked (the token was forwarded).
+    async with stack.router.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                select(audit_events.c.service, audit_events.c.actor, audit_events.c.action)
+                .where(audit_events.c.subject_id.in_(["col-pa", "col-pd"]))
+                .where(audit_events.c.action.in_(["collector.active", "collector.denied"]))
+            )
+        ).all()
+    assert sorted((service, action) for service, _, action in rows) == [
+        ("enrollment", "collector.active"),
+        ("enrollment", "collector.denied"),
+    ]
+    assert all(re.fullmatch(r"alice \(tok_[0-9a-f]+\)", actor) for _, actor, _ in rows), rows
+
+
+async def test_a_viewer_cannot_change_status_through_the_router(stack: Stack) -> None:
+    viewer = Ops(stack.grpc_address, await mint(stack.router.engine, Role.VIEWER, "vic"))
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await viewer.fleet.RevokeCollector(fpb.RevokeCollectorRequest(collector_id="nobody"))
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await viewer.channel.close(None)
 
 
 async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) -> None:

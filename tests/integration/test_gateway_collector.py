@@ -40,6 +40,7 @@ from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
 from gateway.server import WS_OPTIONS
+from router.enrollment_client import EnrollmentClient
 from router.server import registrations as router_registrations
 from router.service import Router
 from router.tunnels import TunnelHub
@@ -159,6 +160,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
     clock = OffsetClock()
     grpc_port = free_port()
     router.tunnels = TunnelHub(router.redis, f"127.0.0.1:{grpc_port}")
+    router.enrollment = EnrollmentClient(f"127.0.0.1:{grpc_port}")
     grpc_server = GrpcServer(
         "backends",
         "127.0.0.1",

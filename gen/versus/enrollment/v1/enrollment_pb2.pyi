@@ -902,6 +902,50 @@ class DenyCollectorResponse(_message.Message):
 Global___DenyCollectorResponse: _TypeAlias = DenyCollectorResponse  # noqa: Y015
 
 @_typing.final
+class RevokeCollectorRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeCollectorRequest: _TypeAlias = RevokeCollectorRequest  # noqa: Y015
+
+@_typing.final
+class RevokeCollectorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    status: _builtins.str
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeCollectorResponse: _TypeAlias = RevokeCollectorResponse  # noqa: Y015
+
+@_typing.final
 class GetEnrollmentStatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

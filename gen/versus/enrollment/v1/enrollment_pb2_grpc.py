@@ -90,6 +90,11 @@ class EnrollmentServiceStub:
                 request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorRequest.SerializeToString,
                 response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorResponse.FromString,
                 _registered_method=True)
+        self.RevokeCollector = channel.unary_unary(
+                '/versus.enrollment.v1.EnrollmentService/RevokeCollector',
+                request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeCollectorRequest.SerializeToString,
+                response_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeCollectorResponse.FromString,
+                _registered_method=True)
         self.GetEnrollmentStatus = channel.unary_unary(
                 '/versus.enrollment.v1.EnrollmentService/GetEnrollmentStatus',
                 request_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.GetEnrollmentStatusRequest.SerializeToString,
@@ -178,6 +183,15 @@ class EnrollmentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeCollector(self, request, context):
+        """Revoke a pending or active collector for good. Operators call FleetService.RevokeCollector,
+        which calls this (the enrollment service is the one writer of collector status) and then
+        ends the collector's sessions and work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetEnrollmentStatus(self, request, context):
         """Enrollment status of an authenticated collector (it polls this while pending).
         """
@@ -249,6 +263,11 @@ def add_EnrollmentServiceServicer_to_server(servicer, server):
                     servicer.DenyCollector,
                     request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorRequest.FromString,
                     response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorResponse.SerializeToString,
+            ),
+            'RevokeCollector': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeCollector,
+                    request_deserializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeCollectorRequest.FromString,
+                    response_serializer=versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeCollectorResponse.SerializeToString,
             ),
             'GetEnrollmentStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEnrollmentStatus,
@@ -559,6 +578,33 @@ class EnrollmentService:
             '/versus.enrollment.v1.EnrollmentService/DenyCollector',
             versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorRequest.SerializeToString,
             versus_dot_enrollment_dot_v1_dot_enrollment__pb2.DenyCollectorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeCollector(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.enrollment.v1.EnrollmentService/RevokeCollector',
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeCollectorRequest.SerializeToString,
+            versus_dot_enrollment_dot_v1_dot_enrollment__pb2.RevokeCollectorResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,11 @@ class EnrollmentServiceStub:
     """Activate a collector enrolled with a manual-approval token."""
     DenyCollector: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.DenyCollectorRequest, _enrollment_pb2.DenyCollectorResponse]
     """Refuse a pending collector; its identity can never authenticate."""
+    RevokeCollector: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.RevokeCollectorRequest, _enrollment_pb2.RevokeCollectorResponse]
+    """Revoke a pending or active collector for good. Operators call FleetService.RevokeCollector,
+    which calls this (the enrollment service is the one writer of collector status) and then
+    ends the collector's sessions and work.
+    """
     GetEnrollmentStatus: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.GetEnrollmentStatusRequest, _enrollment_pb2.GetEnrollmentStatusResponse]
     """Enrollment status of an authenticated collector (it polls this while pending)."""
     RenewCertificate: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.RenewCertificateRequest, _enrollment_pb2.RenewCertificateResponse]
@@ -79,6 +84,11 @@ class EnrollmentServiceAsyncStub(EnrollmentServiceStub):
     """Activate a collector enrolled with a manual-approval token."""
     DenyCollector: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.DenyCollectorRequest, _enrollment_pb2.DenyCollectorResponse]  # type: ignore[assignment]
     """Refuse a pending collector; its identity can never authenticate."""
+    RevokeCollector: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.RevokeCollectorRequest, _enrollment_pb2.RevokeCollectorResponse]  # type: ignore[assignment]
+    """Revoke a pending or active collector for good. Operators call FleetService.RevokeCollector,
+    which calls this (the enrollment service is the one writer of collector status) and then
+    ends the collector's sessions and work.
+    """
     GetEnrollmentStatus: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.GetEnrollmentStatusRequest, _enrollment_pb2.GetEnrollmentStatusResponse]  # type: ignore[assignment]
     """Enrollment status of an authenticated collector (it polls this while pending)."""
     RenewCertificate: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.RenewCertificateRequest, _enrollment_pb2.RenewCertificateResponse]  # type: ignore[assignment]
@@ -170,6 +180,17 @@ class EnrollmentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_enrollment_pb2.DenyCollectorResponse, _abc.Awaitable[_enrollment_pb2.DenyCollectorResponse]]:
         """Refuse a pending collector; its identity can never authenticate."""
+
+    @_abc_1.abstractmethod
+    def RevokeCollector(
+        self,
+        request: _enrollment_pb2.RevokeCollectorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_enrollment_pb2.RevokeCollectorResponse, _abc.Awaitable[_enrollment_pb2.RevokeCollectorResponse]]:
+        """Revoke a pending or active collector for good. Operators call FleetService.RevokeCollector,
+        which calls this (the enrollment service is the one writer of collector status) and then
+        ends the collector's sessions and work.
+        """
 
     @_abc_1.abstractmethod
     def GetEnrollmentStatus(
