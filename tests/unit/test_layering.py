@@ -12,7 +12,7 @@ SERVICES = ("router", "gateway", "enrollment", "collector")
 
 
 def _imported(package: str) -> set[tuple[str, str]]:
-    found = set()
+    found: set[tuple[str, str]] = set()
     for path in (ROOT / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = []
