@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -155,6 +155,21 @@ class KeySet:
         key = SigningKey.generate(self.purpose, now, lifetime)
         kept = tuple(k for k in self.keys if not k.public.expired(now))
         return KeySet(self.purpose, (*kept, key), key.kid)
+
+    def signing_key_for(self, held: Collection[str] | None, now: int) -> SigningKey | None:
+        """The key to sign for a verifier that trusts the kids in ``held``.
+
+        The current key when the verifier holds it; otherwise the newest unexpired key it
+        holds; None when it holds none of this set's live keys (it cannot verify anything we
+        sign). ``held`` None means unknown — a verifier enrolled before kids were recorded —
+        and gets the current key.
+        """
+        if held is None:
+            return self.current
+        usable = [k for k in self.keys if k.kid in held and not k.public.expired(now)]
+        if not usable:
+            return None
+        return max(usable, key=lambda k: (k.kid == self.current_kid, k.not_after))
 
     def public_keys(self, now: int) -> list[PublicKey]:
         """Keys a verifier should trust now, current first."""

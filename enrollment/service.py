@@ -19,7 +19,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, Unauthenticated, VersusError
-from common.keys import KeySet
+from common.keys import KeySet, PublicKey
 from common.logs import get_logger
 from enrollment import tokens
 from enrollment.ca import CollectorCA, CsrInfo, validate_csr
@@ -226,6 +226,8 @@ class EnrollmentService:
         if not tokens.looks_like_token(token_plaintext):
             raise InvalidToken()
         now = self.clock()
+        # Handed out once and recorded as handed out: the router signs only with keys a collector holds.
+        dispatch = self.dispatch_keys().public_keys(int(now.timestamp()))
         async with self.store.redemption(tokens.token_hash(token_plaintext)) as tx:
             token = tx.token
             if token is None or token.revoked_at is not None or now >= token.expires_at:
@@ -245,7 +247,8 @@ class EnrollmentService:
                     log.info(
                         "enrollment retried", collector_id=existing.collector_id, token_id=token.token_id
                     )
-                    return self._bootstrap(existing)
+                    await tx.record_dispatch_kids(existing.collector_id, [k.kid for k in dispatch])
+                    return self._bootstrap(existing, dispatch)
                 if exhausted:
                     raise InvalidToken()
                 raise Conflict(
@@ -272,6 +275,7 @@ class EnrollmentService:
                 "arch": info.arch[:64],
                 "agent_version": info.version[:64],
                 "fips_requested": info.fips_requested,
+                "dispatch_kids": [k.kid for k in dispatch],
             }
             await tx.create_collector(values)
             await tx.audit(
@@ -292,9 +296,9 @@ class EnrollmentService:
             site_id=collector.site_id,
             status=status,
         )
-        return self._bootstrap(collector)
+        return self._bootstrap(collector, dispatch)
 
-    def _bootstrap(self, collector: Collector) -> TrustBootstrap:
+    def _bootstrap(self, collector: Collector, dispatch: list[PublicKey]) -> TrustBootstrap:
         now = int(self.clock().timestamp())
         return TrustBootstrap(
             collector_id=collector.collector_id,
@@ -304,7 +308,7 @@ class EnrollmentService:
             site_id=collector.site_id,
             gateway_addrs=self.config.gateway_addrs,
             gateway_server_name=self.config.gateway_server_name,
-            dispatch_keys=[k.to_json() for k in self.dispatch_keys().public_keys(now)],
+            dispatch_keys=[k.to_json() for k in dispatch],
             release_keys=[k.to_json() for k in self.release_keys().public_keys(now)],
             policy=self.config.policy,
         )

@@ -123,6 +123,12 @@ class Redemption:
         if result.rowcount != 1:  # cannot happen while the row lock is held; refuse rather than overspend
             raise Conflict("enrollment token has no uses left", code="token_exhausted")
 
+    async def record_dispatch_kids(self, collector_id: str, kids: list[str]) -> None:
+        """The dispatch keys the collector is being handed now (a retried enrollment gets today's)."""
+        await self.conn.execute(
+            update(collectors).where(collectors.c.collector_id == collector_id).values(dispatch_kids=kids)
+        )
+
     async def audit(self, action: str, subject_id: str, details: Mapping[str, Any]) -> None:
         await _audit(self.conn, "collector", action, "collector", subject_id, details)
 

@@ -112,6 +112,7 @@ class CandidateLoader:
                     fips=bool(r["fips"]),
                     providers=providers,
                     in_flight=view.loads.get(cid, {}),
+                    dispatch_kids=frozenset(r["dispatch_kids"]) if r["dispatch_kids"] is not None else None,
                 )
             )
         return out

@@ -52,6 +52,8 @@ class Candidate:
     fips: bool
     providers: Mapping[str, ProviderCap]
     in_flight: Mapping[str, int] = field(default_factory=dict)
+    # The dispatch key ids the collector was given (None: enrolled before they were recorded).
+    dispatch_kids: frozenset[str] | None = None
 
     def load(self, provider: str) -> float:
         cap = self.providers[provider].max_concurrency

@@ -123,7 +123,7 @@ async def serve(settings: Settings) -> None:
     keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))
     # The router's transactions are the hot path: no ping per checkout (see create_async).
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20, pre_ping=False)
-    router = Router(engine, create_redis(redis_url), lambda: keys.get().current)
+    router = Router(engine, create_redis(redis_url), keys.get)
     router.tunnels = TunnelHub(router.redis, settings.router_address)
     router.enrollment = EnrollmentClient(settings.enrollment_address)
     router.wake.start()

@@ -32,7 +32,7 @@ from common.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from common.keys import SigningKey
+from common.keys import KeySet
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from router import fleet_state, ladder, placement, store
@@ -50,6 +50,8 @@ log = get_logger("versus.router")
 DISPATCH_TTL_S = 300
 MAX_CLAIM_WAIT_S = 30.0
 NO_ELIGIBLE = "no_eligible_collector"
+# Eligible collectors exist, but none holds a dispatch key the router still has (docs/envelope.md).
+NO_KEY_HELD = "no_collector_holds_a_live_dispatch_key"
 
 Effect = Callable[[], Awaitable[object]]
 
@@ -136,7 +138,7 @@ class Router:
         self,
         engine: AsyncEngine,
         redis: Redis,
-        signing_key: Callable[[], SigningKey],
+        dispatch_keys: Callable[[], KeySet],
         *,
         max_attempts: int = ladder.DEFAULT_MAX_ATTEMPTS,
         dispatch_ttl_s: int = DISPATCH_TTL_S,
@@ -146,7 +148,8 @@ class Router:
         # no BEGIN and COMMIT round trips on the hot path.
         self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.redis = redis
-        self.signing_key = signing_key
+        # Each envelope is signed with a key its collector holds (KeySet.signing_key_for).
+        self.dispatch_keys = dispatch_keys
         self.max_attempts = max_attempts
         self.dispatch_ttl_s = dispatch_ttl_s
         self.liveness = Liveness(redis)
@@ -244,6 +247,13 @@ class Router:
             # A collector that refused an envelope of this task as not valid for it is not asked again.
             refused = await store.refused_by(conn, task["task_id"])
             eligible = [c for c in eligible if c.collector_id not in refused]
+        condition = NO_ELIGIBLE
+        if eligible:
+            # Only a collector that holds one of the set's live keys can verify what we sign.
+            keys, now_s = self.dispatch_keys(), int(time.time())
+            keyed = [c for c in eligible if keys.signing_key_for(c.dispatch_kids, now_s) is not None]
+            condition = NO_ELIGIBLE if keyed else NO_KEY_HELD
+            eligible = keyed
         # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under the
         # collector's lock. Only the first lock may wait (store.lock_collector says why).
         locked_one = False
@@ -275,10 +285,8 @@ class Router:
                     conn, task["task_id"], S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
                 )
                 return S.FAILED
-        if task["condition"] != NO_ELIGIBLE:
-            await store.transition(
-                conn, task["task_id"], S.QUEUED, S.QUEUED, NO_ELIGIBLE, condition=NO_ELIGIBLE
-            )
+        if task["condition"] != condition:
+            await store.transition(conn, task["task_id"], S.QUEUED, S.QUEUED, condition, condition=condition)
         return S.QUEUED
 
     async def _lease_and_sign(
@@ -321,6 +329,8 @@ class Router:
             expires = min(task["deadline"], now + dt.timedelta(seconds=self.dispatch_ttl_s))
         operation = op.reconcile_operation if kind == "reconcile" else task["operation"]
         op_class = OpClass.READ.value if kind == "reconcile" else task["op_class"]
+        key = self.dispatch_keys().signing_key_for(chosen.dispatch_kids, int(now.timestamp()))
+        assert key is not None, "placement keeps collectors that hold no live key out"
         envelope = sign(
             EnvelopeDraft(
                 task_id=dispatch_id,
@@ -335,7 +345,7 @@ class Router:
                 expires_at=int(expires.timestamp()),
                 lease_epoch=epoch,
             ),
-            self.signing_key(),
+            key,
         )
         attempt = task["attempts"] + (1 if kind == "execute" else 0)
         await store.insert_dispatch(

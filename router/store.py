@@ -199,6 +199,7 @@ async def candidates(conn: AsyncConnection, site_id: str, tenant_id: str) -> Seq
             collector_capabilities.c.updated_at,
             collector_capabilities.c.fips,
             collector_capabilities.c.draining,
+            collectors.c.dispatch_kids,
         )
         .join(collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id)
         .where(

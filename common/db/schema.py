@@ -157,6 +157,9 @@ collectors = Table(
     # Credential vault mode as recorded by a collector-admin; the collector applies it on (re)start.
     Column("vault_mode", Text, nullable=False, server_default=text("'local'")),
     Column("vault_integration_id", Text, ForeignKey("vault_integrations.integration_id"), nullable=True),
+    # The dispatch key ids handed to the collector at enrollment: the router signs its envelopes
+    # only with one of these (docs/envelope.md, "Rotation today"). NULL: enrolled before 0007.
+    Column("dispatch_kids", ARRAY(Text), nullable=True),
     CheckConstraint("status IN ('pending', 'active', 'denied', 'revoked')", name="status"),
     CheckConstraint("vault_mode IN ('local', 'relayed', 'external')", name="vault_mode"),
     CheckConstraint(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,18 @@ def test_tasks_commands(start_control_plane: Callable[..., ControlPlane], tmp_pa
         assert json.loads(base64.b64decode(task["result"])) == {"hello": "cli"}
         human = run_cli(["tasks", "get", task_id], cp.env)
         assert "state" in human.stdout and "success" in human.stdout
+
+        # A dispatch key rotation does not cut off a collector enrolled before it: its envelopes are
+        # signed with the key it was given (the router re-reads the key set within 2 s).
+        rotated = run_cli(["keys", "rotate", "--set", "dispatch"], cp.env)
+        assert rotated.returncode == 0, rotated.stderr
+        time.sleep(2.5)
+        after = run_cli(
+            ["tasks", "submit", *target, "--operation", "echo", "--class", "read", "--target", "dev-1",
+             "--key", "cli-rotated", "--wait", "--json"],
+            platform_env,
+        )  # fmt: skip
+        assert after.returncode == 0, after.stderr + collector.log()
 
         # An operation nobody offers waits in the queue: cancel it.
         queued = run_cli(

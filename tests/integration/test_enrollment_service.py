@@ -12,7 +12,7 @@ from cryptography import x509
 from sqlalchemy import select
 
 from common.db import engine as db_engine
-from common.db.schema import audit_events, enrollment_tokens
+from common.db.schema import audit_events, collectors, enrollment_tokens
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, VersusError
 from common.keys import KeyPurpose, KeySet
 from enrollment.ca import LEAF_LIFETIME, CollectorCA
@@ -94,6 +94,11 @@ async def test_bootstrap_contents(service: EnrollmentService) -> None:
     assert result.dispatch_keys == [k.to_json() for k in DISPATCH.public_keys(NOW)]
     assert result.release_keys == [k.to_json() for k in RELEASE.public_keys(NOW)]
     assert result.dispatch_keys != result.release_keys
+    async with service.store.engine.connect() as conn:  # recorded: the router signs only with these
+        held = (
+            await conn.execute(select(collectors.c.dispatch_kids).where(collectors.c.collector_id == "col-a"))
+        ).scalar_one()
+    assert held == [k["kid"] for k in result.dispatch_keys]
     assert (result.auth_mode, result.audience) == ("bearer", "versus-collector-gateway")
     leaf, ca = x509.load_pem_x509_certificates(result.cert_chain_pem.encode())
     leaf.verify_directly_issued_by(ca)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,19 +95,21 @@ class NoJournal:
         return None
 
 
-def open_envelope(raw: bytes, collector_id: str) -> dict[str, Any]:
-    """Verify an envelope as a collector would and return its wire JSON."""
+def open_envelope(raw: bytes, collector_id: str, keys: KeySet = KEYS) -> dict[str, Any]:
+    """Verify an envelope as a collector holding ``keys`` would and return its wire JSON."""
     ctx = VerifyContext(
-        collector_id, int(time.time()), trusted(KEYS.public_keys(int(time.time()))), set(), NoJournal()
+        collector_id, int(time.time()), trusted(keys.public_keys(int(time.time()))), set(), NoJournal()
     )
     verify(raw, ctx)
     result: dict[str, Any] = json.loads(raw)
     return result
 
 
-def make_router(database_url: str, redis_url: str, **kw: Any) -> Router:
+def make_router(
+    database_url: str, redis_url: str, keys: Callable[[], KeySet] = lambda: KEYS, **kw: Any
+) -> Router:
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20)
-    router = Router(engine, aioredis.Redis.from_url(redis_url), lambda: KEYS.current, **kw)
+    router = Router(engine, aioredis.Redis.from_url(redis_url), keys, **kw)
     router.wake.start()
     return router
 

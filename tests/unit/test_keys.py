@@ -116,3 +116,20 @@ def test_reloading_keyset_sees_rotation(tmp_path: Path) -> None:
     # Make the change visible even on filesystems with coarse timestamps.
     os.utime(store.index, ns=(store.mtime_ns() + 1_000_000_000,) * 2)
     assert live.get().current_kid == rotated.current_kid != before
+
+
+def test_signing_key_for_what_the_verifier_holds() -> None:
+    now = 1_800_000_000
+    first = KeySet.create(KeyPurpose.DISPATCH, now)
+    second = first.rotate(now + 10)
+    third = second.rotate(now + 20)
+    old, middle, newest = (first.current_kid, second.current_kid, third.current_kid)
+    assert third.signing_key_for(None, now).kid == newest  # unknown holdings: the current key
+    assert third.signing_key_for({old, middle, newest}, now).kid == newest
+    assert third.signing_key_for({old, middle}, now).kid == middle  # the newest it holds
+    assert third.signing_key_for({old}, now).kid == old
+    assert third.signing_key_for({"dsp-elsewhere"}, now) is None
+    assert third.signing_key_for(set(), now) is None
+    # An expired key is never used, even when it is the only one held.
+    later = third.keys[0].not_after + 1
+    assert third.signing_key_for({old}, later) is None
