@@ -124,10 +124,15 @@ def test_signing_key_for_what_the_verifier_holds() -> None:
     second = first.rotate(now + 10)
     third = second.rotate(now + 20)
     old, middle, newest = (first.current_kid, second.current_kid, third.current_kid)
-    assert third.signing_key_for(None, now).kid == newest  # unknown holdings: the current key
-    assert third.signing_key_for({old, middle, newest}, now).kid == newest
-    assert third.signing_key_for({old, middle}, now).kid == middle  # the newest it holds
-    assert third.signing_key_for({old}, now).kid == old
+
+    def kid(held: set[str] | None) -> str | None:
+        key = third.signing_key_for(held, now)
+        return key.kid if key is not None else None
+
+    assert kid(None) == newest  # unknown holdings: the current key
+    assert kid({old, middle, newest}) == newest
+    assert kid({old, middle}) == middle  # the newest it holds
+    assert kid({old}) == old
     assert third.signing_key_for({"dsp-elsewhere"}, now) is None
     assert third.signing_key_for(set(), now) is None
     # An expired key is never used, even when it is the only one held.
