@@ -142,6 +142,9 @@ class Stack:
 @contextmanager
 def running_stack(**env: str) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="versus-bench-"))
+    # Thousands of simulated collectors all dial from 127.0.0.1, as behind a load balancer that
+    # hides client addresses: the per-address anonymous limit would throttle their ramp-up.
+    env = {"VERSUS_GATEWAY_MAX_ANONYMOUS_PER_SOURCE": "0", **env}
     with unpinned():
         postgres = EmbeddedPostgres(root / "pg").start()
         redis = EmbeddedRedis(root / "redis").start()

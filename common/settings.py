@@ -112,6 +112,13 @@ class Settings(BaseSettings):
     claim_hold_s: float = Field(
         default=25.0, gt=0, le=55, description="Longest the gateway holds a claim waiting for work (seconds)."
     )
+    gateway_max_anonymous_per_source: int = Field(
+        default=256,
+        ge=0,
+        le=1_000_000,
+        description="Connections one source address may hold before presenting a valid collector token "
+        "(0: no limit, e.g. behind a load balancer that hides client addresses).",
+    )
     gateway_public_url: str | None = Field(
         default=None,
         description="URL collectors use to reach the gateway (enroll commands, trust bootstrap). "

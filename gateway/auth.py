@@ -21,6 +21,7 @@ from common import collector_jwt, error_mapping
 from common.collector_jwt import BearerClaims, BearerError
 from common.errors import PermissionDenied, Unavailable, VersusError
 from common.logs import get_logger
+from gateway import edge
 from gateway.metrics import AUTH_FAILURES, SOCKETS_SHED
 from gateway.store import CollectorAuthRecord, GatewayStore
 
@@ -71,6 +72,7 @@ async def _authenticate(
         raise BearerError("the collector identity is revoked", code="collector_revoked")
     if record.status not in allowed:
         raise PermissionDenied(f"collector is {record.status}", code=f"collector_{record.status}")
+    edge.mark_authenticated(request.scope)
     return claims, record
 
 
@@ -107,22 +109,22 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
 
     Collectors never send ``Origin``; browsers always do, so refusing it keeps
     web pages off these sockets. A refusal before ``accept`` reaches the client
-    as HTTP 403 at the handshake.
+    as an HTTP answer with the JSON error body and its stable code (401, 403 or 503).
     """
     if ws.headers.get("origin") is not None:
-        await ws.close(code=4403, reason="origin_not_allowed")
+        await deny(ws, PermissionDenied("browsers may not open collector sockets", code="origin_not_allowed"))
         return None
     gate: AdmissionGate = ws.app.state.admissions
     with gate.enter() as admitted:
         if not admitted:
             SOCKETS_SHED.inc()
             busy = Unavailable("the gateway is admitting too many sockets; retry soon", code="gateway_busy")
-            await _deny(ws, busy, {"Retry-After": str(SHED_RETRY_AFTER_S)})
+            await deny(ws, busy, {"Retry-After": str(SHED_RETRY_AFTER_S)})
             return None
         try:
             claims, _ = await authenticate(ws, store)
         except VersusError as exc:
-            await ws.close(code=error_mapping.status_for(exc).ws_close_code, reason=exc.code)
+            await deny(ws, exc)
             return None
         except Exception as exc:
             # A dependency failed (say, no database connection free during a reconnect storm): answer
@@ -133,12 +135,12 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
                 log.exception("socket admission failed")
             else:
                 log.warning("socket refused: dependency unavailable", error=type(exc).__name__)
-            await _deny(ws, public)
+            await deny(ws, public)
             return None
     return claims
 
 
-async def _deny(ws: WebSocket, error: VersusError, headers: dict[str, str] | None = None) -> None:
+async def deny(ws: WebSocket, error: VersusError, headers: dict[str, str] | None = None) -> None:
     """Refuse a handshake with an HTTP answer carrying the error body (the client sees its status)."""
     status = error_mapping.status_for(error)
     try:

@@ -14,3 +14,8 @@ CONTROL_SOCKETS = Gauge("versus_gateway_control_sockets", "Open WebSocket contro
 SOCKETS_SHED = Counter(
     "versus_gateway_sockets_shed_total", "WebSocket handshakes refused 503 gateway_busy (admission limit)."
 )
+EDGE_REFUSALS = Counter(
+    "versus_gateway_edge_refusals_total",
+    "Connections refused or cut at the edge before the app saw them (gateway/edge.py), by code.",
+    ["code"],
+)

@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.logs import REQUEST_ID_HEADER, bind_request_id, clean_request_id, get_logger, unbind_request_id
 from common.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from gateway import edge
 
 log = get_logger("versus.gateway.access")
 
@@ -38,8 +39,12 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+                extra = [(b"x-request-id", request_id.encode())]
+                if not edge.is_authenticated(scope):
+                    # Keep-alive is for collectors: an anonymous connection ends with its answer,
+                    # so idle anonymous connections cannot fill the gateway (docs/gateway.md).
+                    extra.append((b"connection", b"close"))
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         try:

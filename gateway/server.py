@@ -19,7 +19,9 @@ from common.runtime import PARENT_PID_ENV, check_backends, require_backends, set
 from common.settings import Settings
 from common.state_dir import ensure_writable
 from common.tls import GatewayTls, ensure_gateway_tls, spki_pin
+from gateway import edge
 from gateway.app import GatewayConfig, create_app
+from gateway.edge import MAX_HEADER_BYTES, EdgeHttpProtocol, EdgeWebSocketProtocol, limit_tls_handshake
 
 log = get_logger("versus.gateway")
 
@@ -51,7 +53,10 @@ def limit_tls_read_buffer(size: int = TLS_READ_BUFFER_BYTES) -> None:
 
 # The WebSocket settings of the gateway's uvicorn server (tests serve the app with the same).
 WS_OPTIONS: dict[str, Any] = {
-    "ws": "websockets-sansio",
+    # uvicorn's h11 and websockets-sansio protocols with the edge limits of gateway/edge.py.
+    "http": EdgeHttpProtocol,
+    "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
+    "ws": EdgeWebSocketProtocol,
     "ws_max_size": WS_MAX_FRAME_BYTES,
     # No compression: nothing to gain on small JSON frames or already-encrypted tunnel
     # bytes, and no decompression bombs.
@@ -170,6 +175,8 @@ async def serve(settings: Settings) -> None:
     )
     server = uvicorn.Server(config)
     limit_tls_read_buffer()
+    limit_tls_handshake()
+    edge.configure(settings.gateway_max_anonymous_per_source)
     # Uvicorn re-raises the signal it caught once it has shut down; with these recording
     # handlers in place that re-raise is harmless and the process exits 0. A signal that came
     # before uvicorn installed its own is seen by the watchdog.

@@ -25,9 +25,10 @@ from starlette.websockets import WebSocketDisconnect
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
+from common.errors import PermissionDenied
 from common.grpc_client import aio_channel
 from common.logs import get_logger
-from gateway.auth import admit_socket
+from gateway.auth import admit_socket, deny
 from gateway.standing import standing_lapsed
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -50,7 +51,7 @@ async def tunnel(ws: WebSocket) -> None:
     record = json.loads(raw) if raw else None
     if record is None or record.get("collector_id") != claims.collector_id:
         # Unknown and someone else's look the same.
-        await ws.close(code=4403, reason="tunnel_not_yours")
+        await deny(ws, PermissionDenied("no such tunnel session for this collector", code="tunnel_not_yours"))
         return
     await ws.accept()
     outbound: asyncio.Queue[pb.RelayTunnelRequest | None] = asyncio.Queue(32)

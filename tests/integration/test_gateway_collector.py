@@ -582,11 +582,14 @@ async def test_control_socket_refusals(stack: Stack) -> None:
     c = await stack.enroll("col-ws2")
     with pytest.raises(websockets.InvalidStatus) as origin:
         await _ws(stack, c, Origin="https://evil.example")
+    # A refused handshake answers with the JSON error body and its stable code, as HTTP does.
     assert origin.value.response.status_code == 403
+    assert json.loads(origin.value.response.body)["error"]["code"] == "origin_not_allowed"
     url = stack.url.replace("http://", "ws://") + API + "/control"
     with pytest.raises(websockets.InvalidStatus) as unauthenticated:
         await websockets.connect(url, open_timeout=5)
-    assert unauthenticated.value.response.status_code == 403
+    assert unauthenticated.value.response.status_code == 401
+    assert json.loads(unauthenticated.value.response.body)["error"]["code"] == "bearer_missing"
     async with await _ws(stack, c) as ws:
         await ws.send("not json")
         with pytest.raises(websockets.ConnectionClosed) as closed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -104,6 +105,7 @@ async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> No
             with pytest.raises(websockets.InvalidStatus) as refused:
                 await _dial(stack, who, session)
             assert refused.value.response.status_code == 403
+            assert json.loads(refused.value.response.body)["error"]["code"] == "tunnel_not_yours"
         url = stack.url.replace("http://", "ws://") + gw.API + f"/tunnel?session={session_id}"
         headers = {**owner.bearer(), "Origin": "https://evil.example"}
         with pytest.raises(websockets.InvalidStatus) as browser:

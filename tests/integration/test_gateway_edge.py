@@ -1,0 +1,247 @@
+"""The gateway's edge under bounded abuse on loopback (gateway/edge.py): idle and slow peers are cut,
+one anonymous source cannot fill the gateway, every refusal carries the JSON error body, and a
+WebSocket peer cannot flood pings. Real sockets, real uvicorn, real databases behind the app.
+
+Deadlines are shortened (monkeypatched module constants) so each case takes a second, not ten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import uvicorn
+import websockets
+
+from common.embedded.process import free_port
+from common.logs import get_logger
+from common.tls import ensure_gateway_tls
+from gateway import edge
+from gateway.server import WS_OPTIONS
+from tests.integration import test_gateway_collector as gw
+
+pytestmark = pytest.mark.timeout(90)
+log = get_logger("tests.gateway_edge")
+stack = gw.stack
+Stack = gw.Stack
+
+DEADLINE_S = 0.5
+FLOOD_SOURCE = "127.0.0.2"  # the anonymous flood comes from here; collectors from 127.0.0.1
+
+
+@pytest.fixture(autouse=True)
+def short_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(edge, "FIRST_REQUEST_TIMEOUT_S", DEADLINE_S)
+    monkeypatch.setattr(edge, "HEADER_TIMEOUT_S", DEADLINE_S)
+
+
+def _address(stack: Stack) -> tuple[str, int]:
+    parts = urlsplit(stack.url)
+    assert parts.hostname is not None and parts.port is not None
+    return parts.hostname, parts.port
+
+
+async def _open(stack: Stack, source: str = "127.0.0.1") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(*_address(stack), local_addr=(source, 0))
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], Any]:
+    """Status, headers and JSON body of the one response the gateway sends before closing."""
+    raw = await asyncio.wait_for(reader.read(), 5)  # until EOF: every refusal closes
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, json.loads(body) if body else None
+
+
+async def test_a_connection_that_never_asks_is_closed(stack: Stack) -> None:
+    reader, writer = await _open(stack)
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, with nothing to answer
+    assert DEADLINE_S <= time.monotonic() - started < DEADLINE_S + 1
+    writer.close()
+
+
+async def test_headers_trickled_byte_by_byte_get_408(stack: Stack) -> None:
+    reader, writer = await _open(stack)
+    started = time.monotonic()
+
+    async def trickle() -> None:
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.05)
+
+    sender = asyncio.create_task(trickle())
+    status, headers, body = await _answer(reader)
+    sender.cancel()
+    assert (status, body["error"]["code"]) == (408, "header_timeout")
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert time.monotonic() - started < DEADLINE_S + 1
+    writer.close()
+
+
+async def test_the_deadline_applies_to_every_request_not_only_the_first(stack: Stack) -> None:
+    c = await stack.enroll("col-edge-k")
+    reader, writer = await _open(stack)
+    bearer = c.bearer()["Authorization"]
+    request = f"GET {gw.API}/enrollment HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\n\r\n"
+    writer.write(request.encode())
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode().lower()
+    assert head.startswith("http/1.1 200") and "connection: close" not in head
+    length = int(head.split("content-length: ", 1)[1].split("\r\n", 1)[0])
+    await reader.readexactly(length)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # ...and the rest never comes
+    status, _, body = await _answer(reader)
+    assert (status, body["error"]["code"]) == (408, "header_timeout")
+    writer.close()
+
+
+async def test_oversized_and_malformed_heads_get_json_errors(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+        huge = await client.get("/healthz", headers={"Authorization": "Bearer " + "a" * 100_000})
+    assert huge.status_code == 431 and huge.json()["error"]["code"] == "header_too_large"
+    reader, writer = await _open(stack)
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    status, _, body = await _answer(reader)
+    assert (status, body["error"]["code"]) == (400, "http_malformed")
+    writer.close()
+
+
+async def test_anonymous_answers_close_the_connection_authenticated_ones_keep_it(stack: Stack) -> None:
+    c = await stack.enroll("col-edge-ka")
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+        anonymous = await client.get("/healthz")
+        claimed = await client.post(gw.API + "/claim", json={"wait_s": 0}, headers=c.bearer())
+    assert anonymous.headers["connection"] == "close"
+    assert claimed.status_code == 204 and "connection" not in claimed.headers
+
+
+async def test_an_anonymous_flood_is_capped_per_source_and_collectors_stay_served(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Long enough that the flood is held for the whole measurement.
+    monkeypatch.setattr(edge, "FIRST_REQUEST_TIMEOUT_S", 30.0)
+    cap, flood = 50, 400
+    monkeypatch.setattr(edge, "MAX_ANONYMOUS_PER_SOURCE", cap)
+    c = await stack.enroll("col-edge-flood")
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+        quiet = []
+        for _ in range(20):
+            started = time.perf_counter()
+            assert (
+                await client.post(gw.API + "/claim", json={"wait_s": 0}, headers=c.bearer())
+            ).status_code == 204
+            quiet.append(time.perf_counter() - started)
+
+    held = [await _open(stack, FLOOD_SOURCE) for _ in range(flood)]
+    await asyncio.sleep(0.2)
+    refused = []
+    for reader, _ in held[cap:]:
+        status, _, body = await _answer(reader)
+        refused.append((status, body["error"]["code"]))
+    assert set(refused) == {(503, "too_many_connections")} and len(refused) == flood - cap
+    assert edge.anonymous_count(FLOOD_SOURCE) == cap
+
+    # A collector from another address, on fresh connections, while the flood is held.
+    during = []
+    for _ in range(20):
+        async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+            started = time.perf_counter()
+            assert (
+                await client.post(gw.API + "/claim", json={"wait_s": 0}, headers=c.bearer())
+            ).status_code == 204
+            during.append(time.perf_counter() - started)
+    quiet_ms, during_ms = statistics.median(quiet) * 1000, statistics.median(during) * 1000
+    log.info("claim latency", quiet_p50_ms=round(quiet_ms, 1), flood_p50_ms=round(during_ms, 1))
+    # Not a speed assertion: the flood must not starve the collector (seconds would mean queued behind it).
+    assert max(during) < 2.0
+    for _, writer in held:
+        writer.close()
+
+
+async def test_a_websocket_ping_flood_is_cut_with_4429(stack: Stack) -> None:
+    c = await stack.enroll("col-edge-ping")
+    async with await gw._ws(stack, c) as ws:
+        for _ in range(edge.PING_BURST * 3):
+            await ws.ping()
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 5)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4429, "too_many_pings")
+
+
+async def test_a_websocket_keepalive_within_the_rate_is_untouched(stack: Stack) -> None:
+    c = await stack.enroll("col-edge-ping-ok")
+    async with await gw._ws(stack, c) as ws:
+        for _ in range(edge.PING_BURST - 2):
+            await asyncio.wait_for(await ws.ping(), 5)  # each answered with a pong
+
+
+@contextlib.asynccontextmanager
+async def _second_server(stack: Stack, **options: Any) -> AsyncIterator[int]:
+    """The same (already started) gateway app on another port with other server options."""
+    port = free_port()
+    settings = {**WS_OPTIONS, **options}
+    config = uvicorn.Config(
+        stack.app, host="127.0.0.1", port=port, log_config=None, lifespan="off", **settings
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn exposes only this flag
+        await asyncio.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def tls_server(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[int, Path]]:
+    """The same gateway app behind real TLS, with a short handshake bound."""
+    monkeypatch.setattr(asyncio.constants, "SSL_HANDSHAKE_TIMEOUT", DEADLINE_S)
+    material = ensure_gateway_tls(tmp_path / "tls", "gw.test", ["127.0.0.1"])
+    assert material.ca_file is not None
+    options = {"ssl_certfile": str(material.cert_file), "ssl_keyfile": str(material.key_file)}
+    async with _second_server(stack, **options) as port:
+        yield port, material.ca_file
+
+
+async def test_the_connection_limit_answers_json_503(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(edge, "FIRST_REQUEST_TIMEOUT_S", 30.0)
+    async with _second_server(stack, limit_concurrency=2) as port:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        status, headers, body = await _answer(reader)
+        assert (status, body["error"]["code"], headers["retry-after"]) == (503, "gateway_busy", "2")
+        for _, w in [*held, (reader, writer)]:
+            w.close()
+
+
+async def test_tls_handshake_and_first_request_are_bounded(tls_server: tuple[int, Path]) -> None:
+    port, ca = tls_server
+    # TCP connected, no ClientHello: cut when the handshake bound passes.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert time.monotonic() - started < DEADLINE_S + 1
+    writer.close()
+    # TLS done, then silence: cut after the first-request deadline.
+    context = ssl.create_default_context(cafile=str(ca))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="gw.test")
+    started = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert DEADLINE_S <= time.monotonic() - started < DEADLINE_S + 1
+    writer.close()
