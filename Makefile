@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos fuzz clean
+.PHONY: help venv run test check system-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos fuzz clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -33,7 +33,7 @@ run: $(STAMP)
 # Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
 # directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
 # other's; the first suite's output is printed once both finished.
-test: check
+test: check system-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
 	$(BIN)/pytest tests/unit tests/integration --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
@@ -44,6 +44,17 @@ test: check
 	exit $$(( fast || e2e ))
 
 check: lint proto-lint protos-check
+
+# Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
+# start in a network namespace) and iproute2 (the namespaces). Installed once, as root, with apt.
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2
+
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -85,10 +96,10 @@ bench-envelope: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) system-deps
 	$(BIN)/pytest tests/integration
 
-e2e: $(STAMP)
+e2e: $(STAMP) system-deps
 	$(BIN)/pytest tests/e2e
 
 # Faults against real processes for five minutes; a short smoke run is part of `make test`.
