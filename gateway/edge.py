@@ -23,6 +23,7 @@ The TLS handshake itself is bounded by :data:`TLS_HANDSHAKE_TIMEOUT_S` (see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
+from websockets.exceptions import InvalidState
 
 from common.logs import get_logger
 from gateway.metrics import EDGE_REFUSALS
@@ -285,8 +287,9 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
         self._cut = True
         EDGE_REFUSALS.labels(reason).inc()
         log.warning("websocket peer cut off", reason=reason, client=self.client[0] if self.client else "")
-        self.conn.send_close(code, reason)
-        self.transport.write(b"".join(self.conn.data_to_send()))
+        with contextlib.suppress(InvalidState):  # already closing: the frame is on its way
+            self.conn.send_close(code, reason)
+            self.transport.write(b"".join(self.conn.data_to_send()))
         self.queue.put_nowait({"type": "websocket.disconnect", "code": code})
         self.transport.close()
         self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
