@@ -136,6 +136,8 @@ class EdgeHttpProtocol(H11Protocol):
         self.connection_limit = self.limit_concurrency
         self.limit_concurrency = None
         self._deadline: asyncio.TimerHandle | None = None
+        # Answered before the request body was read; the rest of the body is being read and dropped.
+        self._draining = False
         self._source: str | None = None
         self.mark._on_authenticated = self._release_source
 
@@ -173,8 +175,21 @@ class EdgeHttpProtocol(H11Protocol):
                              f"the request line and headers exceed {MAX_HEADER_BYTES} bytes", [])  # fmt: skip
                 return
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:
+        if self._draining:
+            if self.conn.their_state in (h11.IDLE, h11.DONE):
+                self._draining = False  # the rest of the early-answered request has arrived
+                self._disarm()
+        elif self.conn.their_state is not h11.IDLE:
             self._disarm()  # the headers are complete
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before the body was read (413, 408): the rest is read and dropped rather than
+            # closing at once, which would reset the connection and lose the answer in the client's
+            # buffers — but only for so long.
+            self._draining = True
+            self._arm(HEADER_TIMEOUT_S)
 
     def _head_too_large(self, data: bytes) -> bool:
         """Whether the request head being received cannot end within :data:`MAX_HEADER_BYTES`.
@@ -212,6 +227,10 @@ class EdgeHttpProtocol(H11Protocol):
 
     def _deadline_passed(self) -> None:
         self._deadline = None
+        if self._draining:
+            EDGE_REFUSALS.labels("body_after_answer").inc()
+            self.transport.close()  # already answered
+            return
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
         buffered, _ = self.conn.trailing_data

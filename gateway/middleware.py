@@ -35,12 +35,23 @@ class RequestContextMiddleware:
         started = time.perf_counter()
         status = 500 if scope["type"] == "http" else 101
 
+        # Whether the whole request has been read: only then may an answer close the connection
+        # (closing with request bytes unread resets it, and the client may lose the answer).
+        body_read = not _has_body(scope)
+
+        async def receive_tracked() -> Message:
+            nonlocal body_read
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body_read = True
+            return message
+
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 extra = [(b"x-request-id", request_id.encode())]
-                if not edge.is_authenticated(scope):
+                if body_read and not edge.is_authenticated(scope):
                     # Keep-alive is for collectors: an anonymous connection ends with its answer,
                     # so idle anonymous connections cannot fill the gateway (docs/gateway.md).
                     extra.append((b"connection", b"close"))
@@ -52,7 +63,7 @@ class RequestContextMiddleware:
             if framing is not None:
                 await _refuse_framing(framing, send_with_id)
             else:
-                await self.app(scope, receive, send_with_id)
+                await self.app(scope, receive_tracked, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
             route = _route_template(scope)
@@ -68,6 +79,16 @@ class RequestContextMiddleware:
                     duration_ms=round(elapsed * 1000, 2),
                 )
             unbind_request_id()
+
+
+def _has_body(scope: Scope) -> bool:
+    if scope["type"] != "http":
+        return False
+    for name, value in scope.get("headers", ()):
+        lowered = name.lower()
+        if lowered == b"transfer-encoding" or (lowered == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
 
 
 def _ambiguous_framing(scope: Scope) -> str | None:

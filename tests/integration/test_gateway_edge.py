@@ -245,3 +245,20 @@ async def test_tls_handshake_and_first_request_are_bounded(tls_server: tuple[int
     assert await asyncio.wait_for(reader.read(), 5) == b""
     assert DEADLINE_S <= time.monotonic() - started < DEADLINE_S + 1
     writer.close()
+
+
+async def test_an_early_answer_is_delivered_and_the_unread_body_bounded(stack: Stack) -> None:
+    reader, writer = await _open(stack)
+    writer.write(
+        f"POST {gw.API}/enroll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000000\r\n\r\n{".encode()
+    )
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode().lower()
+    assert head.startswith("http/1.1 413")  # refused on Content-Length alone, before the body
+    started = time.monotonic()
+    length = int(head.split("content-length: ", 1)[1].split("\r\n", 1)[0])
+    assert json.loads(await reader.readexactly(length))["error"]["code"] == "body_too_large"
+    # The announced body never comes: the connection is not held for it.
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert time.monotonic() - started < DEADLINE_S + 1
+    writer.close()
