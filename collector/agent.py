@@ -25,6 +25,7 @@ from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, 
 from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
+from collector.renewal import Renewer
 from collector.state import StatePaths, load_key, read_json, write_json
 from collector.tunnel import carry
 from common.envelope.canonical import OpClass
@@ -110,13 +111,11 @@ class Agent:
         self.clock = ServerClock()
         self.clock_uncertainty_s: float | None = None  # None: no fresh round trip yet (local clock)
         self.context = ssl_context(self.paths.ca_bundle)
+        key = load_key(self.paths.key)
         self.client = GatewayClient(
-            self.identity["gateway_url"],
-            self.context,
-            load_key(self.paths.key),
-            self.collector_id,
-            ws_retry_s=options.ws_retry_s,
+            self.identity["gateway_url"], self.context, key, self.collector_id, ws_retry_s=options.ws_retry_s
         )
+        self.renewer = Renewer(self.paths, key, self.collector_id, self.client.renew)
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         # A new id per process start: the control plane keeps one current session per collector.
@@ -132,11 +131,15 @@ class Agent:
             loop.add_signal_handler(sig, self.stopping.set)
         log.info("collector started", collector_id=self.collector_id, session_id=self.session_id,
                  vault_mode=self.vault_mode)  # fmt: skip
+        # Beside everything else, for the life of the process; its failures never stop work.
+        renewing = asyncio.create_task(self.renewer.run(self.stopping))
         try:
             await self._recover()
             await self._publish_capabilities()
             await self._claim_loop()
         finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
             await self._drain()
             await self.client.close()
             self.journal.close()

@@ -151,11 +151,7 @@ class GatewayClient:
         if status >= 500:
             raise GatewayUnavailable(f"{kind}: HTTP {status}")
         if status >= 400:
-            try:
-                error = json.loads(raw)["error"]
-                raise GatewayRefused(status, str(error["code"]), str(error["message"]))
-            except (ValueError, KeyError, TypeError):
-                raise GatewayRefused(status, f"http_{status}", raw[:200].decode(errors="replace")) from None
+            raise _refused(status, raw)
         return status, raw, headers
 
     async def claim(self, body: dict[str, Any], hold_s: float) -> ClaimReply:
@@ -183,9 +179,32 @@ class GatewayClient:
         result: dict[str, Any] = json.loads((await self._call("report", body))[1])
         return result
 
+    async def renew(self, csr_pem: str) -> dict[str, Any]:
+        """A new certificate for the collector's key (``/renew``, always over HTTPS)."""
+        try:
+            response = await self._http.post(
+                "/renew", json={"csr_pem": csr_pem}, headers={"Authorization": "Bearer " + self._bearer()}
+            )
+        except httpx.HTTPError as exc:
+            raise GatewayUnavailable(f"renew: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise GatewayUnavailable(f"renew: HTTP {response.status_code}")
+        if response.status_code >= 400:
+            raise _refused(response.status_code, response.content)
+        result: dict[str, Any] = response.json()
+        return result
+
     async def capabilities(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = json.loads((await self._call("capabilities", body))[1])
         return result
+
+
+def _refused(status: int, raw: bytes) -> GatewayRefused:
+    try:
+        error = json.loads(raw)["error"]
+        return GatewayRefused(status, str(error["code"]), str(error["message"]))
+    except (ValueError, KeyError, TypeError):
+        return GatewayRefused(status, f"http_{status}", raw[:200].decode(errors="replace"))
 
 
 def _round_trip(sent: float, received: float, server_ms: object, held_ms: object) -> RoundTrip | None:

@@ -25,11 +25,10 @@ from typing import Any
 
 import httpx
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from collector import __version__
+from collector.renewal import csr_pem
 from collector.state import StatePaths, load_key, read_json, save_key, write_json
 from common import collector_jwt
 from common.state_dir import write_public
@@ -81,15 +80,6 @@ def _ssl_context(url: str, ca_pin: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=pem)
 
 
-def _csr(key: ec.EllipticCurvePrivateKey, collector_id: str) -> str:
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, collector_id)]))
-        .sign(key, hashes.SHA256())
-    )
-    return csr.public_bytes(serialization.Encoding.PEM).decode()
-
-
 def _attempt(paths: StatePaths, requested_id: str | None) -> tuple[str, ec.EllipticCurvePrivateKey]:
     """The id and key of an unfinished earlier attempt, or new ones (saved before any request)."""
     if paths.attempt.exists() and paths.key.exists():
@@ -122,7 +112,7 @@ def enroll(options: EnrollOptions) -> dict[str, Any]:
     collector_id, key = _attempt(paths, options.collector_id)
     body = {
         "token": options.token,
-        "csr_pem": _csr(key, collector_id),
+        "csr_pem": csr_pem(key, collector_id),
         "collector": {
             "hostname": socket.gethostname(),
             "os": platform.system().lower(),

@@ -112,6 +112,13 @@ class Settings(BaseSettings):
     claim_hold_s: float = Field(
         default=25.0, gt=0, le=55, description="Longest the gateway holds a claim waiting for work (seconds)."
     )
+    collector_cert_lifetime_s: int = Field(
+        default=90 * 24 * 3600,
+        ge=10,
+        le=397 * 24 * 3600,
+        description="How long a collector certificate is valid (seconds); collectors renew at about two "
+        "thirds of it. Short values are for tests.",
+    )
     gateway_max_anonymous_per_source: int = Field(
         default=256,
         ge=0,

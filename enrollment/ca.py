@@ -132,8 +132,17 @@ class CollectorCA:
     def cert_pem(self) -> str:
         return self.cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
 
-    def issue(self, csr: CsrInfo, *, site_id: str, trust_domain: str, now: dt.datetime) -> x509.Certificate:
-        """A 90-day client certificate binding ``csr.collector_id`` to ``site_id``."""
+    def issue(
+        self,
+        csr: CsrInfo,
+        *,
+        site_id: str,
+        trust_domain: str,
+        now: dt.datetime,
+        lifetime: dt.timedelta = LEAF_LIFETIME,
+    ) -> x509.Certificate:
+        """A client certificate binding ``csr.collector_id`` to ``site_id``, valid for ``lifetime`` from
+        ``now`` (and from a few minutes before, for clocks that run behind)."""
         not_before = now - BACKDATE
         return (
             x509.CertificateBuilder()
@@ -142,7 +151,7 @@ class CollectorCA:
             .public_key(csr.public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
-            .not_valid_after(not_before + LEAF_LIFETIME)
+            .not_valid_after(now + lifetime)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(key_usage(digital_signature=True), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

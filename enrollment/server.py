@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -54,6 +55,7 @@ def build_config(settings: Settings, state: Path) -> EnrollmentConfig:
         gateway_server_name=settings.gateway_server_name,
         gateway_ca_pem=ca_pem,
         gateway_ca_pin=pin,
+        cert_lifetime=dt.timedelta(seconds=settings.collector_cert_lifetime_s),
     )
 
 

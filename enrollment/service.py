@@ -22,7 +22,7 @@ from common.errors import Conflict, FailedPrecondition, InvalidArgument, Unauthe
 from common.keys import KeySet, PublicKey
 from common.logs import get_logger
 from enrollment import tokens
-from enrollment.ca import CollectorCA, CsrInfo, validate_csr
+from enrollment.ca import LEAF_LIFETIME, CollectorCA, CsrInfo, validate_csr
 from enrollment.store import Collector, EnrollmentStore, Site, Token
 
 log = get_logger("versus.enrollment")
@@ -62,6 +62,8 @@ class EnrollmentConfig:
     gateway_ca_pem: str | None
     gateway_ca_pin: str | None
     policy: CollectorPolicy = field(default_factory=CollectorPolicy)
+    # How long a collector certificate is valid; collectors renew at about two thirds of it.
+    cert_lifetime: dt.timedelta = LEAF_LIFETIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +260,10 @@ class EnrollmentService:
             if exhausted:
                 raise InvalidToken()
             tenant_id = await self.store.site_tenant(tx.conn, token.site_id)
-            cert = self.ca.issue(csr, site_id=token.site_id, trust_domain=self.config.trust_domain, now=now)
+            cert = self.ca.issue(
+                csr, site_id=token.site_id, trust_domain=self.config.trust_domain, now=now,
+                lifetime=self.config.cert_lifetime,
+            )  # fmt: skip
             status = "active" if token.approval_mode == tokens.ApprovalMode.AUTO else "pending"
             values = {
                 "collector_id": csr.collector_id,
@@ -339,7 +344,7 @@ class EnrollmentService:
         return await self.store.get_collector(collector_id)
 
     async def renew(self, collector_id: str, csr_pem: str) -> tuple[str, dt.datetime]:
-        """A new 90-day certificate for the same or a new key of an active collector."""
+        """A new certificate (``config.cert_lifetime``) for the same or a new key of an active collector."""
         collector = await self.store.get_collector(collector_id)
         if collector.status != "active":
             raise FailedPrecondition(
@@ -351,8 +356,9 @@ class EnrollmentService:
                 "the CSR's Common Name must be the collector's own id", code="csr_cn_mismatch"
             )
         cert = self.ca.issue(
-            csr, site_id=collector.site_id, trust_domain=self.config.trust_domain, now=self.clock()
-        )
+            csr, site_id=collector.site_id, trust_domain=self.config.trust_domain, now=self.clock(),
+            lifetime=self.config.cert_lifetime,
+        )  # fmt: skip
         cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode("ascii")
         await self.store.replace_certificate(
             collector_id,

@@ -111,10 +111,12 @@ class Fleet:
             )
         return views
 
-    async def list(self, *, query: str, site_id: str, after: str, limit: int) -> list[CollectorView]:
+    async def list(
+        self, *, query: str, site_id: str, after: str, limit: int, expiring_within: dt.timedelta | None = None
+    ) -> list[CollectorView]:
         async with self.engine.connect() as conn:
             rows = await fleet_store.list_collectors(
-                conn, query=query, site_id=site_id, after=after, limit=limit
+                conn, query=query, site_id=site_id, after=after, limit=limit, expiring_within=expiring_within
             )
         return await self._views(rows)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from sqlalchemy.engine import RowMapping
 from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
@@ -130,9 +132,13 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         size = request.page_size or DEFAULT_PAGE_SIZE
         if size > MAX_PAGE_SIZE:
             raise InvalidArgument(f"page_size must be at most {MAX_PAGE_SIZE}", code="page_size_too_large")
+        within = request.expiring_within.ToTimedelta() if request.HasField("expiring_within") else None
+        if within is not None and within < dt.timedelta(0):
+            raise InvalidArgument("expiring_within must not be negative", code="expiring_within_invalid")
         views = await self.fleet.list(
-            query=request.query.strip(), site_id=request.site_id, after=request.page_token, limit=size + 1
-        )
+            query=request.query.strip(), site_id=request.site_id, after=request.page_token, limit=size + 1,
+            expiring_within=within,
+        )  # fmt: skip
         page = views[:size]
         token = page[-1].collector_id if len(views) > size else ""
         return pb.ListCollectorsResponse(collectors=[collector_pb(v) for v in page], next_page_token=token)

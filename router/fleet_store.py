@@ -35,10 +35,22 @@ def _joined() -> Any:
 
 
 async def list_collectors(
-    conn: AsyncConnection, *, query: str, site_id: str, after: str, limit: int
+    conn: AsyncConnection,
+    *,
+    query: str,
+    site_id: str,
+    after: str,
+    limit: int,
+    expiring_within: dt.timedelta | None = None,
 ) -> Sequence[RowMapping]:
-    """Collectors ordered by id; ``query`` matches id, hostname or site id (case-insensitive substring)."""
+    """Collectors ordered by id; ``query`` matches id, hostname or site id (case-insensitive substring);
+    ``expiring_within`` keeps pending and active collectors whose certificate expires that soon."""
     stmt = _joined().where(collectors.c.collector_id > after).order_by(collectors.c.collector_id).limit(limit)
+    if expiring_within is not None:
+        stmt = stmt.where(
+            collectors.c.status.in_(["pending", "active"]),
+            collectors.c.cert_not_after < func.now() + expiring_within,
+        )
     if site_id:
         stmt = stmt.where(collectors.c.site_id == site_id)
     if query:

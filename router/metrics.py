@@ -13,6 +13,11 @@ NO_ELIGIBLE_TOTAL = Counter(
 QUEUE_DEPTH = Gauge(
     "versus_router_queue_depth", "Tasks waiting in the queued state (sampled by the sweeper)."
 )
+CERT_SOONEST_EXPIRY = Gauge(
+    "versus_collector_cert_soonest_expiry_timestamp_seconds",
+    "Unix time at which the first active collector certificate expires (NaN: no active collector; "
+    "sampled by the sweeper). Alert when it is less than a few weeks away: renewals are failing.",
+)
 CLAIM_WAIT = Histogram(
     "versus_router_claim_wait_seconds",
     "How long claims were held before answering.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
@@ -35,7 +36,7 @@ from router.enrollment_client import EnrollmentClient
 from router.fleet import Fleet
 from router.fleet_api import FleetServicer
 from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
-from router.metrics import QUEUE_DEPTH
+from router.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
 from router.service import Router
 from router.tunnels import TunnelHub, TunnelServicer
 
@@ -80,6 +81,14 @@ def registrations(router: Router, clock: Callable[[], float] = time.time) -> lis
     ]
 
 
+async def sample_gauges(router: Router) -> None:
+    """Gauges read from PostgreSQL: the queue depth and the soonest collector certificate expiry."""
+    async with router.engine.connect() as conn:
+        QUEUE_DEPTH.set(await store.queued_count(conn))
+        soonest = await store.soonest_cert_expiry(conn)
+    CERT_SOONEST_EXPIRY.set(soonest.timestamp() if soonest is not None else math.nan)
+
+
 async def sweep_forever(
     router: Router, interval_s: float = SWEEP_INTERVAL_S, stop: asyncio.Event | None = None
 ) -> None:
@@ -95,8 +104,7 @@ async def sweep_forever(
         try:
             counts = await router.sweep()
             await router.reevaluate()
-            async with router.engine.connect() as conn:
-                QUEUE_DEPTH.set(await store.queued_count(conn))
+            await sample_gauges(router)
             if any(counts.values()):
                 log.info("sweep", **counts)
         except asyncio.CancelledError:

@@ -718,6 +718,15 @@ async def audit(
     )  # fmt: skip
 
 
+async def soonest_cert_expiry(conn: AsyncConnection) -> dt.datetime | None:
+    """The earliest certificate expiry among active collectors."""
+    result = await conn.execute(
+        select(func.min(collectors.c.cert_not_after)).where(collectors.c.status == "active")
+    )
+    value: dt.datetime | None = result.scalar_one()
+    return value
+
+
 async def queued_count(conn: AsyncConnection) -> int:
     result = await conn.execute(
         select(func.count()).select_from(tasks).where(tasks.c.state == State.QUEUED.value)

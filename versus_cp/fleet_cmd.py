@@ -1,6 +1,6 @@
 """Operator commands for the fleet (served by the router's FleetService):
 
-    versus-cp collectors list [--query Q] [--site SITE_ID]
+    versus-cp collectors list [--query Q] [--site SITE_ID] [--expiring 14d]
     versus-cp collectors show COLLECTOR_ID
     versus-cp collectors probe COLLECTOR_ID
     versus-cp collectors approve|drain|undrain COLLECTOR_ID
@@ -16,6 +16,7 @@ reachable and 3 when it is not, so scripts can gate on it.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from typing import Any
 
 from versus.fleet.v1 import fleet_pb2 as pb
@@ -52,6 +53,10 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     listing = sub.add_parser("list", help="List collectors with status, session state and drivers.")
     listing.add_argument("--query", default="", help="match collector id, hostname or site id")
     listing.add_argument("--site", default="")
+    listing.add_argument(
+        "--expiring", type=_span, default=None, metavar="SPAN",
+        help="only collectors whose certificate expires within SPAN (e.g. 14d, 12h, 30m, 90s)",
+    )  # fmt: skip
     parsers = [listing]
     for name, text in (
         ("show", "Identity, live session, driver capabilities and vault mode of one collector."),
@@ -92,6 +97,17 @@ def _status(c: pb.Collector) -> str:
 
 def _session(c: pb.Collector) -> str:
     return enum_name(c.session_state, pb.SessionState, "SESSION_STATE_")
+
+
+_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _span(text: str) -> dt.timedelta:
+    """``14d``, ``12h``, ``30m`` or ``90s`` as a duration."""
+    number, unit = text[:-1], text[-1:].lower()
+    if unit not in _SPAN_UNITS or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a span like 14d, 12h, 30m or 90s")
+    return dt.timedelta(seconds=int(number) * _SPAN_UNITS[unit])
 
 
 def print_collectors(collectors: list[pb.Collector]) -> None:
@@ -164,6 +180,8 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
         page = ""
         while True:
             request = pb.ListCollectorsRequest(site_id=args.site, query=args.query, page_token=page)
+            if args.expiring is not None:
+                request.expiring_within.FromTimedelta(args.expiring)
             reply = _call(settings, "ListCollectors", request)
             found.extend(reply.collectors)
             page = reply.next_page_token

@@ -15,6 +15,7 @@ from common.db import engine as db_engine
 from common.db.schema import audit_events, collectors, enrollment_tokens
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, VersusError
 from common.keys import KeyPurpose, KeySet
+from common.pki import BACKDATE
 from enrollment.ca import LEAF_LIFETIME, CollectorCA
 from enrollment.service import CollectorInfo, EnrollmentConfig, EnrollmentService, InvalidToken
 from enrollment.store import EnrollmentStore
@@ -102,7 +103,7 @@ async def test_bootstrap_contents(service: EnrollmentService) -> None:
     assert (result.auth_mode, result.audience) == ("bearer", "versus-collector-gateway")
     leaf, ca = x509.load_pem_x509_certificates(result.cert_chain_pem.encode())
     leaf.verify_directly_issued_by(ca)
-    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME
+    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME + BACKDATE
     san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
         f"spiffe://test.versus/site/{site_id}/collector/col-a"

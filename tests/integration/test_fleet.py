@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
+from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 from versus.access.v1 import access_pb2, access_pb2_grpc
 from versus.fleet.v1 import fleet_pb2 as fpb
@@ -25,6 +26,7 @@ from common.db.schema import audit_events, collectors
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
 from common.rbac import Role
+from router.server import sample_gauges
 from tests.integration import test_gateway_collector as gw
 from tests.support.access import mint
 from tests.support.pki import csr_pem, p256
@@ -101,6 +103,33 @@ async def test_list_search_and_detail(stack: Stack, admin: Ops) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await _show(admin, "col-nope")
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_certificates_expiring_soon_are_listed_and_the_soonest_is_a_gauge(
+    stack: Stack, admin: Ops
+) -> None:
+    for name in ("col-cert-soon", "col-cert-later", "col-cert-revoked"):
+        await stack.enroll(name)
+    soon = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(days=3)
+    async with stack.router.engine.begin() as conn:
+        for cid, status in (("col-cert-soon", "active"), ("col-cert-revoked", "revoked")):
+            await conn.execute(
+                update(collectors)
+                .where(collectors.c.collector_id == cid)
+                .values(cert_not_after=soon, status=status)
+            )
+    request = fpb.ListCollectorsRequest()
+    request.expiring_within.FromTimedelta(dt.timedelta(days=14))
+    expiring = await admin.fleet.ListCollectors(request)
+    assert [c.collector_id for c in expiring.collectors] == ["col-cert-soon"]  # revoked ones do not matter
+    request.expiring_within.FromTimedelta(dt.timedelta(days=-1))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await admin.fleet.ListCollectors(request)
+    assert _code(info.value) == "expiring_within_invalid"
+
+    await sample_gauges(stack.router)
+    gauge = REGISTRY.get_sample_value("versus_collector_cert_soonest_expiry_timestamp_seconds")
+    assert gauge == soon.timestamp()
 
 
 async def test_probe_thresholds_follow_the_heartbeat_age(stack: Stack, admin: Ops) -> None:

@@ -5,6 +5,7 @@ isort:skip_file
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -320,11 +321,18 @@ class ListCollectorsRequest(_message.Message):
     QUERY_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    EXPIRING_WITHIN_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     query: _builtins.str
     """Matches collector id, hostname or site id."""
     page_size: _builtins.int
     page_token: _builtins.str
+    @_builtins.property
+    def expiring_within(self) -> _duration_pb2.Duration:
+        """Only collectors whose certificate expires within this long (expired ones included);
+        revoked and denied collectors are left out. Unset: no filter.
+        """
+
     def __init__(
         self,
         *,
@@ -332,10 +340,11 @@ class ListCollectorsRequest(_message.Message):
         query: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        expiring_within: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "query", b"query", "site_id", b"site_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "site_id", b"site_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,159 @@
+"""Certificate renewal: the collector renews its certificate at about two thirds of its life.
+
+The certificate is what the control plane checks for expiry on every request (the bearer token
+is signed with the collector's key, and the gateway refuses a collector whose certificate has
+lapsed), so a collector that never renews stops on its ninetieth day. Renewal keeps the same key:
+a lost answer then costs nothing — the next attempt gets another certificate for the same key,
+and the identity is never in a state where the control plane and the collector disagree on it.
+
+The schedule (:func:`renewal_due`, :func:`retry_delay`) is pure; :class:`Renewer` runs it beside
+the claim loop. A failed renewal never stops work while the current certificate is valid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from collector.client import GatewayRefused, GatewayUnavailable
+from collector.state import StatePaths
+from common.logs import get_logger
+from common.state_dir import write_public
+
+log = get_logger("versus.collector.renewal")
+
+# Renew at this fraction of the time between receiving a certificate and its expiry...
+RENEW_AT = 2 / 3
+# ...give or take this fraction of it, so a fleet enrolled together does not renew together.
+JITTER = 0.05
+MIN_RETRY_S = 1.0
+MAX_RETRY_S = 3600.0
+# Refusals after which renewing again cannot help: the identity is gone (the claim loop stops too).
+FINAL_CODES = frozenset({"collector_revoked", "certificate_expired", "collector_not_active"})
+
+
+def renewal_due(received_at: float, not_after: float, rng: random.Random) -> float:
+    """When to renew a certificate received at ``received_at`` (Unix time) that expires at ``not_after``."""
+    life = max(0.0, not_after - received_at)
+    return received_at + life * RENEW_AT + (rng.random() * 2 - 1) * JITTER * life
+
+
+def retry_delay(attempt: int, not_after: float, now: float) -> float:
+    """How long to wait before retry number ``attempt`` (0-based) of a failed renewal.
+
+    Exponential from 1 s up to an hour, but never more than a tenth of the time the certificate
+    has left, so several attempts fit before it lapses.
+    """
+    backoff = min(MAX_RETRY_S, MIN_RETRY_S * 2.0**attempt)
+    remaining = not_after - now
+    if remaining <= 0:
+        return backoff
+    return max(MIN_RETRY_S, min(backoff, remaining / 10))
+
+
+def leaf_not_after(chain_pem: bytes) -> float:
+    """Expiry (Unix time) of the first certificate of a PEM chain."""
+    leaf = x509.load_pem_x509_certificates(chain_pem)[0]
+    return leaf.not_valid_after_utc.timestamp()
+
+
+def csr_pem(key: ec.EllipticCurvePrivateKey, collector_id: str) -> str:
+    """A CSR for the collector's own id and key (the control plane requires both to match)."""
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, collector_id)]))
+        .sign(key, hashes.SHA256())
+    )
+    return csr.public_bytes(serialization.Encoding.PEM).decode()
+
+
+class Renewer:
+    """Renews the certificate in ``paths`` through ``renew`` (the gateway's ``/renew``) until stopped."""
+
+    def __init__(
+        self,
+        paths: StatePaths,
+        key: ec.EllipticCurvePrivateKey,
+        collector_id: str,
+        renew: Callable[[str], Awaitable[dict[str, Any]]],
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.paths = paths
+        self.key = key
+        self.collector_id = collector_id
+        self.renew = renew
+        self.rng = rng or random.Random()  # noqa: S311 - spreading load, not a secret
+        self.clock = clock
+        self.renewals = 0
+
+    def current(self) -> tuple[float, float]:
+        """(received_at, not_after) of the certificate on disk; it is replaced atomically on renewal,
+        so its modification time is when it was received."""
+        return self.paths.cert.stat().st_mtime, leaf_not_after(self.paths.cert.read_bytes())
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        attempt = 0
+        received_at, not_after = self.current()
+        next_at = renewal_due(received_at, not_after, self.rng)
+        log.info("certificate renewal scheduled", not_after=_iso(not_after), renew_at=_iso(next_at))
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), max(0.0, next_at - self.clock()))
+            if stopping.is_set():
+                return
+            try:
+                self._store(await self.renew(csr_pem(self.key, self.collector_id)))
+            except GatewayRefused as exc:
+                if exc.code in FINAL_CODES:
+                    log.error("certificate renewal refused for good", code=exc.code)
+                    return
+                next_at = self._retry(attempt, not_after, exc.code)
+                attempt += 1
+                continue
+            except GatewayUnavailable as exc:
+                next_at = self._retry(attempt, not_after, str(exc))
+                attempt += 1
+                continue
+            attempt = 0
+            self.renewals += 1
+            received_at, not_after = self.current()
+            next_at = renewal_due(received_at, not_after, self.rng)
+            log.info("certificate renewed", not_after=_iso(not_after), renew_at=_iso(next_at))
+
+    def _retry(self, attempt: int, not_after: float, why: str) -> float:
+        delay = retry_delay(attempt, not_after, self.clock())
+        # Work goes on meanwhile: the current certificate is valid until not_after.
+        log.warning("certificate renewal failed; retrying", reason=why, retry_in_s=round(delay, 1),
+                    not_after=_iso(not_after))  # fmt: skip
+        return self.clock() + delay
+
+    def _store(self, reply: dict[str, Any]) -> None:
+        chain = str(reply["cert_chain_pem"]).encode()
+        leaf = x509.load_pem_x509_certificates(chain)[0]
+        ours = self.key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        theirs = leaf.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        if ours != theirs:
+            raise GatewayUnavailable("renewal answered with a certificate for another key")
+        write_public(self.paths.cert, chain)
+        if reply.get("ca_bundle_pem"):
+            write_public(self.paths.ca_bundle, str(reply["ca_bundle_pem"]).encode())
+
+
+def _iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
