@@ -30,6 +30,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/versus-cp up
 
+# End-to-end tests mostly wait on real processes, so two workers share the two cores well
+# (each picks ports from its own range: tests/conftest.py).
+E2E_WORKERS ?= 2
+
 # Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
 # directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
 # other's; the first suite's output is printed once both finished.
@@ -37,7 +41,7 @@ test: check system-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
 	$(BIN)/pytest tests/unit tests/integration --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
-	$(BIN)/pytest tests/e2e --basetemp=$$tmp/e2e; e2e=$$?; \
+	$(BIN)/pytest tests/e2e -n $(E2E_WORKERS) --dist loadfile --basetemp=$$tmp/e2e; e2e=$$?; \
 	wait $$fast; fast=$$?; \
 	echo "--- tests/unit and tests/integration ---"; cat $$tmp/fast.log; \
 	rm -rf $$tmp; \

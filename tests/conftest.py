@@ -21,6 +21,7 @@ from hypothesis import settings
 
 from common.db.migrate import upgrade
 from common.embedded.postgres import EmbeddedPostgres
+from common.embedded.process import use_port_range
 from common.embedded.redis import DATABASES, EmbeddedRedis
 from tests.support.urls import with_database, with_redis_db
 
@@ -33,6 +34,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 ROOT = Path(__file__).resolve().parent
 # Fixtures shared by modules that opt in (usefixtures): the log-capturing credential check.
 pytest_plugins = ["tests.support.logs"]
+
+
+# Parallel workers (pytest-xdist) pick ports from ranges of their own below the kernel's
+# ephemeral range (32768 and up by default), so no two processes are handed the same port.
+WORKER_PORTS_START, WORKER_PORTS_EACH = 20000, 1500
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        low = WORKER_PORTS_START + int(worker[2:]) * WORKER_PORTS_EACH
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if low + WORKER_PORTS_EACH <= ephemeral_low:
+            use_port_range(low, low + WORKER_PORTS_EACH - 1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

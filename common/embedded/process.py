@@ -81,17 +81,58 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+# Set by use_port_range: [low, high] and the next port to try.
+_port_range: tuple[int, int] | None = None
+_next_port = 0
+
+
+def use_port_range(low: int, high: int) -> None:
+    """From now on, pick free ports in turn from ``[low, high]`` rather than from the kernel.
+
+    Two processes that pick ports from the kernel's ephemeral range can be handed the same port
+    between one choosing it and binding it. Parallel test workers each get a range of their own,
+    outside the ephemeral range, so no other process picks theirs.
+    """
+    global _port_range, _next_port
+    _port_range, _next_port = (low, high), low
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct unused TCP ports: all are held open until every one is chosen, so
     the kernel cannot hand the same port out twice (separate free_port calls can collide)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    socks: list[socket.socket] = []
     try:
-        for sock in socks:
-            sock.bind((host, 0))
+        if _port_range is None:
+            for _ in range(count):
+                socks.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                socks[-1].bind((host, 0))
+        else:
+            socks = _bind_from_range(count, host, *_port_range)
         return [int(sock.getsockname()[1]) for sock in socks]
     finally:
         for sock in socks:
             sock.close()
+
+
+def _bind_from_range(count: int, host: str, low: int, high: int) -> list[socket.socket]:
+    global _next_port
+    socks: list[socket.socket] = []
+    for _ in range(high - low + 1):
+        if len(socks) == count:
+            return socks
+        port, _next_port = _next_port, (low if _next_port >= high else _next_port + 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            continue
+        socks.append(sock)
+    if len(socks) == count:
+        return socks
+    for sock in socks:
+        sock.close()
+    raise OSError(f"no {count} free ports left in {low}-{high}")
 
 
 def tail(path: Path, lines: int = 5) -> str:

@@ -46,3 +46,25 @@ def test_write_private_is_atomic_and_0600(tmp_path: Path) -> None:
     assert path.read_bytes() == b"two"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in path.parent.iterdir()] == ["key.pem"]
+
+
+def test_ports_from_a_range_skip_taken_ones() -> None:
+    import socket
+
+    from common.embedded import process
+
+    taken, released = socket.socket(), socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    released.bind(("127.0.0.1", 0))
+    busy, free = taken.getsockname()[1], released.getsockname()[1]
+    released.close()
+    try:
+        process.use_port_range(busy, busy)
+        with pytest.raises(OSError, match="no 1 free ports"):
+            process.free_port()
+        process.use_port_range(free, free)
+        assert process.free_ports(1) == [free]
+        assert process.free_port() == free  # in turn, wrapping around the range
+    finally:
+        taken.close()
+        process._port_range = None
