@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import ssl
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -43,6 +45,15 @@ def _readyz(cp: ControlPlane) -> httpx.Response:
     )
 
 
+@pytest.fixture
+def short_state() -> Iterator[Path]:
+    """A state directory short enough that the embedded servers keep their sockets inside it (a
+    long one, such as a parallel worker's tmp_path, makes them fall back to a private /tmp dir)."""
+    path = Path(tempfile.mkdtemp(prefix="vs-up-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _embedded_db_url(state: Path) -> str:
     return f"postgresql://postgres@/versus?host={state / 'postgres' / 'run'}&port=5432"
 
@@ -78,9 +89,9 @@ def test_up_serves_every_service_and_sigterm_stops_everything(
 
 
 def test_up_keeps_data_across_restarts(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    start_control_plane: Callable[..., ControlPlane], short_state: Path
 ) -> None:
-    state = tmp_path / "state"
+    state = short_state
     cp = start_control_plane(state)
     with psycopg.connect(_embedded_db_url(state)) as conn:
         conn.execute(
