@@ -39,8 +39,11 @@ class InvalidToken(Unauthenticated):
 
     default_code = "invalid_token"
 
-    def __init__(self) -> None:
+    def __init__(self, known: Token | None = None, why: str = "") -> None:
         super().__init__("the enrollment token is not valid")
+        # For the audit log only, never the caller: a token that exists, and why it was refused.
+        self.known = known
+        self.why = why
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +220,18 @@ class EnrollmentService:
 
     # --- redemption ------------------------------------------------------------------------------
     async def enroll(self, token_plaintext: str, csr_pem: str, info: CollectorInfo) -> TrustBootstrap:
+        """Redeem a token for an identity. A refused redemption of a token that exists is audited
+        (seed 003: a leaked token replayed after it was used up shows up for operators)."""
+        try:
+            return await self._enroll(token_plaintext, csr_pem, info)
+        except InvalidToken as exc:
+            if exc.known is not None:
+                requested = _requested_id(csr_pem)
+                await self.store.audit_refused_redemption(exc.known.token_id, exc.why, requested)
+                log.warning("enrollment token refused", token_id=exc.known.token_id, reason=exc.why)
+            raise
+
+    async def _enroll(self, token_plaintext: str, csr_pem: str, info: CollectorInfo) -> TrustBootstrap:
         # The CSR is checked before the token row is locked to keep the lock short;
         # its verdict is only reported after the token checks, in the documented order.
         csr: CsrInfo | None = None
@@ -232,13 +247,15 @@ class EnrollmentService:
         dispatch = self.dispatch_keys().public_keys(int(now.timestamp()))
         async with self.store.redemption(tokens.token_hash(token_plaintext)) as tx:
             token = tx.token
-            if token is None or token.revoked_at is not None or now >= token.expires_at:
+            if token is None:
                 raise InvalidToken()
+            if token.revoked_at is not None or now >= token.expires_at:
+                raise InvalidToken(token, "revoked" if token.revoked_at is not None else "expired")
             exhausted = token.uses >= token.max_uses
             if csr is None:
                 # An exhausted token is reported as such even when the CSR is also bad.
                 assert csr_error is not None
-                raise InvalidToken() if exhausted else csr_error
+                raise InvalidToken(token, "exhausted") if exhausted else csr_error
             existing = await tx.collector(csr.collector_id)
             if existing is not None:
                 if (
@@ -252,13 +269,13 @@ class EnrollmentService:
                     await tx.record_dispatch_kids(existing.collector_id, [k.kid for k in dispatch])
                     return self._bootstrap(existing, dispatch)
                 if exhausted:
-                    raise InvalidToken()
+                    raise InvalidToken(token, "exhausted")
                 raise Conflict(
                     f"collector id {csr.collector_id!r} is already enrolled with another key",
                     code="collector_id_taken",
                 )
             if exhausted:
-                raise InvalidToken()
+                raise InvalidToken(token, "exhausted")
             tenant_id = await self.store.site_tenant(tx.conn, token.site_id)
             cert = self.ca.issue(
                 csr, site_id=token.site_id, trust_domain=self.config.trust_domain, now=now,
@@ -381,3 +398,11 @@ class EnrollmentService:
 def _check_reason(reason: str) -> None:
     if len(reason) > MAX_REASON_LENGTH:
         raise InvalidArgument(f"reason is at most {MAX_REASON_LENGTH} characters", code="reason_too_long")
+
+
+def _requested_id(csr_pem: str) -> str:
+    """The collector id a CSR asks for, for the audit log ("" when the CSR is unreadable)."""
+    try:
+        return validate_csr(csr_pem).collector_id
+    except VersusError:
+        return ""

@@ -153,6 +153,12 @@ class EnrollmentStore:
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
 
+    async def audit_refused_redemption(self, token_id: str, why: str, collector_id: str) -> None:
+        """Record that a token that exists was presented and refused (revoked, expired, used up)."""
+        async with self.engine.begin() as conn:
+            await _audit(conn, "anonymous", "token.redeem_refused", "enrollment_token", token_id,
+                         {"reason": why, "requested_collector_id": collector_id})  # fmt: skip
+
     # --- sites -----------------------------------------------------------------------------------
     async def create_site(
         self, name: str, tenant_id: str, update_policy: str, pinned_version: str | None

@@ -145,6 +145,35 @@ async def test_token_failures_are_indistinguishable_and_consume_nothing(service:
     assert await _uses(service, good.token.token_id) == 0
 
 
+async def test_refused_redemptions_of_known_tokens_are_audited_without_the_secret(
+    service: EnrollmentService,
+) -> None:
+    # Seed 003: a token that leaked and was replayed after it was used up must show up for operators.
+    site_id = await _site(service)
+    spent = await service.issue_token(site_id, max_uses=1, ttl_seconds=600, approval_mode="auto")
+    await service.enroll(spent.plaintext, csr_pem(p256(), "col-first"), CollectorInfo())
+    revoked = await service.issue_token(site_id, max_uses=1, ttl_seconds=600, approval_mode="auto")
+    await service.store.revoke_token(revoked.token.token_id, "test")
+    for token, name in ((spent.plaintext, "col-replay"), (revoked.plaintext, "col-late"),
+                        ("vst_unknownunknownunknownunknownunknownunknow", "col-guess")):  # fmt: skip
+        with pytest.raises(InvalidToken):
+            await service.enroll(token, csr_pem(p256(), name), CollectorInfo())
+    async with service.store.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                select(audit_events.c.subject_id, audit_events.c.details, audit_events.c.actor).where(
+                    audit_events.c.action == "token.redeem_refused"
+                )
+            )
+        ).all()
+    assert sorted(
+        (r.subject_id, r.details["reason"], r.details["requested_collector_id"]) for r in rows
+    ) == sorted(
+        [(spent.token.token_id, "exhausted", "col-replay"), (revoked.token.token_id, "revoked", "col-late")]
+    )  # an unknown token has no row to name: nothing is recorded
+    assert all(spent.plaintext not in str(r.details) and r.actor == "anonymous" for r in rows)
+
+
 @pytest.mark.parametrize(
     ("make_csr", "code"),
     [
