@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shlex
 import shutil
 import ssl
 import tempfile
@@ -135,8 +134,7 @@ class Stack:
         """A site and a token for ``max_uses`` collectors."""
         site = self.cli_json("sites", "create", f"bench-{time.monotonic_ns()}", "--tenant", "bench")["site"]
         issued = self.cli_json("tokens", "issue", "--site", site["site_id"], "--max-uses", str(max_uses))
-        token = shlex.split(issued["enroll_command"])
-        return site["site_id"], token[token.index("--token") + 1]
+        return site["site_id"], issued["plaintext"]
 
 
 @contextmanager

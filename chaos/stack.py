@@ -191,7 +191,8 @@ class ChaosStack:
             state = self.root / f"collector-{i}"
             done = subprocess.run(
                 [sys.executable, "-m", "collector", *command, "--state-dir", str(state)],
-                env=env, capture_output=True, text=True, timeout=60, check=False,
+                input=str(issued["plaintext"]) + "\n", env=env, capture_output=True, text=True, timeout=60,
+                check=False,
             )  # fmt: skip
             if done.returncode != 0:
                 raise RuntimeError(f"enrolling collector {i}: {done.stderr}")

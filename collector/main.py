@@ -1,6 +1,6 @@
 """`versus-collector`: the reference collector's command line.
 
-    versus-collector enroll --url URL --token TOKEN [--ca-pin sha256/...] [--state-dir DIR]
+    versus-collector enroll --url URL --token-file PATH|- [--ca-pin sha256/...] [--state-dir DIR]
     versus-collector run [--state-dir DIR] [--config FILE] [--claim-wait S] [--grace S] [--drivers a,b]
     versus-collector status [--state-dir DIR]
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import os
 import sys
 import time
@@ -28,13 +29,30 @@ def _state_dir() -> Path:
     return Path(os.environ.get("VERSUS_COLLECTOR_STATE_DIR", default_state_dir()))
 
 
+class _RefuseToken(argparse.Action):
+    """``--token VALUE`` is refused without repeating the value (it is a secret)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        parser.error(
+            "enrollment tokens are not taken on the command line, where ps and shell history show them: "
+            "use --token-file - and paste it, or --token-file PATH"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="versus-collector", description="Versus reference collector.")
     parser.add_argument("--version", action="version", version=f"versus-collector {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    e = sub.add_parser("enroll", help="Enroll with a one-time token and store the identity.")
+    e = sub.add_parser(
+        "enroll", help="Enroll with a one-time token and store the identity.", allow_abbrev=False
+    )
+    e.add_argument("--token", action=_RefuseToken, help=argparse.SUPPRESS)
     e.add_argument("--url", required=True, help="gateway URL, e.g. https://gw.example.net")
-    e.add_argument("--token", required=True, help="enrollment token (vst_...)")
+    e.add_argument(
+        "--token-file", required=True, type=Path,
+        help="file holding the enrollment token (vst_...); '-' reads it from standard input (asked for "
+        "without echo on a terminal). Never on the command line, where ps and shell history see it",
+    )  # fmt: skip
     e.add_argument("--ca-pin", help="sha256/... pin of the gateway's internal CA")
     e.add_argument("--collector-id", help="choose the collector id (default: generated)")
     e.add_argument("--force", action="store_true", help="enroll again over an existing identity")
@@ -86,14 +104,30 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def read_token(path: Path) -> str:
+    """The enrollment token from ``path``, or from standard input for ``-``."""
+    if str(path) == "-":
+        text = getpass.getpass("enrollment token: ") if sys.stdin.isatty() else sys.stdin.readline()
+    else:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise EnrollError("token_file_unreadable", f"cannot read {path}: {exc.strerror or exc}") from None
+    token = text.strip()
+    if not token:
+        raise EnrollError(
+            "token_missing", f"no enrollment token in {'standard input' if str(path) == '-' else path}"
+        )
+    return token
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "enroll":
+            token = read_token(args.token_file)
             identity = enroll(
-                EnrollOptions(
-                    args.url, args.token, args.state_dir, args.ca_pin, args.collector_id, args.force
-                )
+                EnrollOptions(args.url, token, args.state_dir, args.ca_pin, args.collector_id, args.force)
             )
             print(
                 f"enrolled as {identity['collector_id']} in site {identity['site_id']}: {identity['status']}"

@@ -202,9 +202,12 @@ class EnrollmentService:
             actor,
         )
         plaintext = minted.plaintext.reveal()
-        command = ["versus-collector", "enroll", "--url", self.config.public_url, "--token", plaintext]
+        # The token itself is not in the command: on a command line every user of the host (ps) and
+        # the shell history would see it. The collector asks for it (or reads a file).
+        command = ["versus-collector", "enroll", "--url", self.config.public_url]
         if self.config.gateway_ca_pin:
             command += ["--ca-pin", self.config.gateway_ca_pin]
+        command += ["--token-file", "-"]
         log.info("enrollment token issued", token_id=token.token_id, site_id=site_id, max_uses=uses)
         return IssuedToken(token, plaintext, shlex.join(command))
 

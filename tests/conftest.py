@@ -8,6 +8,7 @@ migrated template, and its own flushed Redis logical database.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import uuid
@@ -51,6 +52,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist schedules by node id: tests sharing one would silently not run. Fail loudly instead.
+        seen = collections.Counter(item.nodeid for item in items)
+        shared = sorted(nodeid for nodeid, n in seen.items() if n > 1)
+        if shared:
+            raise pytest.UsageError(f"tests share node ids, which xdist cannot run apart: {shared}")
     for item in items:
         path = Path(str(item.fspath)).resolve()
         if ROOT / "integration" in path.parents:

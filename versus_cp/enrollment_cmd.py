@@ -179,7 +179,10 @@ def run_tokens(settings: Settings, args: argparse.Namespace) -> int:
             _json(reply)
         else:
             _print_tokens([reply.token])
-            print("\nThe token is shown only this once. On the collector host run:\n")
+            print("\nThe token is shown only this once:\n")
+            print(f"  {reply.plaintext}\n")
+            print("On the collector host run the command below and paste the token when asked")
+            print("(or save it in a file readable only by you and pass --token-file FILE):\n")
             print(f"  {reply.enroll_command}\n")
     elif args.action == "list":
         reply = _call(settings, "ListEnrollmentTokens", pb.ListEnrollmentTokensRequest(site_id=args.site))

@@ -53,10 +53,11 @@ class Collector:
                 "site"
             ]["site_id"]
         )
-        command = cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)["enroll_command"]
-        argv = [*shlex.split(command)[1:], "--state-dir", str(self.state)]
+        issued = cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)
+        argv = [*shlex.split(issued["enroll_command"])[1:], "--state-dir", str(self.state)]
         done = subprocess.run(
             [sys.executable, "-m", "collector", *argv],
+            input=issued["plaintext"] + "\n",
             env=self.cp.env,
             capture_output=True,
             text=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import stat
 import subprocess
@@ -18,10 +19,11 @@ from tests.e2e.harness import ControlPlane, run_cli
 pytestmark = pytest.mark.timeout(180)
 
 
-def _collector(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _collector(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "collector", *args],
         env=env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=60,
@@ -54,8 +56,9 @@ def test_operator_issues_a_token_and_a_collector_enrolls(
     assert plaintext.startswith("vst_")
     assert "--ca-pin sha256/" in command and f"--url https://localhost:{cp.port('gateway')}" in command
 
+    assert plaintext not in command  # the token never goes on a command line
     state = tmp_path / "collector"
-    done = _collector(_enroll_args(command, state), env)
+    done = _collector(_enroll_args(command, state), env, plaintext + "\n")
     assert done.returncode == 0, done.stderr
     assert "enrolled as col-" in done.stdout and ": active" in done.stdout
     identity = json.loads((state / "identity.json").read_text())
@@ -73,7 +76,7 @@ def test_operator_issues_a_token_and_a_collector_enrolls(
     tokens = _cli_json(["tokens", "list", "--site", site_id], env)["tokens"]
     assert [(t["uses"], t["max_uses"], t["status"]) for t in tokens] == [(1, 1, "TOKEN_STATUS_EXHAUSTED")]
     # The spent token cannot enroll anyone else.
-    again = _collector([*_enroll_args(command, tmp_path / "other")], env)
+    again = _collector([*_enroll_args(command, tmp_path / "other")], env, plaintext + "\n")
     assert again.returncode == 1
     assert "invalid_token" in again.stderr
     # The token plaintext never reached the control plane's logs.
@@ -87,15 +90,15 @@ def test_manual_approval_and_a_wrong_pin(
     env = cp.env
     site_id = _cli_json(["sites", "create", "dmz", "--tenant", "acme"], env)["site"]["site_id"]
     issued = _cli_json(["tokens", "issue", "--site", site_id, "--manual-approval", "--max-uses", "2"], env)
-    command = str(issued["enroll_command"])
+    command, token = str(issued["enroll_command"]), str(issued["plaintext"]) + "\n"
 
-    wrong = command.rsplit("--ca-pin", 1)[0] + "--ca-pin sha256/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
-    refused = _collector(_enroll_args(wrong, tmp_path / "wrong"), env)
+    wrong = re.sub(r"--ca-pin \S+", "--ca-pin sha256/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=", command)
+    refused = _collector(_enroll_args(wrong, tmp_path / "wrong"), env, token)
     assert refused.returncode == 1
     assert "ca_pin_mismatch" in refused.stderr
 
     state = tmp_path / "pending"
-    done = _collector(_enroll_args(command, state), env)
+    done = _collector(_enroll_args(command, state), env, token)
     assert done.returncode == 0, done.stderr
     assert ": pending" in done.stdout
     collector_id = json.loads((state / "identity.json").read_text())["collector_id"]

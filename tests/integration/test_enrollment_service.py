@@ -88,7 +88,7 @@ async def test_bootstrap_contents(service: EnrollmentService) -> None:
     issued = await service.issue_token(site_id, max_uses=1, ttl_seconds=None, approval_mode="auto")
     assert issued.plaintext.startswith("vst_")
     assert issued.enroll_command == (
-        f"versus-collector enroll --url https://gw.test:8443 --token {issued.plaintext} --ca-pin sha256/abc="
+        "versus-collector enroll --url https://gw.test:8443 --ca-pin sha256/abc= --token-file -"
     )
     result = await service.enroll(issued.plaintext, csr_pem(p256(), "col-a"), CollectorInfo(hostname="h1"))
     assert (result.collector_id, result.status, result.site_id) == ("col-a", "active", site_id)
