@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +58,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         seen = collections.Counter(item.nodeid for item in items)
         shared = sorted(nodeid for nodeid, n in seen.items() if n > 1)
         if shared:
-            raise pytest.UsageError(f"tests share node ids, which xdist cannot run apart: {shared}")
+            message = f"tests share node ids, which xdist cannot run apart: {shared}"
+            # xdist shows a worker's collection error only as an INTERNALERROR: say why first.
+            print(message, file=sys.__stderr__)
+            raise pytest.UsageError(message)
     for item in items:
         path = Path(str(item.fspath)).resolve()
         if ROOT / "integration" in path.parents:
