@@ -150,9 +150,10 @@ class Renewer:
         )
         if ours != theirs:
             raise GatewayUnavailable("renewal answered with a certificate for another key")
+        # Only the certificate for our own key is kept. The CA bundle in the answer is not: it decides
+        # whom the collector trusts, and anything on the path (a TLS-inspecting proxy) could have
+        # written it. The bundle pinned at enrollment stays until CA rotation delivers a signed one.
         write_public(self.paths.cert, chain)
-        if reply.get("ca_bundle_pem"):
-            write_public(self.paths.ca_bundle, str(reply["ca_bundle_pem"]).encode())
 
 
 def _iso(epoch: float) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,46 @@ def test_retries_back_off_to_an_hour_but_never_past_a_tenth_of_what_is_left() ->
     assert retry_delay(15, 2.0, now) == MIN_RETRY_S
     # Lapsed: the gateway will refuse, but a retry costs little; plain backoff.
     assert retry_delay(3, -5.0, now) == 8 * MIN_RETRY_S
+
+
+def test_a_renewal_keeps_only_a_certificate_for_our_key_and_never_the_offered_ca_bundle(
+    tmp_path: Path,
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from collector.client import GatewayUnavailable
+    from collector.renewal import Renewer
+    from collector.state import StatePaths
+
+    paths = StatePaths(tmp_path)
+    paths.ca_bundle.write_text("pinned at enrollment")
+    ours, theirs = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+
+    async def unused(csr: str) -> dict[str, object]:
+        raise AssertionError
+
+    renewer = Renewer(paths, ours, "col-1", unused)
+    with pytest.raises(GatewayUnavailable, match="another key"):
+        renewer._store({"cert_chain_pem": _self_signed(theirs)})
+    assert not paths.cert.exists()
+    mine = _self_signed(ours)
+    renewer._store({"cert_chain_pem": mine, "ca_bundle_pem": "a proxy's CA"})
+    assert paths.cert.read_text() == mine
+    assert paths.ca_bundle.read_text() == "pinned at enrollment"
+
+
+def _self_signed(key: Any) -> str:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import NameOID
+
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "col-1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
