@@ -16,12 +16,13 @@ import random
 import secrets
 import signal
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
+from collector.credentials import Credentials, LocalCredentials, no_credentials
 from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
@@ -85,16 +86,16 @@ class Agent:
         self.trusted = {k["kid"]: PublicKey.from_json(k) for k in keys["dispatch"]}
         policy = read_json(self.paths.policy) if self.paths.policy.exists() else {}
         self.vault_mode: str = _vault_mode(policy.get("vault_mode", "local"))
-        credentials_path = options.state_dir / "credentials.json"
-        # Mode A resolves credentials from the local file; in modes B and C the local file is not read
-        # (their resolvers are described in docs/fleet.md).
-        local = self.vault_mode == "local" and credentials_path.exists()
-        credentials = read_json(credentials_path) if local else {}
-        self.credentials: dict[str, Any] = credentials
-        if local:
-            check_key_permissions(credentials_path)
+        # Mode A resolves credentials from the local file, re-read whenever it changes; in modes B and C
+        # the local file is not read (their resolvers are described in docs/fleet.md).
+        try:
+            self.credentials: Callable[[], Credentials] = (
+                LocalCredentials(options.state_dir) if self.vault_mode == "local" else no_credentials
+            )
+        except ValueError as exc:
+            raise CollectorError(str(exc)) from None
         self.drivers: dict[str, Driver] = registry.load(
-            DriverContext(options.state_dir, credentials), options.drivers
+            DriverContext(options.state_dir, self.credentials), options.drivers
         )
         # The policy from enrollment may lower a driver's own concurrency ({"*": 8} or per provider),
         # and bounds the long-poll so a claim - the heartbeat - goes out at least every interval.
@@ -249,7 +250,7 @@ class Agent:
                             self.identity["gateway_url"],
                             self.context,
                             self.client.bearer(),
-                            self.credentials,
+                            self.credentials(),
                         )
                     )
             if reply.envelope is not None and reply.dispatch_id is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Mapping
 from typing import Any
 
 import websockets
@@ -74,7 +75,7 @@ async def carry(
     gateway_url: str,
     context: ssl.SSLContext,
     bearer: str,
-    credentials: dict[str, Any] | None = None,
+    credentials: Mapping[str, Any] | None = None,
 ) -> None:
     """Carry one offered tunnel: a raw byte relay, or local credential injection if configured."""
     session_id = str(offer["session_id"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,7 +113,7 @@ async def _reply(conn: h11.Connection, send: Send, status: int, text: bytes) -> 
     await send(conn.send(h11.EndOfMessage()))
 
 
-def injector_for(host: str, port: int, credentials: dict[str, Any]) -> HttpInjector | None:
+def injector_for(host: str, port: int, credentials: Mapping[str, Any]) -> HttpInjector | None:
     """The injector configured for this tunnel destination, or None for a raw byte relay."""
     entry = credentials.get("tunnels", {}).get(f"{host}:{port}")
     if entry is None:

@@ -3,6 +3,10 @@
 Every control-plane RPC needs a principal (:mod:`common.rbac`); these helpers
 attach ``authorization: Bearer <token>`` to each call so callers never handle
 metadata themselves. The token is held by the interceptor and never logged.
+
+A token may be a string or a callable returning the current one: the callable is
+asked on every call, so a token file replaced on disk takes effect at the next
+call without a restart (see :mod:`common.token_files`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,12 @@ from common.grpc_server import AUTHORIZATION_HEADER
 
 T = TypeVar("T")
 
+Token = str | Callable[[], str]
+
+
+def _current(token: Token) -> str:
+    return token() if callable(token) else token
+
 
 def _with_token(metadata: Any, token: str) -> grpc.aio.Metadata:
     pairs = [(k, v) for k, v in (metadata or ()) if k != AUTHORIZATION_HEADER]
@@ -25,7 +35,7 @@ def _with_token(metadata: Any, token: str) -> grpc.aio.Metadata:
 
 
 class _AioBearer:
-    def __init__(self, token: str):
+    def __init__(self, token: Token):
         self._token = token
 
     def __repr__(self) -> str:
@@ -33,7 +43,11 @@ class _AioBearer:
 
     def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         return grpc.aio.ClientCallDetails(
-            d.method, d.timeout, _with_token(d.metadata, self._token), d.credentials, d.wait_for_ready
+            d.method,
+            d.timeout,
+            _with_token(d.metadata, _current(self._token)),
+            d.credentials,
+            d.wait_for_ready,
         )
 
 
@@ -74,7 +88,7 @@ class _SyncBearer(
     grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
     grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
 ):
-    def __init__(self, token: str):
+    def __init__(self, token: Token):
         self._token = token
 
     def __repr__(self) -> str:
@@ -82,7 +96,7 @@ class _SyncBearer(
 
     def _details(self, d: Any) -> _SyncDetails:
         pairs = [(k, v) for k, v in (d.metadata or ()) if k != AUTHORIZATION_HEADER]
-        return _SyncDetails(d, (*pairs, (AUTHORIZATION_HEADER, f"Bearer {self._token}")))
+        return _SyncDetails(d, (*pairs, (AUTHORIZATION_HEADER, f"Bearer {_current(self._token)}")))
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._details(details), request)
@@ -97,7 +111,7 @@ class _SyncBearer(
         return continuation(self._details(details), request_iterator)
 
 
-def aio_channel(address: str, token: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+def aio_channel(address: str, token: Token, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
     """An asyncio channel to ``address`` whose every call carries ``token``."""
     interceptors: list[Any] = [
         kind(token) for kind in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
@@ -105,7 +119,7 @@ def aio_channel(address: str, token: str, options: Sequence[tuple[str, Any]] = (
     return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
 
 
-def sync_channel(address: str, token: str) -> grpc.Channel:
+def sync_channel(address: str, token: Token) -> grpc.Channel:
     """A blocking channel to ``address`` whose every call carries ``token``."""
     return grpc.intercept_channel(grpc.insecure_channel(address), _SyncBearer(token))
 

@@ -4,6 +4,11 @@
 gateway's token for internal calls) and ``admin-token`` (the bootstrap
 collector-admin token, also shown once on the terminal). A token file readable
 by group or others is refused, as ssh refuses a loose private key.
+
+The gateway reads its service token per call (:func:`service_token` returns a
+source, re-read when the file changes), so an operator rotates it by writing a
+new token into the file (atomically, mode 0600) and revoking the old one: no
+restart. A token given in the environment is fixed for the process's life.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import os
 from pathlib import Path
 
 from common.errors import ConfigError, Unauthenticated
+from common.grpc_client import Token
 from common.settings import Settings
+from common.watched_file import FileRefused, WatchedFile
 
 # File names, not secrets.
 SERVICE_TOKEN_FILE = "service-token"  # noqa: S105
@@ -29,29 +36,67 @@ def write(path: Path, token: str) -> None:
     os.replace(tmp, path)
 
 
+def _check_private(path: Path, st: os.stat_result) -> None:
+    mode = st.st_mode & 0o777
+    if mode & 0o077:
+        raise FileRefused(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
+
+
+def _parse_token(raw: bytes) -> str:
+    token = raw.decode().strip()
+    if not token:
+        raise ValueError("the token file is empty")
+    return token
+
+
 def read(path: Path) -> str | None:
     """The token in ``path``, None if there is no such file; refuses a file others can read."""
     try:
-        mode = path.stat().st_mode & 0o777
+        st = path.stat()
     except FileNotFoundError:
         return None
-    if mode & 0o077:
-        raise ConfigError(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
+    try:
+        _check_private(path, st)
+    except FileRefused as exc:
+        raise ConfigError(str(exc)) from None
     token = path.read_text().strip()
     return token or None
 
 
-def service_token(settings: Settings) -> str:
-    """The token the gateway presents to the internal services."""
+class TokenFile:
+    """A token read from a 0600 file at every use, re-parsed only when the file changed.
+
+    A replacement that is empty, unreadable or loosely permitted keeps the last
+    good token (and is logged); a removed file is an error at the next call.
+    """
+
+    def __init__(self, path: Path):
+        self._file: WatchedFile[str | None] = WatchedFile(path, _parse_token, None, _check_private)
+        try:
+            first = self._file.get()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if first is None:
+            raise ConfigError(
+                "no service token: set VERSUS_SERVICE_TOKEN (create one with "
+                "`versus-cp access create NAME --role service`), or start with `versus-cp up`"
+            )
+
+    def __repr__(self) -> str:
+        return f"TokenFile({str(self._file.path)!r})"
+
+    def __call__(self) -> str:
+        token = self._file.get()
+        if token is None:
+            raise Unauthenticated(f"the token file {self._file.path} was removed", code="api_token_missing")
+        return token
+
+
+def service_token(settings: Settings) -> Token:
+    """What the gateway presents to the internal services: fixed from the environment, else the file."""
     if settings.service_token is not None:
         return settings.service_token.get_secret_value()
-    token = read(settings.state_dir / SERVICE_TOKEN_FILE)
-    if token is None:
-        raise ConfigError(
-            "no service token: set VERSUS_SERVICE_TOKEN (create one with "
-            "`versus-cp access create NAME --role service`), or start with `versus-cp up`"
-        )
-    return token
+    return TokenFile(settings.state_dir / SERVICE_TOKEN_FILE)
 
 
 def operator_token(settings: Settings) -> str:

@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common import error_mapping
 from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
+from common.grpc_client import Token
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
 from gateway import collector_api, control_ws, enroll_api, openapi_bodies, openapi_errors, tunnel_ws
@@ -64,7 +65,7 @@ class GatewayConfig:
     # also broadcast over Redis and close sockets at once (gateway/revocations.py).
     revocation_check_s: float = 60.0
     # API token (role service) presented to the router and the enrollment service.
-    service_token: str = field(default="", repr=False)
+    service_token: Token = field(default="", repr=False)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from versus.enrollment.v1 import enrollment_pb2_grpc
 from versus.router.v1 import collector_bridge_pb2_grpc
 
-from common.grpc_client import aio_channel, call_mapped
+from common.grpc_client import Token, aio_channel, call_mapped
 from common.logs import REQUEST_ID_HEADER
 
 # Every internal call gets a deadline; a wedged service must not hold a collector request forever.
@@ -20,7 +20,7 @@ T = TypeVar("T")
 class Backends:
     """Channels to the enrollment service and the router."""
 
-    def __init__(self, enrollment_address: str, router_address: str, token: str):
+    def __init__(self, enrollment_address: str, router_address: str, token: Token):
         self._enrollment_channel = aio_channel(enrollment_address, token)
         self._router_channel = aio_channel(router_address, token)
         self.enrollment = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)

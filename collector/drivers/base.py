@@ -11,7 +11,7 @@ entry-point group; the class is built with a :class:`DriverContext`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -72,10 +72,14 @@ class Task:
 
 @dataclass(frozen=True, slots=True)
 class DriverContext:
-    """What the collector gives a driver: its state directory and its local (vault mode A) credentials."""
+    """What the collector gives a driver: its state directory and its local (vault mode A) credentials.
+
+    ``credentials()`` is the current content of the credentials file: a driver
+    calls it once at the start of each task and keeps that snapshot for the task.
+    """
 
     state_dir: Path
-    credentials: dict[str, Any] = field(default_factory=dict)
+    credentials: Callable[[], Mapping[str, Any]] = field(default=lambda: {})
 
 
 class Driver(Protocol):

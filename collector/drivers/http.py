@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import httpx
 
@@ -33,10 +33,11 @@ class HttpDriver:
     }
 
     def __init__(self, ctx: DriverContext):
-        self.targets: dict[str, Any] = ctx.credentials.get("http", {})
+        self.credentials = ctx.credentials
 
     async def execute(self, task: Task) -> Outcome:
-        target = self.targets.get(task.target_ref)
+        # One snapshot per task: a credential replaced on disk meanwhile applies from the next task.
+        target = self.credentials().get("http", {}).get(task.target_ref)
         if target is None:
             raise DriverError("no_credentials", f"no local http settings for {task.target_ref!r}")
         params = json.loads(task.params or b"{}")

@@ -41,10 +41,11 @@ class SshDriver:
     }
 
     def __init__(self, ctx: DriverContext):
-        self.targets: dict[str, Any] = ctx.credentials.get("ssh", {})
+        self.credentials = ctx.credentials
 
     async def execute(self, task: Task) -> Outcome:
-        target = self.targets.get(task.target_ref)
+        # One snapshot per task: a credential replaced on disk meanwhile applies from the next task.
+        target = self.credentials().get("ssh", {}).get(task.target_ref)
         if target is None:
             raise DriverError("no_credentials", f"no local ssh settings for {task.target_ref!r}")
         if not target.get("host_key"):

@@ -45,8 +45,9 @@ def test_a_collector_renews_through_several_certificate_lifetimes_without_a_fail
         assert outcomes and set(outcomes) == {"success"}, outcomes
         assert len(expiries) >= 4, f"{len(expiries) - 1} renewals: {collector.log()}"
         assert collector.log().count("certificate renewed") >= 3
-        # Operators see the certificate the control plane holds now, not the first one. The collector keeps
-        # renewing while we look, so the control plane may be one renewal ahead of our last sample: never behind.
+        # Operators see the certificate the control plane holds now, not the first one. The collector
+        # keeps renewing while we look: the control plane may be one renewal ahead of our last sample,
+        # never behind it.
         shown = run_cli(["collectors", "show", collector_id, "--json"], cp.env)
         assert shown.returncode == 0, shown.stderr
         stored = json.loads(shown.stdout)["collector"]["cert_not_after"]

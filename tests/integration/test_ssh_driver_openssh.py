@@ -29,7 +29,7 @@ def device(tmp_path: Path) -> Iterator[netns.OpenSsh]:
 def _driver(device: netns.OpenSsh, tmp_path: Path, host_key: str) -> SshDriver:
     target = {"host": device.address, "port": 22, "username": "root", "client_key": str(device.client_key),
               "host_key": host_key}  # fmt: skip
-    return SshDriver(DriverContext(tmp_path, {"ssh": {"sw-22": target}}))
+    return SshDriver(DriverContext(tmp_path, lambda: {"ssh": {"sw-22": target}}))
 
 
 def _task(command: str) -> Task:
