@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from common import collector_jwt
+from collector.request_auth import SignRequests, bound_token, frame_token
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
 from common.envelope.verify import VerifyContext, verify
@@ -200,13 +200,13 @@ class SimCollector:
 
     def _http(self) -> httpx.AsyncClient:
         if self.client is None:
-            self.client = httpx.AsyncClient(base_url=self.gateway_url, verify=self.context, timeout=120)
+            self.client = httpx.AsyncClient(
+                base_url=self.gateway_url,
+                verify=self.context,
+                timeout=120,
+                auth=SignRequests(self.key, self.collector_id),
+            )
         return self.client
-
-    def bearer(self) -> dict[str, str]:
-        return {
-            "Authorization": "Bearer " + collector_jwt.mint(self.key, self.collector_id, int(time.time()))
-        }
 
     async def enroll(self, token: str) -> float:
         """Enroll through the real endpoint; returns the seconds it took."""
@@ -230,7 +230,7 @@ class SimCollector:
                 }
             ],
         }
-        reply = await self._http().post(API + "/capabilities", json=body, headers=self.bearer())
+        reply = await self._http().post(API + "/capabilities", json=body)
         reply.raise_for_status()
 
     def _claim_body(self, wait_s: float, max_tasks: int = 1) -> dict[str, Any]:
@@ -251,7 +251,7 @@ class SimCollector:
     # --- HTTPS long-poll -------------------------------------------------------------------------
     async def claim_https(self, wait_s: float) -> bytes | None:
         body = self._claim_body(wait_s)
-        reply = await self._http().post(API + "/claim", json=body, headers=self.bearer())
+        reply = await self._http().post(API + "/claim", json=body)
         if reply.status_code == 204:
             return None
         if reply.status_code >= 500:  # overloaded: back off briefly and claim again, as a collector does
@@ -266,9 +266,7 @@ class SimCollector:
 
     async def claim_batch_https(self, wait_s: float, max_tasks: int) -> list[bytes]:
         """A batched claim: every envelope in the answer (raw bytes), oldest first."""
-        reply = await self._http().post(
-            API + "/claim", json=self._claim_body(wait_s, max_tasks), headers=self.bearer()
-        )
+        reply = await self._http().post(API + "/claim", json=self._claim_body(wait_s, max_tasks))
         if reply.status_code == 204:
             return []
         if reply.status_code >= 500:
@@ -289,7 +287,7 @@ class SimCollector:
         """Report success; True when the router has it recorded (now or by an earlier attempt)."""
         body = {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
         while True:  # a collector re-sends a report until it is acknowledged
-            reply = await self._http().post(API + "/report", json=body, headers=self.bearer())
+            reply = await self._http().post(API + "/report", json=body)
             if reply.status_code < 500:
                 # A refusal (e.g. the dispatch expired before this report) ends it, as on a real collector.
                 # A duplicate ack (an earlier attempt landed though its answer was lost) counts as recorded.
@@ -306,7 +304,9 @@ class SimCollector:
         self.ws = await websockets.connect(
             url,
             ssl=self.context,
-            additional_headers=self.bearer(),
+            additional_headers={
+                "Authorization": "Bearer " + bound_token(self.key, self.collector_id, "GET", API + "/control")
+            },
             max_size=4 * 1024 * 1024,
             compression=None,
             ping_timeout=None,
@@ -338,7 +338,8 @@ class SimCollector:
         frame_id = str(self.seq)
         future: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._frames[frame_id] = future
-        await self.ws.send(json.dumps({"v": 1, "id": frame_id, "type": kind, "body": body}))
+        auth = frame_token(self.key, self.collector_id, kind, body)
+        await self.ws.send(json.dumps({"v": 1, "id": frame_id, "type": kind, "auth": auth, "body": body}))
         return await future
 
     async def claim_ws(self, wait_s: float) -> bytes | None:

@@ -28,7 +28,7 @@ from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, 
 from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.renewal import Renewer
 from collector.state import StatePaths, load_key, read_json, write_json
-from collector.tunnel import carry
+from collector.tunnel import carry, dial_back_path
 from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.fence import RoundTrip
@@ -249,7 +249,7 @@ class Agent:
                             offer,
                             self.identity["gateway_url"],
                             self.context,
-                            self.client.bearer(),
+                            self.client.bearer("GET", dial_back_path(str(offer["session_id"]))),
                             self.credentials(),
                         )
                     )

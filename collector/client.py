@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common import collector_jwt
+from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
 from common.envelope.fence import RoundTrip
 from common.logs import get_logger
 
@@ -71,7 +71,10 @@ class GatewayClient:
         self._key = key
         self._context = context
         self._base = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self._base + API, verify=context, timeout=30)
+        # Every request is signed as it is sent: a token bound to its method, path and body.
+        self._http = httpx.AsyncClient(
+            base_url=self._base + API, verify=context, timeout=30, auth=SignRequests(key, collector_id)
+        )
         self._prefer_ws = prefer_websocket
         self._ws: Any = None
         self._ws_retry_at = 0.0
@@ -83,12 +86,12 @@ class GatewayClient:
             await self._ws.close()
         await self._http.aclose()
 
-    def bearer(self) -> str:
-        """A fresh bearer token (for the tunnel dial-back)."""
-        return self._bearer()
+    def bearer(self, method: str, path: str) -> str:
+        """A fresh bearer token for one body-less request: ``path`` is the full path with any query."""
+        return bound_token(self._key, self.collector_id, method, path)
 
-    def _bearer(self) -> str:
-        return collector_jwt.mint(self._key, self.collector_id, int(time.time()))
+    def _sign_frame(self, kind: str, body: dict[str, Any]) -> str:
+        return frame_token(self._key, self.collector_id, kind, body)
 
     async def _over_websocket(
         self, kind: str, body: dict[str, Any], timeout_s: float
@@ -102,7 +105,10 @@ class GatewayClient:
             if time.monotonic() < self._ws_retry_at:
                 return None
             ws = WsControl(
-                "wss://" + self._base.split("://", 1)[1] + API + "/control", self._context, self._bearer()
+                "wss://" + self._base.split("://", 1)[1] + API + "/control",
+                self._context,
+                self.bearer("GET", API + "/control"),
+                self._sign_frame,
             )
             try:
                 await ws.connect()
@@ -139,12 +145,7 @@ class GatewayClient:
             headers = httpx.Headers(frame_headers)
         else:
             try:
-                response = await self._http.post(
-                    "/" + kind,
-                    json=body,
-                    headers={"Authorization": "Bearer " + self._bearer()},
-                    timeout=timeout_s,
-                )
+                response = await self._http.post("/" + kind, json=body, timeout=timeout_s)
             except httpx.HTTPError as exc:
                 raise GatewayUnavailable(f"{kind}: {type(exc).__name__}: {exc}") from None
             status, raw, headers = response.status_code, response.content, response.headers
@@ -176,15 +177,15 @@ class GatewayClient:
         return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers)
 
     async def report(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads((await self._call("report", body))[1])
+        """Send a report, signed over what it says (the router checks it against our key)."""
+        signed = signed_report(self._key, self.collector_id, body)
+        result: dict[str, Any] = json.loads((await self._call("report", signed))[1])
         return result
 
     async def renew(self, csr_pem: str) -> dict[str, Any]:
         """A new certificate for the collector's key (``/renew``, always over HTTPS)."""
         try:
-            response = await self._http.post(
-                "/renew", json={"csr_pem": csr_pem}, headers={"Authorization": "Bearer " + self._bearer()}
-            )
+            response = await self._http.post("/renew", json={"csr_pem": csr_pem})
         except httpx.HTTPError as exc:
             raise GatewayUnavailable(f"renew: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:

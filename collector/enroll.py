@@ -151,11 +151,14 @@ def status(state_dir: Path) -> dict[str, Any]:
     if not paths.identity.exists():
         raise EnrollError("not_enrolled", f"no identity in {state_dir}; run versus-collector enroll first")
     identity = read_json(paths.identity)
-    token = collector_jwt.mint(load_key(paths.key), identity["collector_id"], int(time.time()))
+    path = "/api/collector/v1/enrollment"
+    token = collector_jwt.mint(
+        load_key(paths.key), identity["collector_id"], int(time.time()), method="GET", path=path
+    )
     context = ssl.create_default_context(cafile=str(paths.ca_bundle))
     try:
         reply = httpx.get(
-            f"{identity['gateway_url']}/api/collector/v1/enrollment",
+            identity["gateway_url"] + path,
             headers={"Authorization": f"Bearer {token}"},
             verify=context,
             timeout=TIMEOUT_S,

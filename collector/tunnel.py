@@ -27,12 +27,13 @@ UNREACHABLE_FRAME = "error:target_unreachable"
 log = get_logger("versus.collector.tunnel")
 
 
+def dial_back_path(session_id: str) -> str:
+    """The path (with query) of a tunnel's dial-back: the bearer token is bound to exactly this."""
+    return f"/api/collector/v1/tunnel?session={session_id}"
+
+
 async def _dial_back(session_id: str, gateway_url: str, context: ssl.SSLContext, bearer: str) -> Any:
-    url = (
-        "wss://"
-        + gateway_url.split("://", 1)[1].rstrip("/")
-        + f"/api/collector/v1/tunnel?session={session_id}"
-    )
+    url = "wss://" + gateway_url.split("://", 1)[1].rstrip("/") + dial_back_path(session_id)
     try:
         return await websockets.connect(
             url, ssl=context, additional_headers={"Authorization": f"Bearer {bearer}"},
@@ -77,7 +78,10 @@ async def carry(
     bearer: str,
     credentials: Mapping[str, Any] | None = None,
 ) -> None:
-    """Carry one offered tunnel: a raw byte relay, or local credential injection if configured."""
+    """Carry one offered tunnel: a raw byte relay, or local credential injection if configured.
+
+    ``bearer`` is a token bound to ``GET`` :func:`dial_back_path` of this session; it is used once.
+    """
     session_id = str(offer["session_id"])
     try:
         injector = injector_for(str(offer["host"]), int(offer["port"]), credentials or {})

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 import websockets
@@ -24,10 +25,20 @@ MAX_FRAME_BYTES = 3 * 1024 * 1024
 
 
 class WsControl:
-    def __init__(self, url: str, context: ssl.SSLContext, bearer: str):
+    """``bearer`` opens the socket (bound to ``GET`` of its path); ``sign_frame(type, body)`` returns
+    the token each frame carries in ``auth`` (:func:`collector.request_auth.frame_token`)."""
+
+    def __init__(
+        self,
+        url: str,
+        context: ssl.SSLContext,
+        bearer: str,
+        sign_frame: Callable[[str, dict[str, Any]], str],
+    ):
         self.url = url
         self._context = context
         self._bearer = bearer
+        self._sign_frame = sign_frame
         self._conn: ClientConnection | None = None
         self._pending: dict[str, asyncio.Future[tuple[int, bytes, dict[str, str]]]] = {}
         self._ids = itertools.count(1)
@@ -70,8 +81,9 @@ class WsControl:
         future: asyncio.Future[tuple[int, bytes, dict[str, str]]] = asyncio.get_running_loop().create_future()
         self._pending[frame_id] = future
         try:
+            auth = self._sign_frame(kind, body)
             await self._conn.send(
-                json.dumps({"v": PROTOCOL_VERSION, "id": frame_id, "type": kind, "body": body})
+                json.dumps({"v": PROTOCOL_VERSION, "id": frame_id, "type": kind, "auth": auth, "body": body})
             )
             async with asyncio.timeout(timeout_s):
                 return await future

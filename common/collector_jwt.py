@@ -1,4 +1,4 @@
-"""Bearer tokens collectors present on every gateway call: short-lived ES256 JWTs.
+"""Bearer tokens collectors present on every gateway call: short-lived ES256 JWTs bound to one request.
 
 The collector signs with the private key of its enrolled certificate; the
 gateway verifies with the public key on record for the ``sub`` claim. Identity
@@ -8,17 +8,31 @@ comes only from a verified token. Claims:
     aud  "versus-collector-gateway"
     iat  issued at (Unix s)     exp  expiry, at most MAX_LIFETIME_S after iat
     jti  unique token id        nbf  optional: not before (Unix s)
+    htm  the request's method: GET or POST, or FRAME for a control-socket frame
+    htu  the request's path and query (``/api/collector/v1/claim``); a frame names
+         the HTTPS path of the same operation
+    bsh  SHA-256 of the request body, base64url without padding (of b"" for none);
+         a frame hashes :func:`frame_body` of its body object
 
 iat, exp and nbf are JSON integers (not floats, not booleans). A token whose
 iat or nbf is later than now + LEEWAY_S is ``bearer_not_yet_valid``; one past
 exp + LEEWAY_S is ``bearer_expired``. The verification key is found by ``sub``
 (which must equal ``iss``); header fields such as ``kid`` and ``x5t`` are ignored.
 
-Pure code; key lookup is the caller's job.
+``htm``, ``htu`` and ``bsh`` bind the token to one request, as DPoP and SigV4
+do: a proxy that reads the traffic cannot move a token to another endpoint or
+put another body under it (``bearer_wrong_method|path|body``); with ``jti``
+accepted once (the gateway's replay cache) it cannot replay it either. A token
+without them is ``bearer_unbound``.
+
+Pure code; key lookup and the replay cache are the caller's job.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,17 +55,62 @@ class BearerError(Unauthenticated):
     default_code = "bearer_invalid"
 
 
+FRAME = "FRAME"
+_METHODS = frozenset({"GET", "POST", FRAME})
+
+
+def body_digest(body: bytes) -> str:
+    """The ``bsh`` claim for ``body``: SHA-256, base64url without padding."""
+    return base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+
+
+def frame_body(body: Mapping[str, Any]) -> bytes:
+    """The bytes a control-socket frame's body is hashed as: sorted keys, no spaces, ASCII.
+
+    The gateway hashes the body object it parsed from the frame the same way, so
+    the digest covers exactly what the gateway acts on.
+    """
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 @dataclass(frozen=True, slots=True)
 class BearerClaims:
     collector_id: str
     issued_at: int
     expires_at: int
     token_id: str
+    method: str = ""
+    path: str = ""
+    body_sha256: str = ""
+
+    def check_request(self, method: str, path: str) -> None:
+        """Refuse a token minted for another method or path."""
+        if method != self.method:
+            raise BearerError(
+                f"the bearer token was signed for {self.method}, not {method}", code="bearer_wrong_method"
+            )
+        if path != self.path:
+            raise BearerError("the bearer token was signed for another path", code="bearer_wrong_path")
+
+    def check_body(self, body: bytes) -> None:
+        """Refuse a body other than the one the token was signed over."""
+        if not secrets.compare_digest(body_digest(body), self.body_sha256):
+            raise BearerError(
+                "the request body is not the one the token was signed over", code="bearer_wrong_body"
+            )
 
 
 def mint(
-    key: ec.EllipticCurvePrivateKey, collector_id: str, now: int, lifetime_s: int = DEFAULT_LIFETIME_S
+    key: ec.EllipticCurvePrivateKey,
+    collector_id: str,
+    now: int,
+    *,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    lifetime_s: int = DEFAULT_LIFETIME_S,
 ) -> str:
+    """A token for one request: ``method`` and ``path`` (with any query) and the exact ``body`` bytes."""
     claims = {
         "iss": collector_id,
         "sub": collector_id,
@@ -59,6 +118,9 @@ def mint(
         "iat": now,
         "exp": now + lifetime_s,
         "jti": secrets.token_urlsafe(12),
+        "htm": method,
+        "htu": path,
+        "bsh": body_digest(body),
     }
     return jwt.encode(claims, key, algorithm=ALGORITHM, headers={"typ": "JWT"})
 
@@ -122,4 +184,14 @@ def verify(token: str, public_key: ec.EllipticCurvePublicKey, now: int) -> Beare
         )
     if now > exp + LEEWAY_S:
         raise BearerError("bearer token has expired", code="bearer_expired")
-    return BearerClaims(str(claims["sub"]), iat, exp, str(claims["jti"]))
+    htm, htu, bsh = claims.get("htm"), claims.get("htu"), claims.get("bsh")
+    if not (isinstance(htm, str) and isinstance(htu, str) and isinstance(bsh, str)):
+        raise BearerError(
+            "bearer tokens must bind the request (htm, htu and bsh claims)", code="bearer_unbound"
+        )
+    if htm not in _METHODS or not htu.startswith("/") or len(bsh) != 43:
+        raise BearerError("the token's request binding is malformed", code="bearer_malformed")
+    jti = claims["jti"]
+    if not isinstance(jti, str) or not 8 <= len(jti) <= 64:
+        raise BearerError("jti must be a string of 8 to 64 characters", code="bearer_malformed")
+    return BearerClaims(str(claims["sub"]), iat, exp, jti, htm, htu, bsh)

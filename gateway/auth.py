@@ -21,7 +21,7 @@ from common import collector_jwt, error_mapping
 from common.collector_jwt import BearerClaims, BearerError
 from common.errors import PermissionDenied, Unavailable, VersusError
 from common.logs import get_logger
-from gateway import edge
+from gateway import edge, replay
 from gateway.metrics import AUTH_FAILURES, SOCKETS_SHED
 from gateway.store import CollectorAuthRecord, GatewayStore
 
@@ -41,18 +41,45 @@ SHED_RETRY_AFTER_S = 2
 
 
 async def authenticate(
-    request: HTTPConnection, store: GatewayStore, allowed: frozenset[str] = ACTIVE_ONLY
+    request: HTTPConnection,
+    store: GatewayStore,
+    allowed: frozenset[str] = ACTIVE_ONLY,
+    *,
+    body_follows: bool = False,
 ) -> tuple[BearerClaims, CollectorAuthRecord]:
-    """The verified claims and collector record; every refusal is counted by code."""
+    """The verified claims and collector record; every refusal is counted by code.
+
+    The token must be bound to this request's method and path and be used for the
+    first time (:mod:`gateway.replay`). A request without a body is checked against
+    the empty body here; with ``body_follows`` the caller reads the body (within its
+    limit) and passes it to :func:`check_body`.
+    """
     try:
-        return await _authenticate(request, store, allowed)
+        return await _authenticate(request, store, allowed, body_follows)
     except (BearerError, PermissionDenied) as exc:
         AUTH_FAILURES.labels(exc.code).inc()
         raise
 
 
+def check_body(claims: BearerClaims, body: bytes) -> None:
+    """Refuse a body other than the one the bearer token was signed over (counted like any refusal)."""
+    try:
+        claims.check_body(body)
+    except BearerError as exc:
+        AUTH_FAILURES.labels(exc.code).inc()
+        raise
+
+
+def request_target(request: HTTPConnection) -> tuple[str, str]:
+    """(method, path with query) as the collector signed them; a WebSocket upgrade is a GET."""
+    scope = request.scope
+    method = "GET" if scope["type"] == "websocket" else str(scope["method"])
+    query = scope.get("query_string", b"")
+    return method, scope["path"] + ("?" + query.decode("latin-1") if query else "")
+
+
 async def _authenticate(
-    request: HTTPConnection, store: GatewayStore, allowed: frozenset[str]
+    request: HTTPConnection, store: GatewayStore, allowed: frozenset[str], body_follows: bool
 ) -> tuple[BearerClaims, CollectorAuthRecord]:
     headers = request.headers.getlist("authorization")
     if len(headers) > 1:
@@ -65,13 +92,20 @@ async def _authenticate(
     if record is None:
         # Same answer as a bad signature: do not confirm which collector ids exist.
         raise BearerError("bearer token signature does not verify", code="bearer_bad_signature")
-    claims = collector_jwt.verify(token.strip(), record.public_key, int(time.time()))
+    now = int(time.time())
+    claims = collector_jwt.verify(token.strip(), record.public_key, now)
+    method, path = request_target(request)
+    claims.check_request(method, path)
+    if not body_follows:
+        claims.check_body(b"")
     if record.cert_not_after <= dt.datetime.now(dt.UTC):
         raise BearerError("the collector certificate has expired; enroll again", code="certificate_expired")
     if record.status == "revoked":
         raise BearerError("the collector identity is revoked", code="collector_revoked")
     if record.status not in allowed:
         raise PermissionDenied(f"collector is {record.status}", code=f"collector_{record.status}")
+    changes_state = not (request.scope["type"] == "http" and method == "GET")
+    await replay.accept_once(request.app.state.connections.redis, claims, now, changes_state=changes_state)
     edge.mark_authenticated(request.scope)
     return claims, record
 
@@ -104,8 +138,8 @@ class AdmissionGate:
             self.pending -= 1
 
 
-async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | None:
-    """The verified claims of a collector opening a WebSocket, or None after refusing it.
+async def admit_socket(ws: WebSocket, store: GatewayStore) -> tuple[BearerClaims, CollectorAuthRecord] | None:
+    """The verified claims and record of a collector opening a WebSocket, or None after refusing it.
 
     Collectors never send ``Origin``; browsers always do, so refusing it keeps
     web pages off these sockets. A refusal before ``accept`` reaches the client
@@ -115,14 +149,14 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
         await deny(ws, PermissionDenied("browsers may not open collector sockets", code="origin_not_allowed"))
         return None
     gate: AdmissionGate = ws.app.state.admissions
-    with gate.enter() as admitted:
-        if not admitted:
+    with gate.enter() as room:
+        if not room:
             SOCKETS_SHED.inc()
             busy = Unavailable("the gateway is admitting too many sockets; retry soon", code="gateway_busy")
             await deny(ws, busy, {"Retry-After": str(SHED_RETRY_AFTER_S)})
             return None
         try:
-            claims, _ = await authenticate(ws, store)
+            admitted = await authenticate(ws, store)
         except VersusError as exc:
             await deny(ws, exc)
             return None
@@ -137,7 +171,7 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> BearerClaims | Non
                 log.warning("socket refused: dependency unavailable", error=type(exc).__name__)
             await deny(ws, public)
             return None
-    return claims
+    return admitted
 
 
 async def deny(ws: WebSocket, error: VersusError, headers: dict[str, str] | None = None) -> None:

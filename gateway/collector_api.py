@@ -30,7 +30,7 @@ from versus.router.v1 import task_pb2
 
 from common.errors import InvalidArgument
 from common.limits import MAX_CLAIM_BATCH
-from gateway.auth import authenticate
+from gateway.auth import authenticate, check_body
 from gateway.body import read_json_body
 from gateway.body_fields import FreeText, Int64, Name
 from gateway.clients import CALL_TIMEOUT_S, call
@@ -95,6 +95,13 @@ class ReportBody(BaseModel):
     result_b64: str = Field(default="", max_length=(MAX_RESULT_BYTES + 2) // 3 * 4)
     error_code: Name = Field(default="", max_length=128)
     error_message: FreeText = Field(default="", max_length=MAX_ERROR_MESSAGE)
+    signature: str = Field(
+        default="",
+        max_length=2048,
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="the collector's ES256 signature over what this report says (docs/threat-model.md); "
+        "required: a report without one is refused with report_unsigned",
+    )
 
 
 class ReportOut(BaseModel):
@@ -253,6 +260,7 @@ async def report_op(
             result=result,
             error_code=body.error_code,
             error_message=body.error_message,
+            signature=body.signature,
         ),
         request_id,
     )
@@ -349,9 +357,10 @@ async def _unless_client_leaves(request: Request, work: Awaitable[ControlReply])
 
 
 async def _http(request: Request, name: str) -> Response:
-    claims, _ = await authenticate(request, request.app.state.store)
+    claims, _ = await authenticate(request, request.app.state.store, body_follows=True)
     operation, limit = OPERATIONS[name]
     raw = await read_json_body(request, limit)
+    check_body(claims, raw)
     work = operation(request.app.state, claims.collector_id, raw, request.state.request_id, "https")
     reply = await (_unless_client_leaves(request, work) if name == "claim" else work)
     media_type = "application/json" if reply.payload else None

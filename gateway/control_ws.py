@@ -4,14 +4,20 @@ Same operations and semantics as the per-call HTTPS endpoints, as typed JSON
 text frames. The gateway only answers frames the collector sent; it never
 pushes unrequested work. Protocol version 1:
 
-    collector -> gateway  {"v": 1, "id": "<request id>", "type": "claim|report|capabilities", "body": {...}}
+    collector -> gateway  {"v": 1, "id": "<request id>", "type": "claim|report|capabilities",
+                           "auth": "<bearer token>", "body": {...}}
     gateway -> collector  {"v": 1, "id": "<same id>", "type": "<type>.result", "status": 200|204|4xx|5xx,
                            "body": {...} | null}
 
 ``body`` is exactly the HTTPS request or response body; a 204 has ``null``.
 A result may carry ``headers``: the HTTPS answer's ``X-Versus-*`` headers (a
 204 claim's server time and how long it was held).
-The bearer token is checked at the upgrade, and the collector's standing is
+Each frame carries its own bearer token in ``auth``, bound (``htm`` FRAME, ``htu``
+the operation's HTTPS path, ``bsh`` the SHA-256 of ``collector_jwt.frame_body``
+of the body) and accepted once, exactly as an HTTPS call's: whoever sits on the
+TLS path can neither inject, replay nor alter a frame. A frame whose token is
+refused is answered with the refusal (401, its code) and the socket stays open.
+The bearer token is also checked at the upgrade, and the collector's standing is
 re-checked on every frame: the first frame after a revocation (or certificate
 expiry) closes the socket with 4401. A collector sends a claim frame at least
 once per claim hold, so an open socket outlives a revocation by at most one
@@ -24,18 +30,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from common import error_mapping
+from common import collector_jwt, error_mapping
+from common.collector_jwt import BearerError
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
 from common.logs import get_logger, new_request_id
+from gateway import replay
 from gateway.auth import admit_socket
 from gateway.collector_api import OPERATIONS, ControlReply
-from gateway.metrics import CONTROL_SOCKETS
+from gateway.metrics import AUTH_FAILURES, CONTROL_SOCKETS
 from gateway.standing import lapsed_standing, standing_lapsed
+from gateway.store import CollectorAuthRecord
 
 PROTOCOL_VERSION = 1
 MAX_IN_FLIGHT = 16
@@ -63,11 +73,12 @@ def _error(error: VersusError) -> ControlReply:
 @router.websocket("/control")
 async def control(ws: WebSocket) -> None:
     state = ws.app.state
-    claims = await admit_socket(ws, state.store)
-    if claims is None:
+    admitted = await admit_socket(ws, state.store)
+    if admitted is None:
         return
     await ws.accept()
-    collector_id = claims.collector_id
+    _, record = admitted
+    collector_id = record.collector_id
     send_lock = asyncio.Lock()
     work: set[asyncio.Task[None]] = set()
     CONTROL_SOCKETS.inc()
@@ -116,7 +127,7 @@ async def control(ws: WebSocket) -> None:
             if message["type"] == "websocket.disconnect":
                 return
             try:
-                frame_id, kind, raw = _parse(message.get("text"))
+                frame_id, kind, auth, raw = _parse(message.get("text"))
             except InvalidArgument as exc:
                 await ws.close(code=4400, reason=exc.code)
                 return
@@ -144,6 +155,11 @@ async def control(ws: WebSocket) -> None:
                     )
                 )
                 continue
+            try:
+                record = await _authenticate_frame(state, record, kind, auth, raw)
+            except VersusError as exc:
+                await send(_frame(frame_id, kind, _error(exc)))
+                continue
             if len(work) >= MAX_IN_FLIGHT:
                 await send(
                     _frame(
@@ -169,7 +185,43 @@ async def control(ws: WebSocket) -> None:
         CONTROL_SOCKETS.dec()
 
 
-def _parse(text: str | None) -> tuple[str, str, bytes]:
+async def _authenticate_frame(
+    state: Any, record: CollectorAuthRecord, kind: str, auth: object, raw: bytes
+) -> CollectorAuthRecord:
+    """The frame's own token: this collector's key, bound to this operation and body, used once.
+
+    Returns the record whose key verified it: a collector may have renewed with a new key
+    since the socket opened, so a signature the admitted key refuses is tried once against
+    the key on record now.
+    """
+    try:
+        if not isinstance(auth, str) or not auth:
+            raise BearerError("every frame needs its own bearer token in auth", code="bearer_missing")
+        now = int(time.time())
+        try:
+            claims = collector_jwt.verify(auth, record.public_key, now)
+        except BearerError as exc:
+            fresh = (
+                await state.store.collector_auth(record.collector_id)
+                if exc.code == "bearer_bad_signature"
+                else None
+            )
+            if fresh is None or fresh.public_key.public_numbers() == record.public_key.public_numbers():
+                raise
+            record = fresh
+            claims = collector_jwt.verify(auth, record.public_key, now)
+        if claims.collector_id != record.collector_id:
+            raise BearerError("bearer token signature does not verify", code="bearer_bad_signature")
+        claims.check_request(collector_jwt.FRAME, f"{router.prefix}/{kind}")
+        claims.check_body(raw)
+    except BearerError as exc:
+        AUTH_FAILURES.labels(exc.code).inc()
+        raise
+    await replay.accept_once(state.connections.redis, claims, now, changes_state=True)
+    return record
+
+
+def _parse(text: str | None) -> tuple[str, str, object, bytes]:
     """Validate the frame envelope; the body's own schema is checked by the operation."""
     if text is None:
         raise InvalidArgument("frames must be text (JSON), not binary", code="malformed_frame")
@@ -184,4 +236,5 @@ def _parse(text: str | None) -> tuple[str, str, bytes]:
         raise InvalidArgument("frames need a string id (1-64 chars) and type", code="malformed_frame")
     if not isinstance(body, dict):
         raise InvalidArgument("body must be an object", code="malformed_frame")
-    return frame_id, kind, json.dumps(body).encode()
+    # The operation parses exactly the bytes the frame's token is checked against.
+    return frame_id, kind, frame.get("auth"), collector_jwt.frame_body(body)

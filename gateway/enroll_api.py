@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 from versus.enrollment.v1 import enrollment_pb2 as pb
 
 from common.errors import InvalidArgument, NotFound
-from gateway.auth import ANY_ENROLLED, authenticate
+from gateway.auth import ANY_ENROLLED, authenticate, check_body
 from gateway.body import read_json_body
 from gateway.body_fields import Name
 from gateway.clients import call
@@ -185,8 +185,10 @@ async def enrollment_status(request: Request) -> StatusOut:
 @router.post("/renew", response_model=RenewOut)
 async def renew(request: Request) -> RenewOut:
     """A new 90-day certificate for the calling collector (same or new P-256 key, same id)."""
-    claims, _ = await authenticate(request, request.app.state.store)
-    body = parse_body(RenewBody, await read_json_body(request, MAX_RENEW_BODY))
+    claims, _ = await authenticate(request, request.app.state.store, body_follows=True)
+    raw = await read_json_body(request, MAX_RENEW_BODY)
+    check_body(claims, raw)
+    body = parse_body(RenewBody, raw)
     reply = await call(
         request.app.state.backends.enrollment.RenewCertificate,
         pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),

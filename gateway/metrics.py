@@ -9,6 +9,12 @@ CLAIM_OUTCOMES = Counter("versus_gateway_claims_total", "Claims answered, by out
 AUTH_FAILURES = Counter(
     "versus_gateway_auth_failures_total", "Refused bearer tokens, by error code.", ["code"]
 )
+REPLAY_CHECKS = Counter(
+    "versus_gateway_replay_checks_total",
+    "Bearer token ids checked against the replay cache: accepted, replayed, unavailable (refused), "
+    "skipped (a read while the cache was down).",
+    ["result"],
+)
 REPORT_OUTCOMES = Counter("versus_gateway_reports_total", "Reports accepted, by outcome.", ["outcome"])
 CONTROL_SOCKETS = Gauge("versus_gateway_control_sockets", "Open WebSocket control channels.")
 SOCKETS_SHED = Counter(

@@ -43,9 +43,10 @@ log = get_logger("versus.gateway.tunnel")
 @router.websocket("/tunnel")
 async def tunnel(ws: WebSocket) -> None:
     state = ws.app.state
-    claims = await admit_socket(ws, state.store)
-    if claims is None:
+    admitted = await admit_socket(ws, state.store)
+    if admitted is None:
         return
+    claims, _ = admitted
     session_id = ws.query_params.get("session", "")
     raw = await state.connections.redis.get("versus:tunnel:" + session_id) if session_id else None
     record = json.loads(raw) if raw else None

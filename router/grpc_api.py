@@ -340,6 +340,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             request.error_code,
             request.error_message,
             refused=request.outcome == bridge_pb.REPORT_OUTCOME_REFUSED,
+            signature=request.signature,
         )
         return bridge_pb.ReportResponse(duplicate=result.duplicate, state=STATE_TO_PB[result.state])
 

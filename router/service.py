@@ -17,10 +17,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from redis.asyncio import Redis
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from common import report_signature
 from common.envelope import fence
 from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
@@ -35,6 +38,7 @@ from common.errors import (
 from common.keys import KeySet
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
+from common.report_signature import ReportSignatureError, ReportStatement
 from router import fleet_state, ladder, placement, store
 from router.candidates import CandidateLoader
 from router.live import WORK, InFlight, Liveness, TaskWakes, WakeHub
@@ -45,6 +49,9 @@ from router.submit import SubmitRequest, fingerprint, validate
 
 S = State
 log = get_logger("versus.router")
+
+# Bound on the report-key cache; past it the cache starts over (one PostgreSQL read per collector).
+MAX_CACHED_REPORT_KEYS = 100_000
 
 # How long a leased dispatch waits to be claimed; its envelope expires then too.
 DISPATCH_TTL_S = 300
@@ -150,6 +157,8 @@ class Router:
         self.redis = redis
         # Each envelope is signed with a key its collector holds (KeySet.signing_key_for).
         self.dispatch_keys = dispatch_keys
+        # Collectors' public keys, to verify their reports (read from PostgreSQL on a miss).
+        self._report_keys: dict[str, ec.EllipticCurvePublicKey] = {}
         self.max_attempts = max_attempts
         self.dispatch_ttl_s = dispatch_ttl_s
         self.liveness = Liveness(redis)
@@ -677,17 +686,44 @@ class Router:
         error_message: str = "",
         *,
         refused: bool = False,
+        signature: str | None = None,
     ) -> ReportResult:
         """Record a collector's report on a dispatch it was given; see docs/router.md for the rules.
 
         ``refused``: the collector refused the envelope with ``error_code`` and did not run it
         (:func:`router.ladder.on_refusal` says what that means for the task).
+        ``signature``: the collector's signature over the report (common/report_signature.py),
+        checked against its key in PostgreSQL before anything is recorded, then kept with the
+        dispatch. Every report from a collector carries one (the bridge passes ``""`` when it is
+        missing, which is refused); ``None`` is for callers inside the router's own process.
         """
+        statement = ReportStatement(
+            collector_id,
+            dispatch_id,
+            "refused" if refused else outcome.value,
+            result,
+            error_code,
+            error_message,
+        )
         if refused:
             outcome = S.FAILED
         effects = Effects()
         async with self.engine.begin() as conn:
             found = await store.get_dispatch(conn, dispatch_id)
+            if found is not None and found["collector_id"] == collector_id and signature is not None:
+                try:
+                    await self._check_report_signature(conn, statement, signature)
+                except ReportSignatureError as exc:
+                    await store.audit(
+                        conn, collector_id, "report.bad_signature", str(found["task_id"]),
+                        {"dispatch_id": dispatch_id, "code": exc.code},
+                    )  # fmt: skip
+                    log.warning("report signature refused", collector_id=collector_id, code=exc.code)
+                    refusal: ReportSignatureError | None = exc
+                else:
+                    refusal = None
+            else:
+                refusal = None
             if found is not None and found["collector_id"] != collector_id:
                 # Speaking about another collector's work is recorded: it may be an attack.
                 await store.audit(
@@ -703,10 +739,14 @@ class Router:
             raise PermissionDenied(
                 f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
             )
+        if refusal is not None:
+            raise refusal
         async with self.engine.begin() as conn:
             task = await store.get_task(conn, found["task_id"], lock=True)
             d = await store.get_dispatch(conn, dispatch_id, lock=True)
             assert task is not None and d is not None
+            if signature is not None and d["state"] in (S.DISPATCHED, S.RUNNING):
+                await store.update_dispatch(conn, dispatch_id, report_signature=signature)
             if d["reported_at"] is not None and d["state"] in (S.SUCCESS, S.FAILED, S.UNKNOWN):
                 same = d["state"] == outcome.value and bytes(d["result"] or b"") == result
                 if same:
@@ -724,6 +764,28 @@ class Router:
                 )
         await effects.run()
         return ReportResult(False, state)
+
+    async def _check_report_signature(
+        self, conn: AsyncConnection, statement: ReportStatement, signature: str
+    ) -> None:
+        """Verify with the collector's key (cached; read again from PostgreSQL when it refuses)."""
+        cid = statement.collector_id
+        cached = self._report_keys.get(cid)
+        if cached is not None:
+            try:
+                report_signature.verify(signature, cached, statement)
+                return
+            except ReportSignatureError:
+                pass  # the collector may have renewed with a new key: ask PostgreSQL
+        der = await store.collector_public_key(conn, cid)
+        if der is None:
+            raise ReportSignatureError("no key on record for this collector")
+        key = serialization.load_der_public_key(der)
+        assert isinstance(key, ec.EllipticCurvePublicKey)
+        report_signature.verify(signature, key, statement)
+        if len(self._report_keys) >= MAX_CACHED_REPORT_KEYS:
+            self._report_keys.clear()
+        self._report_keys[cid] = key
 
     async def _apply_report(
         self,

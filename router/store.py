@@ -369,6 +369,13 @@ async def insert_dispatch(conn: AsyncConnection, values: Mapping[str, Any]) -> N
     await conn.execute(insert(dispatches).values(**values))
 
 
+async def collector_public_key(conn: AsyncConnection, collector_id: str) -> bytes | None:
+    """The DER public key on record for ``collector_id`` (it verifies the collector's reports)."""
+    query = select(collectors.c.public_key_der).where(collectors.c.collector_id == collector_id)
+    found = (await conn.execute(query)).scalar_one_or_none()
+    return None if found is None else bytes(found)
+
+
 async def get_dispatch(conn: AsyncConnection, dispatch_id: str, *, lock: bool = False) -> RowMapping | None:
     query = select(*dispatches.c).where(dispatches.c.dispatch_id == dispatch_id)
     if lock:

@@ -230,6 +230,8 @@ dispatches = Table(
     Column("result", LargeBinary, nullable=True),
     Column("error_code", Text, nullable=True),
     Column("error_message", Text, nullable=True),
+    # The collector's signature over its last report (common/report_signature.py): evidence.
+    Column("report_signature", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("kind IN ('execute', 'reconcile')", name="kind"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import ssl
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,8 @@ import schemathesis
 from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import HealthCheck, settings
 
-from common import collector_jwt
 from tests.e2e.harness import ControlPlane, run_cli, service_env
+from tests.support.collector_auth import bound_token
 from tests.support.pki import csr_pem, p256
 
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
@@ -47,8 +46,13 @@ class Target:
     collector_id: str
     key: ec.EllipticCurvePrivateKey
 
-    def bearer(self) -> str:
-        return "Bearer " + collector_jwt.mint(self.key, self.collector_id, int(time.time()))
+    def sign(self, request: Any) -> Any:
+        """A requests auth hook: a bearer token bound to the request exactly as it is sent."""
+        body = request.body or b""
+        body = body.encode() if isinstance(body, str) else body
+        token = bound_token(self.key, self.collector_id, request.method, request.path_url, body)
+        request.headers["Authorization"] = "Bearer " + token
+        return request
 
 
 def _cli(args: list[str], env: dict[str, str]) -> Any:
@@ -99,7 +103,7 @@ def test_no_generated_request_makes_the_gateway_fail(case: Any, target: Target) 
     _bounded(case)
     response = case.call(
         base_url=target.url,
-        headers={"Authorization": target.bearer()},
+        auth=target.sign,
         verify=target.ca_file,
         timeout=30,
     )

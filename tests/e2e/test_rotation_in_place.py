@@ -40,6 +40,7 @@ def test_credentials_and_service_token_rotate_without_a_restart(
     try:
         write_credentials("first-secret")
         collector.start()
+        assert collector.proc is not None
         pid = collector.proc.pid
         assert get(1) == ("success", "")
         write_credentials("second-secret")

@@ -64,7 +64,7 @@ async def _connected(
     c = await stack.enroll(name)
     assert (await stack.publish(c)).status_code == 200
     claim = {"wait_s": 0, "session_id": session, "vault_mode": vault_mode}
-    assert (await stack.post("/claim", claim, c.bearer())).status_code == 204
+    assert (await stack.post("/claim", claim, c)).status_code == 204
     return c
 
 
@@ -159,7 +159,7 @@ async def test_probe_thresholds_follow_the_heartbeat_age(stack: Stack, admin: Op
 async def test_drain_while_a_task_runs_then_undrain(stack: Stack, admin: Ops) -> None:
     c = await _connected(stack, "col-d")
     first = await stack.submit("drain-1")
-    claimed = await stack.post("/claim", {"claim_seq": 1, "wait_s": 1}, c.bearer())
+    claimed = await stack.post("/claim", {"claim_seq": 1, "wait_s": 1}, c)
     assert claimed.status_code == 200
     dispatch_id = claimed.json()["dispatch_id"]
 
@@ -170,17 +170,17 @@ async def test_drain_while_a_task_runs_then_undrain(stack: Stack, admin: Ops) ->
     assert second.task.state == task_pb2.TASK_STATE_QUEUED  # not routed to a drained collector
     # The in-flight task finishes normally.
     report = {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
-    assert (await stack.post("/report", report, c.bearer())).status_code == 200
+    assert (await stack.post("/report", report, c)).status_code == 200
     done = await stack.tasks.GetTask(pb.GetTaskRequest(task_id=first.task.task_id))
     assert done.task.state == task_pb2.TASK_STATE_SUCCESS
-    idle = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0.5}, c.bearer())
+    idle = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0.5}, c)
     assert idle.status_code == 204
 
     restored = (
         await admin.fleet.UndrainCollector(fpb.UndrainCollectorRequest(collector_id="col-d"))
     ).collector
     assert not restored.drained and restored.session_state == fpb.SESSION_STATE_ACTIVE
-    again = await stack.post("/claim", {"claim_seq": 3, "wait_s": 2}, c.bearer())
+    again = await stack.post("/claim", {"claim_seq": 3, "wait_s": 2}, c)
     assert again.status_code == 200, again.text
     queued = await stack.tasks.GetTask(pb.GetTaskRequest(task_id=second.task.task_id))
     assert queued.task.state == task_pb2.TASK_STATE_DISPATCHED
@@ -188,7 +188,7 @@ async def test_drain_while_a_task_runs_then_undrain(stack: Stack, admin: Ops) ->
 
 async def test_revoke_while_a_claim_is_held(stack: Stack, admin: Ops) -> None:
     c = await _connected(stack, "col-r")
-    held = asyncio.create_task(stack.post("/claim", {"claim_seq": 1, "wait_s": gw.HOLD_S}, c.bearer()))
+    held = asyncio.create_task(stack.post("/claim", {"claim_seq": 1, "wait_s": gw.HOLD_S}, c))
     await asyncio.sleep(0.3)
     started = time.monotonic()
     revoked = await admin.fleet.RevokeCollector(
@@ -198,7 +198,7 @@ async def test_revoke_while_a_claim_is_held(stack: Stack, admin: Ops) -> None:
     reply = await held
     assert reply.status_code == 401 and reply.json()["error"]["code"] == "collector_revoked"
     assert time.monotonic() - started < gw.HOLD_S - 1  # woken, not timed out
-    nxt = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0}, c.bearer())
+    nxt = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0}, c)
     assert nxt.status_code == 401
     # No undo: approving or revoking again changes nothing.
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -219,17 +219,17 @@ async def test_revoke_re_places_work_leased_to_the_collector(stack: Stack, admin
 
 async def test_a_second_session_supersedes_the_first(stack: Stack, admin: Ops) -> None:
     c = await _connected(stack, "col-s", session="first")
-    held = asyncio.create_task(stack.post("/claim", {"session_id": "first", "wait_s": gw.HOLD_S}, c.bearer()))
+    held = asyncio.create_task(stack.post("/claim", {"session_id": "first", "wait_s": gw.HOLD_S}, c))
     await asyncio.sleep(0.3)
     started = time.monotonic()
-    second = await stack.post("/claim", {"session_id": "second", "wait_s": 0}, c.bearer())
+    second = await stack.post("/claim", {"session_id": "second", "wait_s": 0}, c)
     assert second.status_code == 204
     old = await held
     assert old.status_code == 409 and old.json()["error"]["code"] == "session_superseded"
     assert time.monotonic() - started < gw.HOLD_S - 1
-    retry = await stack.post("/claim", {"session_id": "first", "wait_s": 0}, c.bearer())
+    retry = await stack.post("/claim", {"session_id": "first", "wait_s": 0}, c)
     assert retry.status_code == 409
-    assert (await stack.post("/claim", {"session_id": "second", "wait_s": 0}, c.bearer())).status_code == 204
+    assert (await stack.post("/claim", {"session_id": "second", "wait_s": 0}, c)).status_code == 204
     assert (await _show(admin, "col-s")).session.session_id == "second"
 
 
@@ -242,7 +242,7 @@ async def test_an_expired_certificate_makes_the_collector_expired(stack: Stack, 
             .values(cert_not_after=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
         )
     assert (await _show(admin, "col-x")).status == fpb.COLLECTOR_STATUS_EXPIRED
-    refused = await stack.post("/claim", {"wait_s": 0}, c.bearer())
+    refused = await stack.post("/claim", {"wait_s": 0}, c)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "certificate_expired"
 
 
@@ -310,7 +310,7 @@ async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) 
         )
     ).integration
     held = asyncio.create_task(
-        stack.post("/claim", {"session_id": "s-1", "vault_mode": "local", "wait_s": gw.HOLD_S}, c.bearer())
+        stack.post("/claim", {"session_id": "s-1", "vault_mode": "local", "wait_s": gw.HOLD_S}, c)
     )
     await asyncio.sleep(0.3)
     request.integration_id = integration.integration_id
@@ -327,7 +327,7 @@ async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) 
         "vault_kv_mount": "secret",
     }
     # The restarted process (new session, new mode) claims normally and is shown running it.
-    ok = await stack.post("/claim", {"session_id": "s-2", "vault_mode": "external", "wait_s": 0}, c.bearer())
+    ok = await stack.post("/claim", {"session_id": "s-2", "vault_mode": "external", "wait_s": 0}, c)
     assert ok.status_code == 204
     assert (await _show(admin, "col-v")).session.vault_mode == fpb.VAULT_MODE_EXTERNAL
 

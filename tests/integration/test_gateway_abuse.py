@@ -79,7 +79,7 @@ async def test_ambiguous_request_framing_is_refused_before_the_app(stack: gw.Sta
     # refuses any ambiguous framing with 400 and closes the connection, so the request never
     # reaches the app and the bytes after it are never read as a second request.
     c = await stack.enroll(f"col-frame-{abs(hash(framing)) % 10_000}")
-    bearer = c.bearer()["Authorization"].encode()
+    bearer = c.headers_for("POST", API + "/claim", b"{}")["Authorization"].encode()
     smuggled = b"POST " + API.encode() + b"/claim HTTP/1.1\r\nHost: gw\r\nAuthorization: " + bearer
     smuggled += b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
     body = b"0\r\n\r\n" + smuggled
@@ -99,7 +99,7 @@ async def test_a_declared_body_over_the_limit_is_refused_without_reading_it(stac
         b"POST "
         + API.encode()
         + b"/report HTTP/1.1\r\nHost: gw\r\nAuthorization: "
-        + c.bearer()["Authorization"].encode()
+        + c.headers_for("POST", API + "/report")["Authorization"].encode()
         + b"\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n{"
     )
     answer, _ = await _raw(stack, head)
@@ -115,7 +115,7 @@ async def test_a_compression_offer_is_declined_and_a_compressed_frame_closes_the
     c = await stack.enroll("col-deflate")
     url = stack.url.replace("http://", "ws://") + API + "/control"
     async with websockets.connect(
-        url, additional_headers=c.bearer(), compression="deflate", open_timeout=5
+        url, additional_headers=c.headers_for("GET", API + "/control"), compression="deflate", open_timeout=5
     ) as ws:
         assert ws.response is not None
         assert "Sec-WebSocket-Extensions" not in ws.response.headers
@@ -126,7 +126,7 @@ async def test_a_compression_offer_is_declined_and_a_compressed_frame_closes_the
         b"GET " + API.encode() + b"/control HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
         b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: " + key + b"\r\n"
         b"Sec-WebSocket-Extensions: permessage-deflate\r\n"
-        b"Authorization: " + c.bearer()["Authorization"].encode() + b"\r\n\r\n"
+        b"Authorization: " + c.headers_for("GET", API + "/control")["Authorization"].encode() + b"\r\n\r\n"
     )
     handshake = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     assert handshake.startswith(b"HTTP/1.1 101") and b"permessage-deflate" not in handshake.lower()
@@ -156,9 +156,9 @@ async def test_a_report_frame_about_another_collectors_task_is_refused_and_chang
 ) -> None:
     owner, intruder = await stack.enroll("col-owner"), await stack.enroll("col-intruder")
     await stack.publish(owner)
-    await stack.post("/claim", {"wait_s": 0}, owner.bearer())
+    await stack.post("/claim", {"wait_s": 0}, owner)
     await stack.submit("t-foreign-ws")
-    claimed = (await stack.post("/claim", {}, owner.bearer())).json()
+    claimed = (await stack.post("/claim", {}, owner)).json()
     async with await gw._ws(stack, intruder) as ws:
         body = {"task_id": claimed["dispatch_id"], "outcome": "success", "result_b64": ""}
         await ws.send(json.dumps({"v": 1, "id": "r", "type": "report", "body": body}))
@@ -185,7 +185,7 @@ async def test_refused_requests_leave_no_credential_in_the_logs(stack: gw.Stack)
     configure_logging(fmt="json", level="DEBUG")
     logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
     c = await stack.enroll("col-logs")
-    valid = c.bearer()["Authorization"].removeprefix("Bearer ")
+    valid = c.headers_for("POST", API + "/claim", b"{bad")["Authorization"].removeprefix("Bearer ")
     header, claims, signature = valid.split(".")
     tampered = f"{header}.{claims}.{signature[:-4]}AAAA"
     try:
@@ -250,8 +250,8 @@ async def test_values_the_database_cannot_store_are_refused_as_invalid_body(
 ) -> None:
     c = await stack.enroll(f"col-text-{abs(hash(path + json.dumps(body))) % 100_000}")
     # json.dumps escapes a lone surrogate as \ud800, as a hostile client would send it.
-    headers = {**c.bearer(), "content-type": "application/json"}
-    reply = await stack.post(path, None, headers, content=json.dumps(body).encode())
+    headers = {"content-type": "application/json"}
+    reply = await stack.post(path, None, c, headers=headers, content=json.dumps(body).encode())
     assert (reply.status_code, reply.json()["error"]["code"]) == (400, "invalid_body"), reply.text
     # The same body over the control socket gets the same answer, and the socket stays open.
     if path != "/enroll":

@@ -25,7 +25,6 @@ from sqlalchemy import func, select, update
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common import collector_jwt
 from common.api_tokens import TokenAuthenticator
 from common.db.schema import audit_events, collectors, dispatches
 from common.embedded.process import free_port
@@ -45,6 +44,7 @@ from router.server import registrations as router_registrations
 from router.service import Router
 from router.tunnels import TunnelHub
 from tests.support.access import mint
+from tests.support.collector_auth import SigningSocket, SignRequests, bound_token, with_report_signature
 from tests.support.pki import csr_pem, p256
 from tests.support.router_env import KEYS, make_router
 
@@ -73,10 +73,13 @@ class Collector:
     key: ec.EllipticCurvePrivateKey
     dispatch_keys: dict[str, PublicKey]
 
-    def bearer(self, **overrides: Any) -> dict[str, str]:
-        return {
-            "Authorization": "Bearer " + collector_jwt.mint(self.key, self.collector_id, int(time.time()))
-        }
+    @property
+    def auth(self) -> SignRequests:
+        """Signs each request over its method, path and body, as the reference collector does."""
+        return SignRequests(self.key, self.collector_id)
+
+    def headers_for(self, method: str, path: str, body: bytes = b"") -> dict[str, str]:
+        return {"Authorization": "Bearer " + bound_token(self.key, self.collector_id, method, path, body)}
 
 
 @dataclass
@@ -96,10 +99,17 @@ class Stack:
     app: Any
 
     async def post(
-        self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
+        self, path: str, body: Any = None, who: Collector | dict[str, str] | None = None, **kw: Any
     ) -> httpx.Response:
+        """POST ``body`` as JSON, signed by collector ``who`` (or with the given headers)."""
+        if isinstance(who, Collector):
+            kw["auth"] = who.auth
+            if path == "/report" and isinstance(body, dict):
+                body = with_report_signature(who.key, who.collector_id, body)  # as the reference collector
+        elif who is not None:
+            kw["headers"] = who
         async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
-            return await client.post(API + path, json=body, headers=headers, **kw)
+            return await client.post(API + path, json=body, **kw)
 
     async def enroll(self, name: str) -> Collector:
         issued = await self.service.issue_token(
@@ -126,7 +136,7 @@ class Stack:
                 }
             ],
         }
-        return await self.post("/capabilities", manifest, c.bearer())
+        return await self.post("/capabilities", manifest, c)
 
     async def submit(self, key: str, operation: str = "echo") -> pb.SubmitTaskResponse:
         deadline = Timestamp()
@@ -210,9 +220,9 @@ async def test_claim_report_and_the_platform_sees_success(stack: Stack) -> None:
     c = await stack.enroll("col-1")
     published = await stack.publish(c)
     assert published.json() == {"capability_epoch": 1, "accepted": True}
-    assert (await stack.post("/claim", {"wait_s": 0}, c.bearer())).status_code == 204  # now live
+    assert (await stack.post("/claim", {"wait_s": 0}, c)).status_code == 204  # now live
     submitted = await stack.submit("t-1")
-    claimed = await stack.post("/claim", {"claim_seq": 1, "held_task_ids": []}, c.bearer())
+    claimed = await stack.post("/claim", {"claim_seq": 1, "held_task_ids": []}, c)
     assert claimed.status_code == 200, claimed.text
     body = claimed.json()
     assert set(body) == {
@@ -236,7 +246,7 @@ async def test_claim_report_and_the_platform_sees_success(stack: Stack) -> None:
             "outcome": "success",
             "result_b64": base64.b64encode(b"ok").decode(),
         },
-        c.bearer(),
+        c,
     )
     assert reported.json() == {"duplicate": False, "state": "success"}
     states = [update.task.state async for update in watch]
@@ -248,10 +258,10 @@ async def test_claim_report_and_the_platform_sees_success(stack: Stack) -> None:
             "outcome": "success",
             "result_b64": base64.b64encode(b"ok").decode(),
         },
-        c.bearer(),
+        c,
     )
     assert again.json() == {"duplicate": True, "state": "success"}
-    conflict = await stack.post("/report", {"task_id": body["dispatch_id"], "outcome": "failed"}, c.bearer())
+    conflict = await stack.post("/report", {"task_id": body["dispatch_id"], "outcome": "failed"}, c)
     assert (conflict.status_code, conflict.json()["error"]["code"]) == (409, "conflicting_report")
 
 
@@ -274,11 +284,11 @@ def _envelopes(raw: bytes) -> list[bytes]:
 async def test_a_batched_claim_carries_up_to_max_tasks_oldest_first(stack: Stack) -> None:
     c = await stack.enroll("col-batch")
     await stack.publish(c, max_concurrency=8)
-    assert (await stack.post("/claim", {"wait_s": 0}, c.bearer())).status_code == 204  # now live
+    assert (await stack.post("/claim", {"wait_s": 0}, c)).status_code == 204  # now live
     keys = [f"batch-{i}" for i in range(5)]
     for key in keys:
         await stack.submit(key)
-    first = await stack.post("/claim", {"claim_seq": 1, "max_tasks": 3}, c.bearer())
+    first = await stack.post("/claim", {"claim_seq": 1, "max_tasks": 3}, c)
     assert first.status_code == 200, first.text
     body = first.json()
     assert len(body["more"]) == 2
@@ -289,12 +299,12 @@ async def test_a_batched_claim_carries_up_to_max_tasks_oldest_first(stack: Stack
     assert [a.envelope.fields.idempotency_key for a in got] == keys[:3]
     assert body["dispatch_id"] == got[0].envelope.fields.task_id
     held = [a.envelope.fields.task_id for a in got]
-    rest = await stack.post("/claim", {"claim_seq": 2, "held_task_ids": held, "max_tasks": 3}, c.bearer())
+    rest = await stack.post("/claim", {"claim_seq": 2, "held_task_ids": held, "max_tasks": 3}, c)
     assert len(_envelopes(rest.content)) == 2 and "more" in rest.json()
     await stack.submit("batch-single")
-    one = await stack.post("/claim", {"claim_seq": 3, "held_task_ids": held}, c.bearer())
+    one = await stack.post("/claim", {"claim_seq": 3, "held_task_ids": held}, c)
     assert one.status_code == 200 and "more" not in one.json()  # max_tasks defaults to 1
-    too_many = await stack.post("/claim", {"max_tasks": 33}, c.bearer())
+    too_many = await stack.post("/claim", {"max_tasks": 33}, c)
     assert (too_many.status_code, too_many.json()["error"]["code"]) == (400, "invalid_body")
 
 
@@ -302,13 +312,13 @@ async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -
     c = await stack.enroll("col-2")
     await stack.publish(c)
     started = time.monotonic()
-    empty = await stack.post("/claim", {}, c.bearer())
+    empty = await stack.post("/claim", {}, c)
     held = time.monotonic() - started
     assert empty.status_code == 204
     assert empty.headers["X-Versus-Claim-Hold"] == "3"
     assert empty.headers["X-Versus-Server-Time"].endswith("Z")
     assert HOLD_S - 0.2 <= held < HOLD_S + 1.5
-    waiting = asyncio.create_task(stack.post("/claim", {}, c.bearer()))
+    waiting = asyncio.create_task(stack.post("/claim", {}, c))
     await asyncio.sleep(0.5)
     submitted_at = time.monotonic()
     await stack.submit("t-wake")
@@ -320,7 +330,7 @@ async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -
 async def test_a_held_claim_whose_collector_hung_up_takes_no_task(stack: Stack) -> None:
     c = await stack.enroll("col-gone")
     await stack.publish(c)
-    abandoned = asyncio.create_task(stack.post("/claim", {"claim_seq": 1}, c.bearer()))
+    abandoned = asyncio.create_task(stack.post("/claim", {"claim_seq": 1}, c))
     await asyncio.sleep(0.5)  # parked in the router
     abandoned.cancel()  # the client closes its connection mid-hold
     with contextlib.suppress(asyncio.CancelledError):
@@ -331,7 +341,7 @@ async def test_a_held_claim_whose_collector_hung_up_takes_no_task(stack: Stack) 
     # Nobody took it: the abandoned claim's router call was cancelled, not left to hand it into the void.
     task = await stack.tasks.GetTask(pb.GetTaskRequest(task_id=submitted.task.task_id))
     assert task.task.state == task_pb2.TASK_STATE_LEASED
-    claimed = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0}, c.bearer())
+    claimed = await stack.post("/claim", {"claim_seq": 2, "wait_s": 0}, c)
     assert claimed.status_code == 200 and claimed.json()["dispatch_id"]
 
 
@@ -411,18 +421,20 @@ async def test_forged_and_broken_tokens_are_refused_and_change_nothing(stack: St
             assert reply.status_code == 401, (name, reply.text)
         assert (await client.post(API + "/claim", json={})).json()["error"]["code"] == "bearer_missing"
         duplicated = await client.post(
-            API + "/claim", json={}, headers=[("authorization", a.bearer()["Authorization"])] * 2
+            API + "/claim",
+            json={},
+            headers=[("authorization", a.headers_for("POST", API + "/claim", b"{}")["Authorization"])] * 2,
         )
         assert (duplicated.status_code, duplicated.json()["error"]["code"]) == (401, "bearer_duplicated")
     # None of them counted as a claim: the collector never became live.
     assert await stack.redis.zscore("versus:live", "col-a") is None
     # Revocation bites on the very next request.
-    assert (await stack.post("/claim", {"wait_s": 0}, a.bearer())).status_code == 204
+    assert (await stack.post("/claim", {"wait_s": 0}, a)).status_code == 204
     async with stack.service.store.engine.begin() as conn:
         await conn.execute(
             update(collectors).where(collectors.c.collector_id == "col-a").values(status="revoked")
         )
-    revoked = await stack.post("/claim", {"wait_s": 0}, a.bearer())
+    revoked = await stack.post("/claim", {"wait_s": 0}, a)
     assert (revoked.status_code, revoked.json()["error"]["code"]) == (401, "collector_revoked")
 
 
@@ -437,34 +449,34 @@ async def test_bad_requests_are_4xx_and_write_nothing(stack: Stack) -> None:
     a = await stack.enroll("col-x")
     b = await stack.enroll("col-y")
     await stack.publish(a)
-    await stack.post("/claim", {"wait_s": 0}, a.bearer())
+    await stack.post("/claim", {"wait_s": 0}, a)
     await stack.submit("t-x")
-    claimed = (await stack.post("/claim", {}, a.bearer())).json()
+    claimed = (await stack.post("/claim", {}, a)).json()
     cases: list[tuple[str, dict[str, Any], int]] = [
         (
             "/claim",
-            {"content": b"{not json", "headers": {**a.bearer(), "content-type": "application/json"}},
+            {"content": b"{not json", "headers": {"content-type": "application/json"}, "auth": a.auth},
             400,
         ),
-        ("/claim", {"content": b"{}", "headers": {**a.bearer(), "content-type": "text/plain"}}, 415),
-        ("/report", {"content": b"{}", "headers": {**a.bearer(), "content-type": "application/json"}}, 400),
+        ("/claim", {"content": b"{}", "headers": {"content-type": "text/plain"}, "auth": a.auth}, 415),
+        ("/report", {"content": b"{}", "headers": {"content-type": "application/json"}, "auth": a.auth}, 400),
         (
             "/report",
             {
                 "json": {"task_id": "x", "outcome": "success", "result_b64": "A" * (2 * 1024 * 1024)},
-                "headers": a.bearer(),
+                "auth": a.auth,
             },
             413,
         ),
-        ("/report", {"json": {"task_id": "dsp-unknown", "outcome": "success"}, "headers": a.bearer()}, 403),
+        ("/report", {"json": {"task_id": "dsp-unknown", "outcome": "success"}, "auth": a.auth}, 403),
         (
             "/report",
-            {"json": {"task_id": claimed["dispatch_id"], "outcome": "success"}, "headers": b.bearer()},
+            {"json": {"task_id": claimed["dispatch_id"], "outcome": "success"}, "auth": b.auth},
             403,
         ),
         (
             "/report",
-            {"json": {"task_id": claimed["dispatch_id"], "outcome": "done"}, "headers": a.bearer()},
+            {"json": {"task_id": claimed["dispatch_id"], "outcome": "done"}, "auth": a.auth},
             400,
         ),
         (
@@ -474,7 +486,7 @@ async def test_bad_requests_are_4xx_and_write_nothing(stack: Stack) -> None:
                     "capability_epoch": 2,
                     "providers": [{"provider": "p", "max_concurrency": 0, "operations": []}],
                 },
-                "headers": a.bearer(),
+                "auth": a.auth,
             },
             400,
         ),
@@ -503,7 +515,7 @@ async def test_pending_collectors_cannot_claim(stack: Stack) -> None:
     )
     key = p256()
     await stack.post("/enroll", {"token": issued.plaintext, "csr_pem": csr_pem(key, "col-pending")})
-    token = collector_jwt.mint(key, "col-pending", int(time.time()))
+    token = bound_token(key, "col-pending", "POST", API + "/claim", b"{}")
     reply = await stack.post("/claim", {}, {"Authorization": f"Bearer {token}"})
     assert (reply.status_code, reply.json()["error"]["code"]) == (403, "collector_pending")
 
@@ -512,7 +524,10 @@ async def _ws(stack: Stack, c: Collector, **headers: str) -> Any:
     import websockets
 
     url = stack.url.replace("http://", "ws://") + API + "/control"
-    return await websockets.connect(url, additional_headers={**c.bearer(), **headers}, open_timeout=5)
+    raw = await websockets.connect(
+        url, additional_headers={**c.headers_for("GET", API + "/control"), **headers}, open_timeout=5
+    )
+    return SigningSocket(raw, c.key, c.collector_id)
 
 
 async def test_control_socket_carries_claim_and_report(stack: Stack) -> None:
@@ -639,7 +654,7 @@ async def test_a_database_outage_is_503_on_https_and_on_an_open_socket(
     async with await _ws(stack, c) as ws:
         monkeypatch.setattr(stack.app.state.store, "collector_auth", database_down)
         monkeypatch.setattr(stack.app.state.store, "standing", database_down)
-        claimed = await stack.post("/claim", {"wait_s": 0}, c.bearer())
+        claimed = await stack.post("/claim", {"wait_s": 0}, c)
         assert (claimed.status_code, claimed.json()["error"]["code"]) == (503, "database_unavailable")
         await ws.send(json.dumps({"v": 1, "id": "1", "type": "claim", "body": {"wait_s": 0}}))
         reply = json.loads(await asyncio.wait_for(ws.recv(), 5))

@@ -93,7 +93,7 @@ async def test_headers_trickled_byte_by_byte_get_408(stack: Stack) -> None:
 async def test_the_deadline_applies_to_every_request_not_only_the_first(stack: Stack) -> None:
     c = await stack.enroll("col-edge-k")
     reader, writer = await _open(stack)
-    bearer = c.bearer()["Authorization"]
+    bearer = c.headers_for("GET", gw.API + "/enrollment")["Authorization"]
     request = f"GET {gw.API}/enrollment HTTP/1.1\r\nHost: x\r\nAuthorization: {bearer}\r\n\r\n"
     writer.write(request.encode())
     head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode().lower()
@@ -121,7 +121,7 @@ async def test_anonymous_answers_close_the_connection_authenticated_ones_keep_it
     c = await stack.enroll("col-edge-ka")
     async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
         anonymous = await client.get("/healthz")
-        claimed = await client.post(gw.API + "/claim", json={"wait_s": 0}, headers=c.bearer())
+        claimed = await client.post(gw.API + "/claim", json={"wait_s": 0}, auth=c.auth)
     assert anonymous.headers["connection"] == "close"
     assert claimed.status_code == 204 and "connection" not in claimed.headers
 
@@ -138,9 +138,7 @@ async def test_an_anonymous_flood_is_capped_per_source_and_collectors_stay_serve
         quiet = []
         for _ in range(20):
             started = time.perf_counter()
-            assert (
-                await client.post(gw.API + "/claim", json={"wait_s": 0}, headers=c.bearer())
-            ).status_code == 204
+            assert (await client.post(gw.API + "/claim", json={"wait_s": 0}, auth=c.auth)).status_code == 204
             quiet.append(time.perf_counter() - started)
 
     held = [await _open(stack, FLOOD_SOURCE) for _ in range(flood)]
@@ -157,9 +155,7 @@ async def test_an_anonymous_flood_is_capped_per_source_and_collectors_stay_serve
     for _ in range(20):
         async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
             started = time.perf_counter()
-            assert (
-                await client.post(gw.API + "/claim", json={"wait_s": 0}, headers=c.bearer())
-            ).status_code == 204
+            assert (await client.post(gw.API + "/claim", json={"wait_s": 0}, auth=c.auth)).status_code == 204
             during.append(time.perf_counter() - started)
     quiet_ms, during_ms = statistics.median(quiet) * 1000, statistics.median(during) * 1000
     log.info("claim latency", quiet_p50_ms=round(quiet_ms, 1), flood_p50_ms=round(during_ms, 1))

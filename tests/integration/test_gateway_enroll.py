@@ -19,7 +19,6 @@ import uvicorn
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import select, update
 
-from common import collector_jwt
 from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
 from common.db.schema import collectors, enrollment_tokens
@@ -34,6 +33,7 @@ from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
 from tests.support.access import mint
+from tests.support.collector_auth import SignRequests, bound_token
 from tests.support.pki import csr_pem, p256, p384, rsa_key
 
 # Every test also fails if a credential reaches the log (tests/support/logs.py).
@@ -263,34 +263,36 @@ async def test_bearer_endpoints_pending_approval_and_renewal(stack: Stack) -> No
     )
     assert enrolled.json()["status"] == "pending"
 
-    def bearer(k=key, sub: str = "col-b") -> dict[str, str]:  # type: ignore[no-untyped-def]
-        return {"Authorization": "Bearer " + collector_jwt.mint(k, sub, int(time.time()))}
+    def bearer(k=key, sub: str = "col-b") -> SignRequests:  # type: ignore[no-untyped-def]
+        return SignRequests(k, sub)
 
     async with httpx.AsyncClient(base_url=stack.url) as client:
-        status = await client.get("/api/collector/v1/enrollment", headers=bearer())
+        status = await client.get("/api/collector/v1/enrollment", auth=bearer())
         assert status.json()["status"] == "pending"
         # A pending collector may poll but not renew.
         refused = await client.post(
-            "/api/collector/v1/renew", headers=bearer(), json={"csr_pem": csr_pem(key, "col-b")}
+            "/api/collector/v1/renew", auth=bearer(), json={"csr_pem": csr_pem(key, "col-b")}
         )
         assert (refused.status_code, refused.json()["error"]["code"]) == (403, "collector_pending")
         await stack.service.approve("col-b", "test")
-        assert (await client.get("/api/collector/v1/enrollment", headers=bearer())).json()[
-            "status"
-        ] == "active"
+        assert (await client.get("/api/collector/v1/enrollment", auth=bearer())).json()["status"] == "active"
         new_key = p256()
         renewed = await client.post(
-            "/api/collector/v1/renew", headers=bearer(), json={"csr_pem": csr_pem(new_key, "col-b")}
+            "/api/collector/v1/renew", auth=bearer(), json={"csr_pem": csr_pem(new_key, "col-b")}
         )
         assert renewed.status_code == 200, renewed.text
         # The old key no longer authenticates; the new one does.
-        old = await client.get("/api/collector/v1/enrollment", headers=bearer())
+        old = await client.get("/api/collector/v1/enrollment", auth=bearer())
         assert (old.status_code, old.json()["error"]["code"]) == (401, "bearer_bad_signature")
-        assert (await client.get("/api/collector/v1/enrollment", headers=bearer(new_key))).status_code == 200
+        assert (await client.get("/api/collector/v1/enrollment", auth=bearer(new_key))).status_code == 200
+        nobody = {
+            "Authorization": "Bearer "
+            + bound_token(new_key, "col-nobody", "GET", "/api/collector/v1/enrollment")
+        }
         for headers, code in [
             ({}, "bearer_missing"),
             ({"Authorization": "Bearer not.a.jwt"}, "bearer_malformed"),
-            (bearer(new_key, "col-nobody"), "bearer_bad_signature"),
+            (nobody, "bearer_bad_signature"),
         ]:
             reply = await client.get("/api/collector/v1/enrollment", headers=headers)
             assert (reply.status_code, reply.json()["error"]["code"]) == (401, code)
@@ -301,7 +303,7 @@ async def test_bearer_endpoints_pending_approval_and_renewal(stack: Stack) -> No
                 .where(collectors.c.collector_id == "col-b")
                 .values(cert_not_after=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
             )
-        expired = await client.get("/api/collector/v1/enrollment", headers=bearer(new_key))
+        expired = await client.get("/api/collector/v1/enrollment", auth=bearer(new_key))
         assert (expired.status_code, expired.json()["error"]["code"]) == (401, "certificate_expired")
 
 

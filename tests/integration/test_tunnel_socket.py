@@ -56,12 +56,12 @@ class Platform:
 
 async def _live(stack: gw.Stack, name: str) -> gw.Collector:
     c = await stack.enroll(name)
-    assert (await stack.post("/claim", {"wait_s": 0}, c.bearer())).status_code == 204
+    assert (await stack.post("/claim", {"wait_s": 0}, c)).status_code == 204
     return c
 
 
 async def _offered_session(stack: gw.Stack, c: gw.Collector) -> str:
-    claimed = await stack.post("/claim", {"wait_s": 5}, c.bearer())
+    claimed = await stack.post("/claim", {"wait_s": 5}, c)
     assert claimed.status_code == 200, claimed.text
     [offer] = claimed.json()["offers"]
     assert (offer["type"], offer["host"], offer["port"]) == ("tunnel", "10.0.0.7", 22)
@@ -70,8 +70,9 @@ async def _offered_session(stack: gw.Stack, c: gw.Collector) -> str:
 
 
 async def _dial(stack: gw.Stack, c: gw.Collector, session_id: str) -> Any:
-    url = stack.url.replace("http://", "ws://") + gw.API + f"/tunnel?session={session_id}"
-    return await websockets.connect(url, additional_headers=c.bearer(), open_timeout=5)
+    path = gw.API + f"/tunnel?session={session_id}"
+    url = stack.url.replace("http://", "ws://") + path
+    return await websockets.connect(url, additional_headers=c.headers_for("GET", path), open_timeout=5)
 
 
 async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -> None:
@@ -107,7 +108,10 @@ async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> No
             assert refused.value.response.status_code == 403
             assert json.loads(refused.value.response.body)["error"]["code"] == "tunnel_not_yours"
         url = stack.url.replace("http://", "ws://") + gw.API + f"/tunnel?session={session_id}"
-        headers = {**owner.bearer(), "Origin": "https://evil.example"}
+        headers = {
+            **owner.headers_for("GET", gw.API + f"/tunnel?session={session_id}"),
+            "Origin": "https://evil.example",
+        }
         with pytest.raises(websockets.InvalidStatus) as browser:
             await websockets.connect(url, additional_headers=headers, open_timeout=5)
         assert browser.value.response.status_code == 403

@@ -93,7 +93,7 @@ def test_a_signed_token_missing_any_claim_is_malformed(drop: str) -> None:
 @FAST
 @given(st.binary(max_size=64), st.integers(min_value=0, max_value=2))
 def test_a_tampered_segment_of_a_valid_token_is_refused(noise: bytes, segment: int) -> None:
-    parts = collector_jwt.mint(KEY, "c1", NOW).split(".")
+    parts = collector_jwt.mint(KEY, "c1", NOW, method="POST", path="/api/collector/v1/claim").split(".")
     parts[segment] = _b64url(base64.urlsafe_b64decode(parts[segment] + "==") + noise) if noise else ""
     token = ".".join(parts)
     with pytest.raises(Unauthenticated):
@@ -104,7 +104,7 @@ def test_a_tampered_segment_of_a_valid_token_is_refused(noise: bytes, segment: i
 @given(st.text(max_size=400))
 def test_any_text_as_a_control_frame_is_refused_or_parsed(text: str) -> None:
     try:
-        frame_id, kind, body = parse_frame(text)
+        frame_id, kind, _, body = parse_frame(text)
     except InvalidArgument as exc:
         assert exc.code == "malformed_frame"
         return
@@ -118,6 +118,12 @@ def test_any_json_value_as_a_control_frame_is_refused_or_parsed(value: Any) -> N
         parse_frame(json.dumps(value))
     except InvalidArgument as exc:
         assert exc.code == "malformed_frame"
+
+
+BOUND: dict[str, Any] = {
+    "iss": "c1", "sub": "c1", "aud": collector_jwt.AUDIENCE, "jti": "jti-0001",
+    "htm": "GET", "htu": "/api/collector/v1/enrollment", "bsh": collector_jwt.body_digest(b""),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("depth", [100, 10_000, 200_000])
@@ -178,9 +184,7 @@ def test_any_authorization_header_yields_a_token_or_none(value: str | None) -> N
     ],
 )
 def test_bearer_time_rules(change: dict[str, Any], code: str) -> None:
-    claims: dict[str, Any] = {
-        "iss": "c1", "sub": "c1", "aud": collector_jwt.AUDIENCE, "iat": NOW, "exp": NOW + 60, "jti": "j",
-    }  # fmt: skip
+    claims: dict[str, Any] = {**BOUND, "iat": NOW, "exp": NOW + 60}
     claims.update(change)
     token = jwt.encode(claims, KEY, algorithm="ES256")
     with pytest.raises(collector_jwt.BearerError) as info:
@@ -189,10 +193,7 @@ def test_bearer_time_rules(change: dict[str, Any], code: str) -> None:
 
 
 def test_a_past_nbf_is_fine() -> None:
-    claims = {
-        "iss": "c1", "sub": "c1", "aud": collector_jwt.AUDIENCE, "iat": NOW, "exp": NOW + 60, "jti": "j",
-        "nbf": NOW - 5,
-    }  # fmt: skip
+    claims = {**BOUND, "iat": NOW, "exp": NOW + 60, "nbf": NOW - 5}
     assert (
         collector_jwt.verify(jwt.encode(claims, KEY, algorithm="ES256"), KEY.public_key(), NOW).collector_id
         == "c1"

@@ -306,6 +306,7 @@ class ReportRequest(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     task_id: _builtins.str
     """The envelope's task_id: the dispatch being reported."""
@@ -316,6 +317,10 @@ class ReportRequest(_message.Message):
     idempotency_key: _builtins.str
     lease_epoch: _builtins.int
     """Fencing token echoed from the envelope."""
+    signature: _builtins.str
+    """The collector's ES256 signature over what this report says (common/report_signature.py);
+    the router checks it against the collector's key before recording anything, and keeps it.
+    """
     def __init__(
         self,
         *,
@@ -327,10 +332,11 @@ class ReportRequest(_message.Message):
         error_message: _builtins.str = ...,
         idempotency_key: _builtins.str = ...,
         lease_epoch: _builtins.int = ...,
+        signature: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "error_code", b"error_code", "error_message", b"error_message", "idempotency_key", b"idempotency_key", "lease_epoch", b"lease_epoch", "outcome", b"outcome", "result", b"result", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "error_code", b"error_code", "error_message", b"error_message", "idempotency_key", b"idempotency_key", "lease_epoch", b"lease_epoch", "outcome", b"outcome", "result", b"result", "signature", b"signature", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
