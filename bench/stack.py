@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from collector.request_auth import SignRequests, bound_token, frame_token
+from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
 from common.envelope.verify import VerifyContext, verify
@@ -285,7 +285,7 @@ class SimCollector:
 
     async def report_https(self, dispatch_id: str) -> bool:
         """Report success; True when the router has it recorded (now or by an earlier attempt)."""
-        body = {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
+        body = signed_report(self.key, self.collector_id, {"task_id": dispatch_id, "outcome": "success"})
         while True:  # a collector re-sends a report until it is acknowledged
             reply = await self._http().post(API + "/report", json=body)
             if reply.status_code < 500:
@@ -354,7 +354,8 @@ class SimCollector:
     async def report_ws(self, dispatch_id: str) -> None:
         while True:
             status, _ = await self._frame(
-                "report", {"task_id": dispatch_id, "outcome": "success", "result_b64": ""}
+                "report",
+                signed_report(self.key, self.collector_id, {"task_id": dispatch_id, "outcome": "success"}),
             )
             if status < 500:
                 if status != 200:

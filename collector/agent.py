@@ -27,6 +27,7 @@ from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.renewal import Renewer
+from collector.signed_config import ConfigStore, OfferCheck
 from collector.state import StatePaths, load_key, read_json, write_json
 from collector.tunnel import carry, dial_back_path
 from common.envelope.canonical import OpClass
@@ -35,6 +36,7 @@ from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock, VerifyContext, verify
 from common.keys import PublicKey
 from common.logs import get_logger
+from common.signed_doc import DocumentError
 
 log = get_logger("versus.collector")
 
@@ -85,7 +87,15 @@ class Agent:
         keys = read_json(self.paths.keys)
         self.trusted = {k["kid"]: PublicKey.from_json(k) for k in keys["dispatch"]}
         policy = read_json(self.paths.policy) if self.paths.policy.exists() else {}
-        self.vault_mode: str = _vault_mode(policy.get("vault_mode", "local"))
+        # The signed config (once one arrived) overrides the enrollment policy's vault settings.
+        try:
+            self.config = ConfigStore(options.state_dir / "config.json", self.collector_id, self.trusted)
+        except (DocumentError, ValueError) as exc:
+            raise CollectorError(f"config.json is not a valid signed config: {exc}") from None
+        self.offers = OfferCheck(self.collector_id, self.trusted)
+        running = self.config.current or {}
+        self.vault_mode: str = _vault_mode(running.get("vault_mode") or policy.get("vault_mode", "local"))
+        self.vault: dict[str, Any] = dict(running.get("vault") or {})
         # Mode A resolves credentials from the local file, re-read whenever it changes; in modes B and C
         # the local file is not read (their resolvers are described in docs/fleet.md).
         try:
@@ -207,6 +217,7 @@ class Agent:
             body = {
                 "session_id": self.session_id,
                 "vault_mode": self.vault_mode,
+                "config_version": self.config.version,
                 "claim_seq": self.journal.next_claim_seq(),
                 "held_task_ids": self.journal.held_task_ids(),
                 "capacity": self._free(),
@@ -239,20 +250,28 @@ class Agent:
             attempt = 0
             self._observe_clock(reply.round_trip)
             self._write_runtime()
-            if reply.restart_with is not None:
-                self._apply_on_restart(reply.restart_with)
-                return
-            for offer in reply.offers:
-                if offer.get("type") == "tunnel":
-                    self._spawn(
-                        carry(
-                            offer,
-                            self.identity["gateway_url"],
-                            self.context,
-                            self.client.bearer("GET", dial_back_path(str(offer["session_id"]))),
-                            self.credentials(),
-                        )
+            if reply.config is not None:
+                if self._apply_config(reply.config):
+                    return
+                # Refused: keep running on the last good config, and do not ask again at once.
+                await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), "config refused")
+                attempt += 1
+                continue
+            for offered in reply.offers:
+                try:
+                    offer = self.offers.accept(offered, int(self._now()))
+                except DocumentError as exc:
+                    log.error("tunnel offer refused", code=exc.code, reason=str(exc))
+                    continue
+                self._spawn(
+                    carry(
+                        offer,
+                        self.identity["gateway_url"],
+                        self.context,
+                        self.client.bearer("GET", dial_back_path(offer["session_id"])),
+                        self.credentials(),
                     )
+                )
             if reply.envelope is not None and reply.dispatch_id is not None:
                 refusal = self._accept(reply.dispatch_id, reply.envelope)
                 if refusal is not None:
@@ -282,22 +301,27 @@ class Agent:
             freed.cancel()
             stop.cancel()
 
-    def _apply_on_restart(self, settings: Mapping[str, Any]) -> None:
-        """Save the new vault settings and stop claiming; in-flight work drains, then main() restarts.
+    def _apply_config(self, document: Mapping[str, Any]) -> bool:
+        """Accept a newer signed config; True when the process restarts to apply it.
 
-        A credential resolver is never swapped under a running task, hence the restart.
+        A document that does not verify, is expired, or is not newer is refused (logged
+        with its code) and the collector keeps its last good config. Vault settings apply
+        on restart: in-flight work drains first, as a credential resolver is never swapped
+        under a running task.
         """
-        policy = read_json(self.paths.policy) if self.paths.policy.exists() else {}
-        policy["vault_mode"] = _vault_mode(str(settings.get("vault_mode", "local")))
-        vault = {k: str(settings[k]) for k in _VAULT_KEYS if settings.get(k)}
-        if vault:
-            policy["vault"] = vault
-        else:
-            policy.pop("vault", None)
-        write_json(self.paths.policy, policy)
-        log.warning("vault mode changed by an operator; restarting to apply it",
-                    running=self.vault_mode, recorded=policy["vault_mode"])  # fmt: skip
+        try:
+            payload = self.config.accept(document, int(self._now()))
+        except DocumentError as exc:
+            log.error("config refused; keeping the last good one", code=exc.code, reason=str(exc),
+                      held_version=self.config.version)  # fmt: skip
+            return False
+        log.info("config accepted", version=payload["version"])
+        if payload["vault_mode"] == self.vault_mode and payload["vault"] == self.vault:
+            return False
+        log.warning("vault settings changed by an operator; restarting to apply them",
+                    running=self.vault_mode, recorded=payload["vault_mode"])  # fmt: skip
         self.restart_requested = True
+        return True
 
     def _write_runtime(self) -> None:
         write_json(
@@ -481,7 +505,6 @@ def _limit(own: int, caps: Mapping[str, Any], provider: str) -> int:
     return own
 
 
-_VAULT_KEYS = ("vault_integration_id", "vault_address", "vault_role_id", "vault_kv_mount")
 # Enrollment of older control planes wrote the letters.
 _VAULT_LETTERS = {"A": "local", "B": "relayed", "C": "external"}
 

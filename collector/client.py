@@ -43,8 +43,8 @@ class ClaimReply:
     # The claim's round trip with the server's clock; None when the answer did not carry the time.
     round_trip: RoundTrip | None
     offers: list[dict[str, Any]] = field(default_factory=list)
-    # Recorded settings the running process does not apply: restart with them (docs/fleet.md).
-    restart_with: dict[str, Any] | None = None
+    # A newer signed config (collector/signed_config.py verifies it); no task then.
+    config: dict[str, Any] | None = None
 
 
 def ssl_context(ca_bundle: Path) -> ssl.SSLContext:
@@ -167,8 +167,8 @@ class GatewayClient:
         head = json.loads(raw)
         trip = _round_trip(sent, received, head.get("server_time_ms"), head.get("held_ms"))
         offers = list(head.get("offers", []))
-        if "restart_with" in head:
-            return ClaimReply(None, None, trip, [], dict(head["restart_with"]))
+        if isinstance(head.get("config"), dict):
+            return ClaimReply(None, None, trip, [], dict(head["config"]))
         if "envelope" not in head:
             return ClaimReply(None, None, trip, offers)
         # The envelope is the last member; its bytes go to the verifier exactly as received.

@@ -12,23 +12,16 @@ content. At start, a missing file means no credentials; a bad one is an error.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.watched_file import FileRefused, WatchedFile
+from common.watched_file import WatchedFile, private_only
 
 FILE_NAME = "credentials.json"
 
 Credentials = Mapping[str, Any]
 NONE: Credentials = {}
-
-
-def _check_private(path: Path, st: os.stat_result) -> None:
-    mode = st.st_mode & 0o777
-    if mode & 0o077:
-        raise FileRefused(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
 
 
 def _parse(raw: bytes) -> Credentials:
@@ -42,9 +35,7 @@ class LocalCredentials:
     """The current content of ``credentials.json``; call it to take a snapshot."""
 
     def __init__(self, state_dir: Path):
-        self._file: WatchedFile[Credentials] = WatchedFile(
-            state_dir / FILE_NAME, _parse, NONE, _check_private
-        )
+        self._file: WatchedFile[Credentials] = WatchedFile(state_dir / FILE_NAME, _parse, NONE, private_only)
         self._file.get()  # a bad file at start is an error the operator sees at once
 
     def __repr__(self) -> str:  # the content is secret

@@ -19,7 +19,7 @@ from pathlib import Path
 from common.errors import ConfigError, Unauthenticated
 from common.grpc_client import Token
 from common.settings import Settings
-from common.watched_file import FileRefused, WatchedFile
+from common.watched_file import FileRefused, WatchedFile, private_only
 
 # File names, not secrets.
 SERVICE_TOKEN_FILE = "service-token"  # noqa: S105
@@ -36,12 +36,6 @@ def write(path: Path, token: str) -> None:
     os.replace(tmp, path)
 
 
-def _check_private(path: Path, st: os.stat_result) -> None:
-    mode = st.st_mode & 0o777
-    if mode & 0o077:
-        raise FileRefused(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
-
-
 def _parse_token(raw: bytes) -> str:
     token = raw.decode().strip()
     if not token:
@@ -56,7 +50,7 @@ def read(path: Path) -> str | None:
     except FileNotFoundError:
         return None
     try:
-        _check_private(path, st)
+        private_only(path, st)
     except FileRefused as exc:
         raise ConfigError(str(exc)) from None
     token = path.read_text().strip()
@@ -71,7 +65,7 @@ class TokenFile:
     """
 
     def __init__(self, path: Path):
-        self._file: WatchedFile[str | None] = WatchedFile(path, _parse_token, None, _check_private)
+        self._file: WatchedFile[str | None] = WatchedFile(path, _parse_token, None, private_only)
         try:
             first = self._file.get()
         except ValueError as exc:

@@ -36,6 +36,13 @@ class FileRefused(ValueError):
     """
 
 
+def private_only(path: Path, st: os.stat_result) -> None:
+    """A ``check`` for secret files: refuse one that group or others can read (as ssh refuses a key)."""
+    mode = st.st_mode & 0o777
+    if mode & 0o077:
+        raise FileRefused(f"{path} is readable by others (mode {mode:o}); run `chmod 600 {path}`")
+
+
 @dataclass(frozen=True, slots=True)
 class _Stamp:
     inode: int

@@ -23,7 +23,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
 from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import task_pb2
@@ -81,6 +80,9 @@ class ClaimBody(BaseModel):
     vault_mode: Literal["", "local", "relayed", "external"] = Field(
         default="", description="vault mode the running process applies"
     )
+    config_version: Int64 = Field(
+        default=0, ge=0, description="version of the signed config the collector runs (0: none yet)"
+    )
     max_tasks: int = Field(
         default=1,
         ge=1,
@@ -137,8 +139,8 @@ class CapabilitiesOut(BaseModel):
 
 _TASK_DOC = (
     "A task: dispatch_id, envelope (the signed wire JSON, docs/envelope.md), server_time, server_time_ms, "
-    "held_ms, hold_s and offers (tunnel offers); or offers alone; or restart_with (vault_mode and, for mode "
-    "external, vault_integration_id/vault_address/vault_role_id/vault_kv_mount): restart to apply it"
+    "held_ms, hold_s and offers (tunnel offers, each with its signed document); or offers alone; or config "
+    "(a newer signed collector config, docs/day2.md) and no task"
 )
 
 
@@ -182,6 +184,7 @@ async def claim_op(
                 session_id=body.session_id,
                 transport=transport,
                 vault_mode=body.vault_mode,
+                config_version=body.config_version,
                 max_dispatches=body.max_tasks,
             ),
             request_id,
@@ -193,16 +196,18 @@ async def claim_op(
     # How long the claim was held here: the collector subtracts it from its round trip, so a
     # long-poll still gives it a precise clock offset (common/envelope/fence.py RoundTrip).
     held_ms = int((time.monotonic() - started) * 1000)
+    # Offers and config are signed documents (common/signed_doc.py): passed on, never trusted here.
     offers = [
-        {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port} for o in reply.offers
-    ]
-    if reply.HasField("restart_with"):
-        # Recorded settings changed: the collector restarts to apply them (docs/fleet.md).
-        CLAIM_OUTCOMES.labels("restart").inc()
-        restart = MessageToDict(reply.restart_with, preserving_proto_field_name=True)
+        {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port,
+         "signed": json.loads(o.signed_json)}
+        for o in reply.offers
+    ]  # fmt: skip
+    if reply.config_json:
+        # A newer config was recorded: the collector applies it (docs/day2.md).
+        CLAIM_OUTCOMES.labels("config").inc()
         body_out = {
             "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
-            "restart_with": restart,
+            "config": json.loads(reply.config_json),
         }  # fmt: skip
         return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
     if not reply.HasField("envelope") and not offers:

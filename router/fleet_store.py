@@ -89,7 +89,12 @@ async def set_vault(conn: AsyncConnection, collector_id: str, mode: str, integra
     await conn.execute(
         update(collectors)
         .where(collectors.c.collector_id == collector_id)
-        .values(vault_mode=mode, vault_integration_id=integration_id)
+        .values(
+            vault_mode=mode,
+            vault_integration_id=integration_id,
+            # A new signed config for the collector (router/collector_docs.py).
+            config_version=collectors.c.config_version + 1,
+        )
     )
 
 

@@ -12,6 +12,7 @@ import base64
 import binascii
 import contextlib
 import datetime as dt
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -298,6 +299,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             session_id=request.session_id,
             transport=request.transport,
             vault_mode=request.vault_mode,
+            config_version=request.config_version,
             max_dispatches=request.max_dispatches,
             free_slots=dict(request.free_slots),
         )
@@ -306,20 +308,12 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             server_time=now,
             offers=[
                 bridge_pb.Offer(type=str(o["type"]), session_id=str(o["session_id"]), host=str(o["host"]),
-                                port=int(o["port"]))
+                                port=int(o["port"]), signed_json=json.dumps(o["signed"]))
                 for o in offers
             ],
         )  # fmt: skip
         if restart is not None:
-            reply.restart_with.CopyFrom(
-                bridge_pb.CollectorConfig(
-                    vault_mode=restart.vault_mode,
-                    vault_integration_id=restart.vault_integration_id,
-                    vault_address=restart.vault_address,
-                    vault_role_id=restart.vault_role_id,
-                    vault_kv_mount=restart.vault_kv_mount,
-                )
-            )
+            reply.config_json = json.dumps(restart)
         if claimed:
             first, *more = claimed
             reply.envelope.envelope_json = first.envelope

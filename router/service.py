@@ -39,7 +39,7 @@ from common.keys import KeySet
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from common.report_signature import ReportSignatureError, ReportStatement
-from router import fleet_state, ladder, placement, store
+from router import collector_docs, fleet_state, ladder, placement, store
 from router.candidates import CandidateLoader
 from router.live import WORK, InFlight, Liveness, TaskWakes, WakeHub
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
@@ -95,15 +95,8 @@ class Claimed:
 Offer = Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class RestartWith:
-    """Recorded settings the collector's running process does not apply yet (see the claim)."""
-
-    vault_mode: str
-    vault_integration_id: str = ""
-    vault_address: str = ""
-    vault_role_id: str = ""
-    vault_kv_mount: str = ""
+# A signed document in its wire form (common/signed_doc.py).
+SignedDoc = Mapping[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,10 +508,10 @@ class Router:
         return claimed[0] if claimed else None
 
     async def _check_standing(
-        self, collector_id: str, session_id: str, vault_mode: str, *, check_session: bool = True
-    ) -> RestartWith | None:
+        self, collector_id: str, session_id: str, config_version: int, *, check_session: bool = True
+    ) -> SignedDoc | None:
         """Refuse a claim from a collector that is no longer active or from a superseded session;
-        say what to restart with when the recorded vault settings differ from the running ones."""
+        the signed config when PostgreSQL holds a newer one than the collector runs."""
         async with self.autocommit.connect() as conn:
             row = await store.collector_standing(conn, collector_id)
         status = fleet_state.collector_status(row["status"], row["cert_not_after"], _now()) if row else None
@@ -530,12 +523,33 @@ class Router:
             raise PermissionDenied(f"collector is {status or 'unknown'}", code="collector_not_active")
         if check_session and session_id and await self.liveness.is_superseded(collector_id, session_id):
             raise _superseded()
-        if vault_mode and vault_mode != row["vault_mode"]:
-            return RestartWith(
-                row["vault_mode"], row["vault_integration_id"] or "", row["address"] or "",
-                row["role_id"] or "", row["kv_mount"] or "",
-            )  # fmt: skip
+        if row["config_version"] > config_version:
+            now = int(time.time())
+            payload = collector_docs.config_payload(collector_id, row, now)
+            signed = collector_docs.sign_for(self.dispatch_keys(), row["dispatch_kids"], payload, now)
+            if signed is None:
+                log.warning("cannot sign a config the collector could verify", collector_id=collector_id)
+            return signed
         return None
+
+    async def _signed_offers(self, collector_id: str, offers: Sequence[Offer]) -> tuple[Offer, ...]:
+        """Each offer with its signed document; offers that cannot be signed are dropped (logged)."""
+        if not offers:
+            return ()
+        async with self.autocommit.connect() as conn:
+            held = await store.collector_dispatch_kids(conn, collector_id)
+        now, keys, out = int(time.time()), self.dispatch_keys(), []
+        for offer in offers:
+            signed = collector_docs.sign_for(
+                keys, held, collector_docs.offer_payload(collector_id, offer, now), now
+            )
+            if signed is None:
+                log.warning(
+                    "cannot sign a tunnel offer the collector could verify", collector_id=collector_id
+                )
+                continue
+            out.append({**offer, "signed": signed})
+        return tuple(out)
 
     async def claim_with_offers(
         self,
@@ -549,9 +563,10 @@ class Router:
         session_id: str = "",
         transport: str = "",
         vault_mode: str = "",
+        config_version: int = 0,
         max_dispatches: int = 1,
         free_slots: Mapping[str, int] | None = None,
-    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], RestartWith | None]:
+    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
         """Hand the collector its next leased dispatches (up to ``max_dispatches``, capped at
         :data:`MAX_CLAIM_BATCH`) and any offers, waiting up to ``wait_s`` for either.
 
@@ -563,13 +578,14 @@ class Router:
         many as it has free (an empty map: the collector did not say).
 
         It is refused for a collector that is not
-        active and for a superseded session (docs/fleet.md); when the recorded
-        vault settings differ from the running ones it returns at once with
-        what to restart with, and no work.
+        active and for a superseded session (docs/fleet.md); when PostgreSQL
+        holds a newer config than ``config_version`` (the one the collector
+        runs) it returns at once with the signed config, and no work. Offers
+        come with their signed documents (router/collector_docs.py).
         """
         started = time.monotonic()
         # The session is checked by the heartbeat below (same round trip as recording the claim).
-        restart = await self._check_standing(collector_id, session_id, vault_mode, check_session=False)
+        restart = await self._check_standing(collector_id, session_id, config_version, check_session=False)
         session = {
             "draining": "1" if draining else "0",
             "agent_version": agent_version,
@@ -600,12 +616,13 @@ class Router:
             while True:
                 if not first and woken.payloads != {WORK.decode()}:
                     # Woken by more than new work: a revoke, a newer session or a vault-mode change.
-                    restart = await self._check_standing(collector_id, session_id, vault_mode)
+                    restart = await self._check_standing(collector_id, session_id, config_version)
                     if restart is not None:
                         return (), (), restart
                 first = False
                 woken.clear()
-                offers = tuple(await self.tunnels.take_offers(collector_id)) if self.tunnels else ()
+                taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
+                offers = await self._signed_offers(collector_id, taken)
                 got = await self._take(collector_id, claim_seq, limit, providers) if taking else ()
                 if got or offers:
                     CLAIM_WAIT.observe(time.monotonic() - started)
@@ -780,8 +797,12 @@ class Router:
         der = await store.collector_public_key(conn, cid)
         if der is None:
             raise ReportSignatureError("no key on record for this collector")
-        key = serialization.load_der_public_key(der)
-        assert isinstance(key, ec.EllipticCurvePublicKey)
+        try:
+            key = serialization.load_der_public_key(der)
+        except ValueError:
+            key = None
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise ReportSignatureError("the key on record for this collector cannot verify reports")
         report_signature.verify(signature, key, statement)
         if len(self._report_keys) >= MAX_CACHED_REPORT_KEYS:
             self._report_keys.clear()

@@ -369,6 +369,13 @@ async def insert_dispatch(conn: AsyncConnection, values: Mapping[str, Any]) -> N
     await conn.execute(insert(dispatches).values(**values))
 
 
+async def collector_dispatch_kids(conn: AsyncConnection, collector_id: str) -> list[str] | None:
+    """The dispatch kids the collector holds (None: enrolled before they were recorded)."""
+    query = select(collectors.c.dispatch_kids).where(collectors.c.collector_id == collector_id)
+    kids = (await conn.execute(query)).scalar_one_or_none()
+    return None if kids is None else list(kids)
+
+
 async def collector_public_key(conn: AsyncConnection, collector_id: str) -> bytes | None:
     """The DER public key on record for ``collector_id`` (it verifies the collector's reports)."""
     query = select(collectors.c.public_key_der).where(collectors.c.collector_id == collector_id)
@@ -677,11 +684,14 @@ async def upsert_capabilities(
 
 
 async def collector_standing(conn: AsyncConnection, collector_id: str) -> RowMapping | None:
-    """Status, certificate end and recorded vault settings of one collector (checked on every claim)."""
+    """Status, certificate end, config version, dispatch kids and recorded vault settings of one
+    collector (checked on every claim)."""
     query = (
         select(
             collectors.c.status,
             collectors.c.cert_not_after,
+            collectors.c.config_version,
+            collectors.c.dispatch_kids,
             collectors.c.vault_mode,
             collectors.c.vault_integration_id,
             vault_integrations.c.address,

@@ -160,6 +160,8 @@ collectors = Table(
     # The dispatch key ids handed to the collector at enrollment: the router signs its envelopes
     # only with one of these (docs/envelope.md, "Rotation today"). NULL: enrolled before 0007.
     Column("dispatch_kids", ARRAY(Text), nullable=True),
+    # Version of the collector's signed config (router/collector_docs.py): 0 = the enrollment policy.
+    Column("config_version", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("status IN ('pending', 'active', 'denied', 'revoked')", name="status"),
     CheckConstraint("vault_mode IN ('local', 'relayed', 'external')", name="vault_mode"),
     CheckConstraint(

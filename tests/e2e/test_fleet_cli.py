@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from common import signed_doc
+from common.keys import PublicKey, trusted
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 
@@ -67,7 +70,17 @@ def test_operator_views_and_vault_mode_restart(running: tuple[Collector, str]) -
     assert after["session"]["session_id"] != before["session_id"]
     assert collector.log().count("collector started") == 2
     assert collector.proc is not None and collector.proc.poll() is None
-    assert json.loads((collector.state / "policy.json").read_text())["vault_mode"] == "relayed"
+    # It runs on the signed config it was sent, kept as it arrived (docs/day2.md).
+    keys = json.loads((collector.state / "keys.json").read_text())["dispatch"]
+    config = signed_doc.verify(
+        json.loads((collector.state / "config.json").read_text()),
+        trusted(PublicKey.from_json(k) for k in keys),
+        kind="collector_config",
+        collector_id=cid,
+        now=int(time.time()),
+    )
+    assert (config["version"], config["vault_mode"]) == (1, "relayed")
+    assert "config accepted" in collector.log()
 
     # Work still flows after the restart, and the queue shows it.
     platform = Platform(cp)

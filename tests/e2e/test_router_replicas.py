@@ -33,6 +33,7 @@ from common.keystore import KeyStore
 from common.rbac import Role
 from tests.e2e.harness import service_env
 from tests.support.access import mint_at
+from tests.support.collector_key import PUBLIC_DER, signed
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,8 +54,8 @@ async def _seed(database_url: str) -> None:
         for cid in COLLECTORS:
             await conn.execute(
                 insert(collectors).values(
-                    collector_id=cid, site_id="site-x", tenant_id="t", status="active", public_key_der=b"k",
-                    public_key_sha256=b"h", cert_pem="", cert_serial="1",
+                    collector_id=cid, site_id="site-x", tenant_id="t", status="active",
+                    public_key_der=PUBLIC_DER, public_key_sha256=b"h", cert_pem="", cert_serial="1",
                     cert_not_after=dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
                 )
             )  # fmt: skip
@@ -135,8 +136,9 @@ async def test_two_router_processes(tmp_path: Path, database_url: str, redis_url
                 writing[device] = reply.dispatch_id
                 await asyncio.sleep(random.uniform(0, 0.02))
                 del writing[device]
-                await bridge.Report(bpb.ReportRequest(collector_id=cid, task_id=reply.dispatch_id,
-                                                      outcome=bpb.REPORT_OUTCOME_SUCCESS))  # fmt: skip
+                done = bpb.ReportRequest(collector_id=cid, task_id=reply.dispatch_id,
+                                         outcome=bpb.REPORT_OUTCOME_SUCCESS)  # fmt: skip
+                await bridge.Report(signed(done))
 
         submitted: list[str] = []
 

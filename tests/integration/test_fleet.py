@@ -22,6 +22,7 @@ from versus.fleet.v1 import fleet_pb2_grpc
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
+from common import signed_doc
 from common.db.schema import audit_events, collectors
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
@@ -319,15 +320,24 @@ async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) 
     assert saved.session.vault_mode == fpb.VAULT_MODE_LOCAL  # the running process has not restarted yet
     reply = await held
     assert reply.status_code == 200
-    assert reply.json()["restart_with"] == {
-        "vault_mode": "external",
-        "vault_integration_id": integration.integration_id,
-        "vault_address": "https://vault.corp:8200",
-        "vault_role_id": "role-1",
-        "vault_kv_mount": "secret",
+    # The new config arrives signed with a dispatch key the collector pinned at enrollment.
+    config = signed_doc.verify(
+        reply.json()["config"],
+        c.dispatch_keys,
+        kind="collector_config",
+        collector_id="col-v",
+        now=int(time.time()),
+    )
+    assert (config["version"], config["vault_mode"]) == (1, "external")
+    assert config["vault"] == {
+        "integration_id": integration.integration_id,
+        "address": "https://vault.corp:8200",
+        "role_id": "role-1",
+        "kv_mount": "secret",
     }
-    # The restarted process (new session, new mode) claims normally and is shown running it.
-    ok = await stack.post("/claim", {"session_id": "s-2", "vault_mode": "external", "wait_s": 0}, c)
+    # The restarted process (new session, new config) claims normally and is shown running it.
+    again = {"session_id": "s-2", "vault_mode": "external", "config_version": 1, "wait_s": 0}
+    ok = await stack.post("/claim", again, c)
     assert ok.status_code == 204
     assert (await _show(admin, "col-v")).session.vault_mode == fpb.VAULT_MODE_EXTERNAL
 

@@ -192,7 +192,7 @@ async def test_the_router_records_only_what_the_collector_signed(stack: gw.Stack
     async with aio_channel(stack.grpc_address, await mint(stack.router.engine, Role.SERVICE)) as channel:
         bridge = collector_bridge_pb2_grpc.CollectorBridgeServiceStub(channel)
 
-        async def report(outcome: int, error_code: str, signature: str) -> str:
+        async def report(outcome: bpb.ReportOutcome.ValueType, error_code: str, signature: str) -> str:
             request = bpb.ReportRequest(
                 collector_id=c.collector_id, task_id=dispatch_id, outcome=outcome, error_code=error_code,
                 signature=signature,
@@ -200,7 +200,8 @@ async def test_the_router_records_only_what_the_collector_signed(stack: gw.Stack
             try:
                 await bridge.Report(request, timeout=10)
             except grpc.aio.AioRpcError as exc:
-                return dict(exc.trailing_metadata() or ()).get("versus-error-code", str(exc.code()))
+                pairs: Any = exc.trailing_metadata() or ()
+                return str(dict(pairs).get("versus-error-code", exc.code()))
             return "ok"
 
         assert await report(bpb.REPORT_OUTCOME_SUCCESS, "", "") == "report_unsigned"

@@ -28,6 +28,7 @@ from common.rbac import Role
 from router import grpc_api
 from router.server import registrations
 from tests.support.access import mint
+from tests.support.collector_key import signed
 from tests.support.router_env import RouterEnv, make_router, open_envelope
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,7 +138,7 @@ async def test_full_flow_over_grpc(api: Api) -> None:
     done = bpb.ReportRequest(
         collector_id="col-g", task_id=claimed.dispatch_id, outcome=bpb.REPORT_OUTCOME_SUCCESS, result=b"done"
     )
-    report = await api.bridge.Report(done)
+    report = await api.bridge.Report(signed(done))
     assert (report.duplicate, report.state) == (False, task_pb2.TASK_STATE_SUCCESS)
     seen = [update.task.state async for update in watch]
     assert seen[-1] == task_pb2.TASK_STATE_SUCCESS
@@ -251,7 +252,7 @@ async def test_the_queue_finds_an_indeterminate_task_shows_its_evidence_and_reso
         error_code="timeout",
         error_message="device stopped answering",
     )
-    await api.bridge.Report(report)
+    await api.bridge.Report(signed(report))
     indeterminate = pb.ListDispatchesRequest(task_states=[task_pb2.TASK_STATE_INDETERMINATE])
     [found] = (await api.ops.ListDispatches(indeterminate)).dispatches
     assert (found.dispatch_id, found.task_id) == (claimed.dispatch_id, submitted.task.task_id)
@@ -308,8 +309,10 @@ async def test_watch_is_woken_by_each_committed_transition_not_by_a_timer(
     )
     assert await asyncio.wait_for(updates.get(), 10) == task_pb2.TASK_STATE_DISPATCHED
     await api.bridge.Report(
-        bpb.ReportRequest(
-            collector_id="col-w", task_id=claimed.dispatch_id, outcome=bpb.REPORT_OUTCOME_SUCCESS
+        signed(
+            bpb.ReportRequest(
+                collector_id="col-w", task_id=claimed.dispatch_id, outcome=bpb.REPORT_OUTCOME_SUCCESS
+            )
         )
     )
     assert await asyncio.wait_for(updates.get(), 10) == task_pb2.TASK_STATE_SUCCESS

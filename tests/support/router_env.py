@@ -19,6 +19,7 @@ from common.envelope.verify import VerifyContext, verify
 from common.keys import KeyPurpose, KeySet, trusted
 from router.service import Router
 from router.submit import SubmitRequest
+from tests.support.collector_key import PUBLIC_DER
 
 KEYS = KeySet.create(KeyPurpose.DISPATCH, int(time.time()))
 
@@ -59,7 +60,7 @@ class RouterEnv:
                 insert(collectors).values(
                     collector_id=collector_id, site_id=self.site_id, tenant_id=self.tenant_id,
                     status="active",
-                    public_key_der=b"k", public_key_sha256=b"h", cert_pem="", cert_serial="1",
+                    public_key_der=PUBLIC_DER, public_key_sha256=b"h", cert_pem="", cert_serial="1",
                     cert_not_after=dt.datetime.now(dt.UTC) + dt.timedelta(days=90),
                 )
             )  # fmt: skip

@@ -81,6 +81,7 @@ class ClaimRequest(_message.Message):
     TRANSPORT_FIELD_NUMBER: _builtins.int
     VAULT_MODE_FIELD_NUMBER: _builtins.int
     MAX_DISPATCHES_FIELD_NUMBER: _builtins.int
+    CONFIG_VERSION_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
@@ -96,6 +97,8 @@ class ClaimRequest(_message.Message):
     """Vault mode the running process applies ("local", "relayed", "external"); empty if unknown."""
     max_dispatches: _builtins.int
     """Most dispatches one answer may carry (0 means 1; the router caps it, see docs/gateway.md)."""
+    config_version: _builtins.int
+    """Version of the signed config the collector runs (0: the policy from enrollment)."""
     @_builtins.property
     def free_slots(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Free concurrency per provider as the collector sees it."""
@@ -124,50 +127,15 @@ class ClaimRequest(_message.Message):
         transport: _builtins.str = ...,
         vault_mode: _builtins.str = ...,
         max_dispatches: _builtins.int = ...,
+        config_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimRequest: _TypeAlias = ClaimRequest  # noqa: Y015
-
-@_typing.final
-class CollectorConfig(_message.Message):
-    """Settings recorded for the collector that its running process does not apply yet.
-    The collector restarts to apply them (a credential resolver is never swapped mid-task).
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    VAULT_MODE_FIELD_NUMBER: _builtins.int
-    VAULT_INTEGRATION_ID_FIELD_NUMBER: _builtins.int
-    VAULT_ADDRESS_FIELD_NUMBER: _builtins.int
-    VAULT_ROLE_ID_FIELD_NUMBER: _builtins.int
-    VAULT_KV_MOUNT_FIELD_NUMBER: _builtins.int
-    vault_mode: _builtins.str
-    vault_integration_id: _builtins.str
-    """Set for vault mode "external"."""
-    vault_address: _builtins.str
-    vault_role_id: _builtins.str
-    vault_kv_mount: _builtins.str
-    def __init__(
-        self,
-        *,
-        vault_mode: _builtins.str = ...,
-        vault_integration_id: _builtins.str = ...,
-        vault_address: _builtins.str = ...,
-        vault_role_id: _builtins.str = ...,
-        vault_kv_mount: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["vault_address", b"vault_address", "vault_integration_id", b"vault_integration_id", "vault_kv_mount", b"vault_kv_mount", "vault_mode", b"vault_mode", "vault_role_id", b"vault_role_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___CollectorConfig: _TypeAlias = CollectorConfig  # noqa: Y015
 
 @_typing.final
 class SignedEnvelope(_message.Message):
@@ -200,11 +168,14 @@ class Offer(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
+    SIGNED_JSON_FIELD_NUMBER: _builtins.int
     type: _builtins.str
     """"tunnel": dial back the gateway's tunnel socket for session_id and connect to host:port."""
     session_id: _builtins.str
     host: _builtins.str
     port: _builtins.int
+    signed_json: _builtins.str
+    """The offer as a signed document (common/signed_doc.py), JSON: the collector acts on it only."""
     def __init__(
         self,
         *,
@@ -212,10 +183,11 @@ class Offer(_message.Message):
         session_id: _builtins.str = ...,
         host: _builtins.str = ...,
         port: _builtins.int = ...,
+        signed_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "port", b"port", "session_id", b"session_id", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "port", b"port", "session_id", b"session_id", "signed_json", b"signed_json", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -229,10 +201,12 @@ class ClaimResponse(_message.Message):
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     OFFERS_FIELD_NUMBER: _builtins.int
-    RESTART_WITH_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
+    CONFIG_JSON_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
+    config_json: _builtins.str
+    """A newer signed config for the collector (common/signed_doc.py), JSON; no envelope then."""
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope:
         """Unset when no task became available within the wait."""
@@ -244,10 +218,6 @@ class ClaimResponse(_message.Message):
     @_builtins.property
     def offers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Offer]: ...
     @_builtins.property
-    def restart_with(self) -> Global___CollectorConfig:
-        """Present when the collector must restart to apply recorded settings; no envelope then."""
-
-    @_builtins.property
     def more(self) -> _containers.RepeatedCompositeFieldContainer[Global___HandedDispatch]:
         """Dispatches after the first, when the request allowed more than one."""
 
@@ -258,12 +228,12 @@ class ClaimResponse(_message.Message):
         server_time: _timestamp_pb2.Timestamp | None = ...,
         dispatch_id: _builtins.str = ...,
         offers: _abc.Iterable[Global___Offer] | None = ...,
-        restart_with: Global___CollectorConfig | None = ...,
         more: _abc.Iterable[Global___HandedDispatch] | None = ...,
+        config_json: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "more", b"more", "offers", b"offers", "restart_with", b"restart_with", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "more", b"more", "offers", b"offers", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,72 @@
+"""The signed documents the router hands a collector besides envelopes: its config and tunnel offers.
+
+Both are signed with a dispatch key the collector holds (common/signed_doc.py),
+chosen as for envelopes (``KeySet.signing_key_for``). Pure code: rows and keys
+come in, wire documents go out.
+
+**Config.** ``collectors.config_version`` starts at 0 (the policy from
+enrollment, no document) and goes up by one with every recorded change an
+operator makes (today: the vault mode and Vault integration). A claim names the
+version the collector runs; when PostgreSQL holds a newer one the claim is
+answered with the signed document and no work, and the collector applies it
+(docs/day2.md). Documents are signed when delivered and expire soon after, so a
+captured one cannot be replayed later; the version keeps an older one from
+ever replacing a newer one.
+
+**Tunnel offers** expire shortly after the offer's own wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from common import signed_doc
+from common.keys import KeySet
+
+# A config document is signed when it is delivered; this only has to cover the trip and clock skew.
+CONFIG_LIFETIME_S = 15 * 60
+# Offers wait 30 s for the collector's dial-back (router/tunnels.py); the document a little longer.
+OFFER_LIFETIME_S = 90
+
+
+def config_payload(collector_id: str, row: Any, now: int) -> dict[str, Any]:
+    """The config document for ``row`` (a collectors row joined with its Vault integration)."""
+    vault: dict[str, str] = {}
+    if row["vault_mode"] == "external":
+        vault = {
+            "integration_id": str(row["vault_integration_id"] or ""),
+            "address": str(row["address"] or ""),
+            "role_id": str(row["role_id"] or ""),
+            "kv_mount": str(row["kv_mount"] or ""),
+        }
+    return {
+        "type": signed_doc.COLLECTOR_CONFIG,
+        "collector_id": collector_id,
+        "version": int(row["config_version"]),
+        "issued_at": now,
+        "expires_at": now + CONFIG_LIFETIME_S,
+        "vault_mode": str(row["vault_mode"]),
+        "vault": vault,
+    }
+
+
+def offer_payload(collector_id: str, offer: Mapping[str, Any], now: int) -> dict[str, Any]:
+    return {
+        "type": signed_doc.TUNNEL_OFFER,
+        "collector_id": collector_id,
+        "session_id": str(offer["session_id"]),
+        "host": str(offer["host"]),
+        "port": int(offer["port"]),
+        "issued_at": now,
+        "expires_at": now + OFFER_LIFETIME_S,
+    }
+
+
+def sign_for(
+    keys: KeySet, held: Collection[str] | None, payload: Mapping[str, Any], now: int
+) -> dict[str, str] | None:
+    """The signed document, or None when the collector holds no live dispatch key (it could not
+    verify it; such a collector gets no work either, see ``no_collector_holds_a_live_dispatch_key``)."""
+    key = keys.signing_key_for(held, now)
+    return None if key is None else signed_doc.sign(key, payload)
