@@ -54,7 +54,7 @@ check: lint proto-lint protos-check
 
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
 # start in a network namespace) and iproute2 (the namespaces). Installed once, as root, with apt.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid
 
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

@@ -26,6 +26,7 @@ from collector.credentials import Credentials, LocalCredentials, no_credentials
 from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
+from collector.key_sets import PinnedKeys
 from collector.renewal import Renewer
 from collector.signed_config import ConfigStore, OfferCheck
 from collector.state import StatePaths, load_key, read_json, write_json
@@ -34,7 +35,6 @@ from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock, VerifyContext, verify
-from common.keys import PublicKey
 from common.logs import get_logger
 from common.signed_doc import DocumentError
 
@@ -84,8 +84,9 @@ class Agent:
         check_key_permissions(self.paths.key)
         self.identity = read_json(self.paths.identity)
         self.collector_id: str = self.identity["collector_id"]
-        keys = read_json(self.paths.keys)
-        self.trusted = {k["kid"]: PublicKey.from_json(k) for k in keys["dispatch"]}
+        # Pinned at enrollment, moved forward in-band by signed rotation steps (collector/key_sets.py).
+        self.pinned = PinnedKeys(self.paths.keys)
+        self.trusted = self.pinned.dispatch
         policy = read_json(self.paths.policy) if self.paths.policy.exists() else {}
         # The signed config (once one arrived) overrides the enrollment policy's vault settings.
         try:
@@ -218,6 +219,7 @@ class Agent:
                 "session_id": self.session_id,
                 "vault_mode": self.vault_mode,
                 "config_version": self.config.version,
+                "key_versions": self.pinned.versions(),
                 "claim_seq": self.journal.next_claim_seq(),
                 "held_task_ids": self.journal.held_task_ids(),
                 "capacity": self._free(),
@@ -250,6 +252,12 @@ class Agent:
             attempt = 0
             self._observe_clock(reply.round_trip)
             self._write_runtime()
+            if reply.key_sets is not None:
+                if self.pinned.apply(reply.key_sets):
+                    # A step was refused: keep the last good set, and do not ask again at once.
+                    await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), "key set refused")
+                    attempt += 1
+                continue
             if reply.config is not None:
                 if self._apply_config(reply.config):
                     return

@@ -45,6 +45,8 @@ class ClaimReply:
     offers: list[dict[str, Any]] = field(default_factory=list)
     # A newer signed config (collector/signed_config.py verifies it); no task then.
     config: dict[str, Any] | None = None
+    # Rotation steps of the key sets we are behind on (collector/key_sets.py); no task then.
+    key_sets: dict[str, Any] | None = None
 
 
 def ssl_context(ca_bundle: Path) -> ssl.SSLContext:
@@ -167,6 +169,8 @@ class GatewayClient:
         head = json.loads(raw)
         trip = _round_trip(sent, received, head.get("server_time_ms"), head.get("held_ms"))
         offers = list(head.get("offers", []))
+        if isinstance(head.get("key_sets"), dict):
+            return ClaimReply(None, None, trip, [], key_sets=dict(head["key_sets"]))
         if isinstance(head.get("config"), dict):
             return ClaimReply(None, None, trip, [], dict(head["config"]))
         if "envelope" not in head:

@@ -138,7 +138,19 @@ def enroll(options: EnrollOptions) -> dict[str, Any]:
     }
     write_public(paths.cert, result["cert_chain_pem"].encode())
     write_public(paths.ca_bundle, result["ca_bundle_pem"].encode())
-    write_json(paths.keys, {"dispatch": result["dispatch_keys"], "release": result["release_keys"]})
+    versions = result.get("key_versions") or {}
+    write_json(
+        paths.keys,
+        {
+            "dispatch": result["dispatch_keys"],
+            "release": result["release_keys"],
+            # Later versions arrive in-band, each signed by the one before (collector/key_sets.py).
+            "versions": {
+                "dispatch": int(versions.get("dispatch", 1)),
+                "release": int(versions.get("release", 1)),
+            },
+        },
+    )
     write_json(paths.policy, result["policy"])
     write_json(paths.identity, identity)
     paths.attempt.unlink(missing_ok=True)

@@ -130,6 +130,8 @@ class KeySet:
     purpose: KeyPurpose
     keys: tuple[SigningKey, ...]
     current_kid: str
+    # Which version of the set this is (common/key_chain.py): 1 until the first rotation.
+    version: int = 1
 
     def __post_init__(self) -> None:
         kids = [k.kid for k in self.keys]
@@ -154,7 +156,7 @@ class KeySet:
         """A new current key; older keys stay until their ``not_after``, expired ones are dropped."""
         key = SigningKey.generate(self.purpose, now, lifetime)
         kept = tuple(k for k in self.keys if not k.public.expired(now))
-        return KeySet(self.purpose, (*kept, key), key.kid)
+        return KeySet(self.purpose, (*kept, key), key.kid, self.version + 1)
 
     def signing_key_for(self, held: Collection[str] | None, now: int) -> SigningKey | None:
         """The key to sign for a verifier that trusts the kids in ``held``.

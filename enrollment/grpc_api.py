@@ -69,6 +69,8 @@ def bootstrap_pb(result: TrustBootstrap) -> pb.EnrollResponse:
         auth=pb.AuthInfo(mode=result.auth_mode, audience=result.audience),
         dispatch_keys=[_key_pb(k) for k in result.dispatch_keys],
         release_keys=[_key_pb(k) for k in result.release_keys],
+        dispatch_key_version=result.dispatch_key_version,
+        release_key_version=result.release_key_version,
         site_id=result.site_id,
         policy=pb.CollectorPolicy(
             vault_mode=result.policy.vault_mode,

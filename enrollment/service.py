@@ -92,6 +92,9 @@ class TrustBootstrap:
     dispatch_keys: list[dict[str, Any]]
     release_keys: list[dict[str, Any]]
     policy: CollectorPolicy
+    # Versions of the two key sets handed out (common/key_chain.py): later ones arrive in-band.
+    dispatch_key_version: int = 1
+    release_key_version: int = 1
     auth_mode: str = AUTH_MODE
     audience: str = AUDIENCE
 
@@ -247,7 +250,8 @@ class EnrollmentService:
             raise InvalidToken()
         now = self.clock()
         # Handed out once and recorded as handed out: the router signs only with keys a collector holds.
-        dispatch = self.dispatch_keys().public_keys(int(now.timestamp()))
+        dispatch_set = self.dispatch_keys()
+        dispatch = dispatch_set.public_keys(int(now.timestamp()))
         async with self.store.redemption(tokens.token_hash(token_plaintext)) as tx:
             token = tx.token
             if token is None:
@@ -270,7 +274,7 @@ class EnrollmentService:
                         "enrollment retried", collector_id=existing.collector_id, token_id=token.token_id
                     )
                     await tx.record_dispatch_kids(existing.collector_id, [k.kid for k in dispatch])
-                    return self._bootstrap(existing, dispatch)
+                    return self._bootstrap(existing, dispatch, dispatch_set.version)
                 if exhausted:
                     raise InvalidToken(token, "exhausted")
                 raise Conflict(
@@ -321,10 +325,13 @@ class EnrollmentService:
             site_id=collector.site_id,
             status=status,
         )
-        return self._bootstrap(collector, dispatch)
+        return self._bootstrap(collector, dispatch, dispatch_set.version)
 
-    def _bootstrap(self, collector: Collector, dispatch: list[PublicKey]) -> TrustBootstrap:
+    def _bootstrap(
+        self, collector: Collector, dispatch: list[PublicKey], dispatch_version: int
+    ) -> TrustBootstrap:
         now = int(self.clock().timestamp())
+        release = self.release_keys()
         return TrustBootstrap(
             collector_id=collector.collector_id,
             status=collector.status,
@@ -334,8 +341,10 @@ class EnrollmentService:
             gateway_addrs=self.config.gateway_addrs,
             gateway_server_name=self.config.gateway_server_name,
             dispatch_keys=[k.to_json() for k in dispatch],
-            release_keys=[k.to_json() for k in self.release_keys().public_keys(now)],
+            release_keys=[k.to_json() for k in release.public_keys(now)],
             policy=self.config.policy,
+            dispatch_key_version=dispatch_version,
+            release_key_version=release.version,
         )
 
     @property

@@ -83,6 +83,11 @@ class ClaimBody(BaseModel):
     config_version: Int64 = Field(
         default=0, ge=0, description="version of the signed config the collector runs (0: none yet)"
     )
+    key_versions: dict[Literal["dispatch", "release"], Annotated[int, Field(ge=1, le=2**63 - 1)]] = Field(
+        default_factory=dict,
+        description="versions of the key sets the collector holds; when the control plane has newer "
+        "ones the answer carries the rotation steps (key_sets) and no task",
+    )
     max_tasks: int = Field(
         default=1,
         ge=1,
@@ -185,6 +190,7 @@ async def claim_op(
                 transport=transport,
                 vault_mode=body.vault_mode,
                 config_version=body.config_version,
+                key_versions={str(k): v for k, v in body.key_versions.items()},
                 max_dispatches=body.max_tasks,
             ),
             request_id,
@@ -202,6 +208,14 @@ async def claim_op(
          "signed": json.loads(o.signed_json)}
         for o in reply.offers
     ]  # fmt: skip
+    if reply.key_sets_json:
+        # The collector is behind on a key set rotation: it walks the steps first (docs/day2.md).
+        CLAIM_OUTCOMES.labels("key_sets").inc()
+        body_out = {
+            "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
+            "key_sets": json.loads(reply.key_sets_json),
+        }  # fmt: skip
+        return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
     if reply.config_json:
         # A newer config was recorded: the collector applies it (docs/day2.md).
         CLAIM_OUTCOMES.labels("config").inc()

@@ -74,6 +74,10 @@ class EnrollOut(BaseModel):
     auth: AuthOut
     dispatch_keys: list[KeyOut]
     release_keys: list[KeyOut]
+    key_versions: dict[str, int] = Field(
+        description="versions of the dispatch and release key sets handed out; later versions arrive "
+        "in claim answers, each signed by the one before (docs/day2.md)"
+    )
     site_id: str
     policy: PolicyOut
 
@@ -159,6 +163,10 @@ async def enroll(request: Request) -> EnrollOut:
         auth=AuthOut(mode=reply.auth.mode, audience=reply.auth.audience),
         dispatch_keys=_keys(reply.dispatch_keys),
         release_keys=_keys(reply.release_keys),
+        key_versions={
+            "dispatch": max(reply.dispatch_key_version, 1),
+            "release": max(reply.release_key_version, 1),
+        },
         site_id=reply.site_id,
         policy=PolicyOut(
             vault_mode=reply.policy.vault_mode,

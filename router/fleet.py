@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.engine import RowMapping
@@ -40,6 +40,8 @@ class SessionView:
     vault_mode: str
     agent_version: str
     self_draining: bool
+    # Key set versions the running process holds ({"dispatch": 3, "release": 2}); empty: not said.
+    key_versions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class Fleet:
                 vault_mode=details.get("vault_mode", ""),
                 agent_version=details.get("agent_version", ""),
                 self_draining=self_draining,
+                key_versions=_key_versions(details.get("key_versions", "")),
             )
             views.append(
                 CollectorView(
@@ -220,3 +223,13 @@ class Fleet:
     async def integrations(self) -> Sequence[RowMapping]:
         async with self.engine.connect() as conn:
             return await fleet_store.list_integrations(conn)
+
+
+def _key_versions(text: str) -> dict[str, int]:
+    """``"dispatch=3,release=2"`` as a dict; anything malformed is left out."""
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name and value.isdigit():
+            out[name] = int(value)
+    return out

@@ -50,6 +50,7 @@ def collector_pb(view: CollectorView) -> pb.Collector:
         vault_mode=VAULT_TO_PB.get(s.vault_mode, pb.VAULT_MODE_UNSPECIFIED),
         agent_version=s.agent_version,
         self_draining=s.self_draining,
+        key_versions=s.key_versions,
     )
     if s.heartbeat_age_s is not None:
         session.heartbeat_age_s = int(s.heartbeat_age_s)

@@ -300,6 +300,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             transport=request.transport,
             vault_mode=request.vault_mode,
             config_version=request.config_version,
+            key_versions=dict(request.key_versions),
             max_dispatches=request.max_dispatches,
             free_slots=dict(request.free_slots),
         )
@@ -314,6 +315,10 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
         )  # fmt: skip
         if restart is not None:
             reply.config_json = json.dumps(restart)
+        if request.key_versions and self.router.key_chains is not None:
+            steps = self.router.key_chains.behind(dict(request.key_versions))
+            if steps:
+                reply.key_sets_json = json.dumps(steps)
         if claimed:
             first, *more = claimed
             reply.envelope.envelope_json = first.envelope

@@ -36,6 +36,7 @@ from router.enrollment_client import EnrollmentClient
 from router.fleet import Fleet
 from router.fleet_api import FleetServicer
 from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
+from router.key_chains import KeyChains
 from router.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
 from router.service import Router
 from router.tunnels import TunnelHub, TunnelServicer
@@ -132,6 +133,7 @@ async def serve(settings: Settings) -> None:
     # The router's transactions are the hot path: no ping per checkout (see create_async).
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20, pre_ping=False)
     router = Router(engine, create_redis(redis_url), keys.get)
+    router.key_chains = KeyChains(state)
     router.tunnels = TunnelHub(router.redis, settings.router_address)
     router.enrollment = EnrollmentClient(settings.enrollment_address)
     router.wake.start()

@@ -35,12 +35,13 @@ from common.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from common.keys import KeySet
+from common.keys import KeyPurpose, KeySet
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from common.report_signature import ReportSignatureError, ReportStatement
 from router import collector_docs, fleet_state, ladder, placement, store
 from router.candidates import CandidateLoader
+from router.key_chains import KeyChains
 from router.live import WORK, InFlight, Liveness, TaskWakes, WakeHub
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMIT_TO_CLAIM
 from router.placement import Candidate, OperationCap, PlacementRequest
@@ -164,6 +165,10 @@ class Router:
         self.tunnels: Any = None
         # Set by the server: the enrollment service, owner of collector status (router/enrollment_client.py).
         self.enrollment: Any = None
+        # Set by the server: the key sets' rotation chains (router/key_chains.py).
+        self.key_chains: KeyChains | None = None
+        # The dispatch key version each collector was last recorded as holding (saves a write per claim).
+        self._held_dispatch_version: dict[str, int] = {}
 
     async def _load_in_flight(self) -> Mapping[tuple[str, str], int]:
         async with self.engine.connect() as conn:
@@ -532,6 +537,22 @@ class Router:
             return signed
         return None
 
+    async def _record_held_dispatch_keys(self, collector_id: str, version: int) -> None:
+        """Record the dispatch kids of the version the collector says it holds, so its envelopes
+        are signed with them (the claim is authenticated: it speaks only for itself)."""
+        if self._held_dispatch_version.get(collector_id) == version or self.key_chains is None:
+            return
+        kids = self.key_chains.kids(KeyPurpose.DISPATCH, version)
+        if kids is not None:
+            async with self.autocommit.connect() as conn:
+                changed = await store.set_dispatch_kids(conn, collector_id, kids)
+            if changed:
+                log.info("collector holds a new dispatch key set", collector_id=collector_id, version=version)
+                self.candidates.invalidate()
+                # Work that waited for a collector holding a live key may be placeable now.
+                self._spawn(self._reevaluate_for(collector_id))
+        self._held_dispatch_version[collector_id] = version
+
     async def _signed_offers(self, collector_id: str, offers: Sequence[Offer]) -> tuple[Offer, ...]:
         """Each offer with its signed document; offers that cannot be signed are dropped (logged)."""
         if not offers:
@@ -564,6 +585,7 @@ class Router:
         transport: str = "",
         vault_mode: str = "",
         config_version: int = 0,
+        key_versions: Mapping[str, int] | None = None,
         max_dispatches: int = 1,
         free_slots: Mapping[str, int] | None = None,
     ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
@@ -581,7 +603,10 @@ class Router:
         active and for a superseded session (docs/fleet.md); when PostgreSQL
         holds a newer config than ``config_version`` (the one the collector
         runs) it returns at once with the signed config, and no work. Offers
-        come with their signed documents (router/collector_docs.py).
+        come with their signed documents (router/collector_docs.py). When
+        ``key_versions`` (the key set versions the collector holds) are behind
+        the store's it returns at once with no work: the caller attaches the
+        rotation steps (router/key_chains.py).
         """
         started = time.monotonic()
         # The session is checked by the heartbeat below (same round trip as recording the claim).
@@ -592,6 +617,8 @@ class Router:
             "claim_seq": str(claim_seq),
             "transport": transport,
             "vault_mode": vault_mode,
+            # "dispatch=3,release=2": which key set versions the running process holds (keys status).
+            "key_versions": ",".join(f"{k}={int(v)}" for k, v in sorted((key_versions or {}).items())),
         }
         adopted, came_back = await self.liveness.heartbeat(collector_id, session_id, time.time(), session)
         if adopted < 0:
@@ -603,6 +630,10 @@ class Router:
             self._spawn(self._reevaluate_for(collector_id))
         if restart is not None:
             return (), (), restart
+        if key_versions and self.key_chains is not None:
+            await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
+            if self.key_chains.behind(key_versions):
+                return (), (), None
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
         limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)

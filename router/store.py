@@ -376,6 +376,17 @@ async def collector_dispatch_kids(conn: AsyncConnection, collector_id: str) -> l
     return None if kids is None else list(kids)
 
 
+async def set_dispatch_kids(conn: AsyncConnection, collector_id: str, kids: Sequence[str]) -> bool:
+    """Record the dispatch kids a collector holds; True when that changed anything."""
+    result = await conn.execute(
+        update(collectors)
+        .where(collectors.c.collector_id == collector_id)
+        .where(collectors.c.dispatch_kids.is_distinct_from(list(kids)))
+        .values(dispatch_kids=list(kids))
+    )
+    return bool(result.rowcount)
+
+
 async def collector_public_key(conn: AsyncConnection, collector_id: str) -> bytes | None:
     """The DER public key on record for ``collector_id`` (it verifies the collector's reports)."""
     query = select(collectors.c.public_key_der).where(collectors.c.collector_id == collector_id)

@@ -54,7 +54,7 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--query", default="", help="match collector id, hostname or site id")
     listing.add_argument("--site", default="")
     listing.add_argument(
-        "--expiring", type=_span, default=None, metavar="SPAN",
+        "--expiring", type=span, default=None, metavar="SPAN",
         help="only collectors whose certificate expires within SPAN (e.g. 14d, 12h, 30m, 90s)",
     )  # fmt: skip
     parsers = [listing]
@@ -102,7 +102,7 @@ def _session(c: pb.Collector) -> str:
 _SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _span(text: str) -> dt.timedelta:
+def span(text: str) -> dt.timedelta:
     """``14d``, ``12h``, ``30m`` or ``90s`` as a duration."""
     number, unit = text[:-1], text[-1:].lower()
     if unit not in _SPAN_UNITS or not number.isdigit():

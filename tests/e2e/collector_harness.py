@@ -43,6 +43,8 @@ class Collector:
     # Devices in a directory several collectors share (VERSUS_STUB_DEVICE_DIR), as at a real site.
     devices: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    # Extra environment for every collector process (enroll and run), e.g. HTTPS_PROXY.
+    env: dict[str, str] = field(default_factory=dict)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def enroll(self, site_id: str = "") -> str:
@@ -58,7 +60,7 @@ class Collector:
         done = subprocess.run(
             [sys.executable, "-m", "collector", *argv],
             input=issued["plaintext"] + "\n",
-            env=self.cp.env,
+            env=self._env(),
             capture_output=True,
             text=True,
             timeout=60,
@@ -75,9 +77,10 @@ class Collector:
         )  # fmt: skip
 
     def _env(self) -> dict[str, str]:
-        if self.devices is None:
-            return self.cp.env
-        return {**self.cp.env, "VERSUS_STUB_DEVICE_DIR": str(self.devices)}
+        env = {**self.cp.env, **self.env}
+        if self.devices is not None:
+            env["VERSUS_STUB_DEVICE_DIR"] = str(self.devices)
+        return env
 
     @property
     def device_dir(self) -> Path:

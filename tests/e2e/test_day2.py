@@ -56,3 +56,71 @@ def test_a_collector_renews_through_several_certificate_lifetimes_without_a_fail
     finally:
         platform.close()
         collector.stop()
+
+
+def _versions(collector: Collector) -> dict[str, int]:
+    versions: dict[str, int] = json.loads((collector.state / "keys.json").read_text()).get("versions", {})
+    return versions
+
+
+def test_key_sets_rotate_in_band_and_a_collector_that_was_away_catches_up(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    online = Collector(cp, tmp_path / "online", tmp_path / "online.log")
+    away = Collector(cp, tmp_path / "away", tmp_path / "away.log")
+    online_id = online.enroll()
+    away.enroll()
+    online.start()
+    away.start()
+    platform = Platform(cp)
+    n = 0
+
+    def task(c: Collector) -> str:
+        nonlocal n
+        n += 1
+        task_id = platform.submit(c.site_id, "echo", "read", "dev-1", {"n": n}, f"rot-{n}")
+        return str(
+            platform.wait_state(task_id, {"success", "failed", "expired", "indeterminate"}, 90).error_code
+        )
+
+    def keys(*args: str) -> str:
+        done = run_cli(["keys", *args], cp.env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def flow_until(done: Callable[[], bool], timeout: float = 60) -> None:
+        # Tasks keep flowing (and the online collector keeps claiming) while rotations land.
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, online.log()
+            assert task(online) == ""
+
+    try:
+        assert task(online) == "" and task(away) == ""
+        assert _versions(online) == {"dispatch": 1, "release": 1}
+        away.stop()
+        original = json.loads(keys("list", "--set", "dispatch", "--json"))["dispatch"][0]["kid"]
+        assert "version 2" in keys("rotate", "--set", "dispatch", "--grace", "0s")
+        assert "version 2" in keys("rotate", "--set", "release", "--grace", "0s")
+        flow_until(lambda: _versions(online) == {"dispatch": 2, "release": 2})
+        # A third dispatch version, then the original key retired: whoever still holds only it
+        # (the collector that is away) gets no work until it has walked the chain.
+        keys("rotate", "--set", "dispatch", "--grace", "0s")
+        assert "version 4" in keys("retire", "--set", "dispatch", original)
+        flow_until(lambda: _versions(online)["dispatch"] == 4)
+        status = json.loads(keys("status", "--json"))
+        assert status["dispatch"]["version"] == 4 and online_id in status["dispatch"]["held_by"]["4"]
+        assert original not in {
+            k["kid"] for k in json.loads((online.state / "keys.json").read_text())["dispatch"]
+        }
+
+        away.start()
+        assert task(away) == ""  # it walked 1 -> 4 and 1 -> 2 and works again, with no re-enrollment
+        assert _versions(away) == {"dispatch": 4, "release": 2}
+        assert away.log().count("key set rotated") == 2
+        assert "key set step refused" not in away.log() + online.log()
+    finally:
+        platform.close()
+        online.stop()
+        away.stop()

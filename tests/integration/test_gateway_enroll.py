@@ -109,8 +109,9 @@ async def test_enroll_response_has_the_documented_shape(stack: Stack) -> None:
     body = reply.json()
     assert set(body) == {
         "collector_id", "status", "cert_chain_pem", "ca_bundle_pem", "gateway", "auth",
-        "dispatch_keys", "release_keys", "site_id", "policy",
+        "dispatch_keys", "release_keys", "key_versions", "site_id", "policy",
     }  # fmt: skip
+    assert body["key_versions"] == {"dispatch": 1, "release": 1}
     assert body["gateway"] == {"addrs": ["gw.it:8443"], "server_name": "gw.it"}
     assert body["auth"] == {"mode": "bearer", "audience": "versus-collector-gateway"}
     assert body["policy"] == {"vault_mode": "local", "heartbeat_interval_s": 25, "max_concurrency": {"*": 8}}

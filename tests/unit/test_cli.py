@@ -51,8 +51,8 @@ def test_keys_rotate_and_list(
     assert main(["keys", "list", "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
     assert set(first) == {"dispatch", "release"}
-    assert main(["keys", "rotate", "--set", "dispatch", "--lifetime-days", "30"]) == 0
-    assert "new current key dsp-" in capsys.readouterr().out
+    assert main(["keys", "rotate", "--set", "dispatch", "--lifetime-days", "30", "--grace", "0s"]) == 0
+    assert "version 2, new key dsp-" in capsys.readouterr().out
     assert main(["keys", "list", "--set", "dispatch", "--json"]) == 0
     after = json.loads(capsys.readouterr().out)["dispatch"]
     assert len(after) == 2
@@ -61,6 +61,11 @@ def test_keys_rotate_and_list(
     table = capsys.readouterr().out
     assert table.count("current") == 2 and "verifying" in table
     assert "PRIVATE" not in table
+    # By default a new key only verifies for an hour before it signs.
+    assert main(["keys", "rotate", "--set", "release"]) == 0
+    assert "version 2" in capsys.readouterr().out
+    assert main(["keys", "list", "--set", "release"]) == 0
+    assert "waiting" in capsys.readouterr().out
 
 
 def test_keys_rotate_refuses_bad_lifetime(

@@ -209,6 +209,26 @@ class Session(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class KeyVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STATE_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     ESTABLISHED_AT_FIELD_NUMBER: _builtins.int
@@ -218,6 +238,7 @@ class Session(_message.Message):
     VAULT_MODE_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     SELF_DRAINING_FIELD_NUMBER: _builtins.int
+    KEY_VERSIONS_FIELD_NUMBER: _builtins.int
     state: Global___SessionState.ValueType
     session_id: _builtins.str
     heartbeat_age_s: _builtins.int
@@ -233,6 +254,10 @@ class Session(_message.Message):
     def established_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def key_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Versions of the key sets ("dispatch", "release") the running process holds (docs/day2.md)."""
+
     def __init__(
         self,
         *,
@@ -245,10 +270,11 @@ class Session(_message.Message):
         vault_mode: Global___VaultMode.ValueType = ...,
         agent_version: _builtins.str = ...,
         self_draining: _builtins.bool = ...,
+        key_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "agent_version", b"agent_version", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "last_heartbeat_at", b"last_heartbeat_at", "self_draining", b"self_draining", "session_id", b"session_id", "state", b"state", "transport", b"transport", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "agent_version", b"agent_version", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "key_versions", b"key_versions", "last_heartbeat_at", b"last_heartbeat_at", "self_draining", b"self_draining", "session_id", b"session_id", "state", b"state", "transport", b"transport", "vault_mode", b"vault_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__heartbeat_age_s: _TypeAlias = _typing.Literal["heartbeat_age_s"]  # noqa: Y015
     _WhichOneofArgType__heartbeat_age_s: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s"]  # noqa: Y015

@@ -70,6 +70,26 @@ class ClaimRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class KeyVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     COLLECTOR_ID_FIELD_NUMBER: _builtins.int
     FREE_SLOTS_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
@@ -82,6 +102,7 @@ class ClaimRequest(_message.Message):
     VAULT_MODE_FIELD_NUMBER: _builtins.int
     MAX_DISPATCHES_FIELD_NUMBER: _builtins.int
     CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    KEY_VERSIONS_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
@@ -113,6 +134,10 @@ class ClaimRequest(_message.Message):
         from its durable journal. A handed-out dispatch missing here was never received.
         """
 
+    @_builtins.property
+    def key_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Versions of the key sets the collector holds, by set ("dispatch", "release"); empty: unknown."""
+
     def __init__(
         self,
         *,
@@ -128,10 +153,11 @@ class ClaimRequest(_message.Message):
         vault_mode: _builtins.str = ...,
         max_dispatches: _builtins.int = ...,
         config_version: _builtins.int = ...,
+        key_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -203,10 +229,15 @@ class ClaimResponse(_message.Message):
     OFFERS_FIELD_NUMBER: _builtins.int
     MORE_FIELD_NUMBER: _builtins.int
     CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    KEY_SETS_JSON_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     config_json: _builtins.str
     """A newer signed config for the collector (common/signed_doc.py), JSON; no envelope then."""
+    key_sets_json: _builtins.str
+    """Rotation steps of the key sets the collector is behind on, JSON {"dispatch": [step, ...], ...}
+    (common/key_chain.py); no envelope then.
+    """
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope:
         """Unset when no task became available within the wait."""
@@ -230,10 +261,11 @@ class ClaimResponse(_message.Message):
         offers: _abc.Iterable[Global___Offer] | None = ...,
         more: _abc.Iterable[Global___HandedDispatch] | None = ...,
         config_json: _builtins.str = ...,
+        key_sets_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "more", b"more", "offers", b"offers", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "server_time", b"server_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
