@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check system-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos fuzz clean
+.PHONY: help venv run test check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos fuzz clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -40,7 +40,7 @@ SERIAL_E2E := tests/e2e/test_fuzz_gateway.py
 # Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
 # directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
 # other's; the first suite's output is printed once both finished.
-test: check system-deps
+test: check system-deps mitm-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
 	$(BIN)/pytest tests/unit tests/integration $(SERIAL_E2E) --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
@@ -53,8 +53,22 @@ test: check system-deps
 check: lint proto-lint protos-check
 
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
-# start in a network namespace) and iproute2 (the namespaces). Installed once, as root, with apt.
+# start in a network namespace), iproute2 (the namespaces) and squid (the forward proxy a
+# collector is tested behind). Installed once, as root, with apt.
 SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid
+
+# mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
+# pins its own dependencies, so it gets its own virtual environment, as Salt does for the benchmarks.
+MITM_VENV := .venv-mitm
+MITM_VERSION := 11.0.2
+
+mitm-deps: $(MITM_VENV)/.installed-$(MITM_VERSION)
+
+$(MITM_VENV)/.installed-$(MITM_VERSION):
+	rm -rf $(MITM_VENV)
+	$(PYTHON) -m venv $(MITM_VENV)
+	$(MITM_VENV)/bin/python -m pip install --quiet mitmproxy==$(MITM_VERSION)
+	@touch $@
 
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -119,7 +133,7 @@ fuzz: $(STAMP)
 		tests/e2e/test_fuzz_gateway.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MITM_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 bench-latency: $(BENCH_STAMP)
 	$(BIN)/python -m bench.latency

@@ -64,6 +64,14 @@ FATAL_CLAIM_CODES = {
 }
 
 
+# Refusals of a report that a fresh request can fix: the token was altered, moved or replayed on the
+# way, or the clocks disagree (docs/threat-model.md). Any other refusal is final.
+RETRYABLE_REPORT_REFUSALS = frozenset(
+    {"bearer_wrong_body", "bearer_wrong_path", "bearer_wrong_method", "bearer_replayed",
+     "bearer_not_yet_valid", "bearer_expired"}
+)  # fmt: skip
+
+
 def backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
     """Exponential backoff with ±25 % jitter, so a fleet does not reconnect in lockstep."""
     return float(min(cap, base * 2**attempt) * random.uniform(0.75, 1.25))  # noqa: S311 - jitter, not crypto
@@ -481,9 +489,17 @@ class Agent:
                 await self.client.report(dict(body))
                 break
             except GatewayRefused as exc:
-                # 403/409: the control plane will never accept this report; the journal keeps the evidence.
-                log.error("report refused", task_id=task_id, code=exc.code)
-                break
+                if exc.code not in RETRYABLE_REPORT_REFUSALS:
+                    # 403/409: the control plane will never accept it; the journal keeps the evidence.
+                    log.error("report refused", task_id=task_id, code=exc.code)
+                    break
+                # Something on the path altered or replayed the request, or the clocks disagree: the
+                # same report with a fresh token may well go through. Never lose a result to that.
+                delay = backoff(attempt, base=0.5, cap=self.options.max_backoff_s)
+                log.warning("report refused in transit; retrying", task_id=task_id, code=exc.code,
+                            seconds=round(delay, 2))  # fmt: skip
+                await asyncio.sleep(delay)
+                attempt += 1
             except GatewayUnavailable as exc:
                 if self.stopping.is_set():
                     deadline = deadline or time.monotonic() + self.options.grace_s

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from common import collector_jwt, error_mapping
 from common.collector_jwt import BearerClaims, BearerError
@@ -183,3 +183,9 @@ async def deny(ws: WebSocket, error: VersusError, headers: dict[str, str] | None
         )
     except RuntimeError:  # the server cannot send a denial response: close (the client sees 403)
         await ws.close(code=status.ws_close_code, reason=error.code)
+
+
+async def close_socket(ws: WebSocket, code: int, reason: str) -> None:
+    """Close an accepted socket; a peer that is already gone is not an error (nothing to tell it)."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        await ws.close(code=code, reason=reason)

@@ -41,7 +41,7 @@ from common.collector_jwt import BearerError
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
 from common.logs import get_logger, new_request_id
 from gateway import replay
-from gateway.auth import admit_socket
+from gateway.auth import admit_socket, close_socket
 from gateway.collector_api import OPERATIONS, ControlReply
 from gateway.metrics import AUTH_FAILURES, CONTROL_SOCKETS
 from gateway.standing import lapsed_standing, standing_lapsed
@@ -129,7 +129,7 @@ async def control(ws: WebSocket) -> None:
             try:
                 frame_id, kind, auth, raw = _parse(message.get("text"))
             except InvalidArgument as exc:
-                await ws.close(code=4400, reason=exc.code)
+                await close_socket(ws, 4400, exc.code)
                 return
             # Every frame re-checks the collector's standing, so a revocation bites on the next one
             # even between the periodic checks.
@@ -139,7 +139,7 @@ async def control(ws: WebSocket) -> None:
                 await send(_frame(frame_id, kind, _error(error_mapping.public_error(exc))))
                 continue
             if reason is not None:
-                await ws.close(code=4401, reason=reason)
+                await close_socket(ws, 4401, reason)
                 return
             if kind not in OPERATIONS:
                 await send(

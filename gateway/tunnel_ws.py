@@ -28,7 +28,7 @@ from versus.router.v1 import tunnel_pb2_grpc
 from common.errors import PermissionDenied
 from common.grpc_client import aio_channel
 from common.logs import get_logger
-from gateway.auth import admit_socket, deny
+from gateway.auth import admit_socket, close_socket, deny
 from gateway.standing import standing_lapsed
 
 MAX_FRAME_BYTES = 64 * 1024
@@ -133,5 +133,5 @@ async def tunnel(ws: WebSocket) -> None:
         call.cancel()
         await asyncio.sleep(0)
         await channel.close(None)
-        with contextlib.suppress(RuntimeError):
-            await ws.close(code=close_code[0], reason=close_code[1])
+        # The collector may be gone already (it hung up first): closing is then a no-op, not an error.
+        await close_socket(ws, close_code[0], close_code[1])

@@ -131,6 +131,15 @@ class EmbeddedPostgres:
         entry = pwd.getpwnam(self._run_as)
         return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
+    def _uid_gid(self) -> tuple[int, int] | None:
+        """The server user's uid and gid when started as root (None: run as ourselves)."""
+        if self._run_as is None:
+            return None
+        import pwd
+
+        entry = pwd.getpwnam(self._run_as)
+        return entry.pw_uid, entry.pw_gid
+
     def _password(self) -> str:
         path = self.directory / "superuser.password"
         if not path.exists():
@@ -211,7 +220,7 @@ class EmbeddedPostgres:
             "-c",
             "max_connections=200",
         ]
-        self._proc = spawn_server(cmd, self.log_file, signal.SIGINT, **self._identity())
+        self._proc = spawn_server(cmd, self.log_file, signal.SIGINT, run_as=self._uid_gid())
 
     def _admin_url(self) -> str:
         return self.url_for("postgres")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,13 +36,44 @@ def parent_death_signal(sig: int) -> Callable[[], None]:
     return _set
 
 
-def spawn_server(cmd: list[str], log_file: Path, death_signal: int, **kwargs: Any) -> subprocess.Popen[bytes]:
+# util-linux's setpriv (Essential in Debian) sets the parent-death signal and drops privileges in
+# the child without any Python running there (see spawn_server).
+SETPRIV = shutil.which("setpriv")
+
+
+def spawn_server(
+    cmd: list[str],
+    log_file: Path,
+    death_signal: int,
+    *,
+    run_as: tuple[int, int] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
     """Start a server child with its output appended to ``log_file``.
 
     The child gets its own session, so a terminal Ctrl-C never reaches it before
     the services using it have drained (its owner stops it explicitly), and a
-    parent-death signal, so it does not outlive its owner.
+    parent-death signal, so it does not outlive its owner. ``run_as`` (uid, gid)
+    drops root to that user and group, with no supplementary groups.
+
+    With setpriv the child runs no Python between fork and exec: a ``preexec_fn``
+    makes CPython run the at-fork handlers of every library loaded in the parent,
+    and gRPC's, in a process that has live gRPC channels (the chaos runner
+    restarting PostgreSQL), can break the child before it execs.
     """
+    if SETPRIV is not None:
+        prefix = [SETPRIV]
+        if run_as is not None:
+            prefix += [f"--reuid={run_as[0]}", f"--regid={run_as[1]}", "--clear-groups"]
+        prefix += ["--pdeathsig", signal.Signals(death_signal).name.removeprefix("SIG")]
+        with open(log_file, "ab") as log:
+            return subprocess.Popen(
+                [*prefix, *cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=cwd,
+            )  # fmt: skip
+    identity: dict[str, Any] = {}
+    if run_as is not None:
+        identity = {"user": run_as[0], "group": run_as[1], "extra_groups": []}
     with open(log_file, "ab") as log:
         return subprocess.Popen(
             cmd,
@@ -50,7 +82,8 @@ def spawn_server(cmd: list[str], log_file: Path, death_signal: int, **kwargs: An
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=parent_death_signal(death_signal),
-            **kwargs,
+            cwd=cwd,
+            **identity,
         )
 
 
