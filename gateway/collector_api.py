@@ -208,22 +208,16 @@ async def claim_op(
          "signed": json.loads(o.signed_json)}
         for o in reply.offers
     ]  # fmt: skip
-    if reply.key_sets_json:
-        # The collector is behind on a key set rotation: it walks the steps first (docs/day2.md).
-        CLAIM_OUTCOMES.labels("key_sets").inc()
-        body_out = {
-            "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
-            "key_sets": json.loads(reply.key_sets_json),
-        }  # fmt: skip
-        return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
-    if reply.config_json:
-        # A newer config was recorded: the collector applies it (docs/day2.md).
-        CLAIM_OUTCOMES.labels("config").inc()
-        body_out = {
-            "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
-            "config": json.loads(reply.config_json),
-        }  # fmt: skip
-        return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
+    # Instead of work: key set rotation steps the collector is behind on (it walks them first), or a
+    # newer signed config it applies (docs/day2.md).
+    for name, document in (("key_sets", reply.key_sets_json), ("config", reply.config_json)):
+        if document:
+            CLAIM_OUTCOMES.labels(name).inc()
+            body_out = {
+                "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
+                name: json.loads(document),
+            }  # fmt: skip
+            return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
     if not reply.HasField("envelope") and not offers:
         CLAIM_OUTCOMES.labels("empty").inc()
         return ControlReply(

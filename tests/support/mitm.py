@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -19,6 +18,7 @@ from types import TracebackType
 from typing import Any
 
 from common.embedded.process import free_port
+from tests.support.squid import kill_group
 
 ROOT = Path(__file__).resolve().parents[2]
 MITMDUMP = ROOT / ".venv-mitm" / "bin" / "mitmdump"
@@ -70,9 +70,7 @@ class InterceptingProxy:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        kill_group(self.proc)
 
     def arm(self, attack: str) -> None:
         (self.root / "attack.json").write_text(json.dumps({"attack": attack}))

@@ -18,6 +18,14 @@ from types import TracebackType
 
 from common.embedded.process import free_port
 
+
+def kill_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL a test server started in its own session, with anything it started, and reap it."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
 CONFIG = """\
 http_port 127.0.0.1:{port}
 pid_filename {root}/squid.pid
@@ -71,9 +79,7 @@ class ForwardProxy:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        kill_group(self.proc)
 
     def connects(self, port: int) -> int:
         """How many CONNECT tunnels to a loopback ``port`` the proxy carried (logged when they close)."""
