@@ -10,7 +10,12 @@ collector really did (docs/threat-model.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ import pytest
 
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
+from tests.support.devices import EchoDevice
 from tests.support.mitm import InterceptingProxy
 
 pytestmark = pytest.mark.timeout(300)
@@ -105,3 +111,75 @@ def test_an_inspecting_proxy_can_neither_replay_nor_alter_anything(
     assert shown["vault_mode"] == "VAULT_MODE_CLOUD_RELAYED"
     audit = cli_json(["audit", "list", "--action", "report.bad_signature"], cp.env)
     assert audit.get("events", []) == []
+
+
+class _EvilDevice:
+    """Where a proxy would like tunnels to go: answers "EVIL" and counts who came."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.server.accept()
+                self.accepted += 1
+                with conn:
+                    conn.sendall(b"EVIL\n")
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_an_inspecting_proxy_cannot_redirect_a_tunnel(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    echo, evil = EchoDevice(), _EvilDevice()
+    with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
+        (mitm.root / "evil_port").write_text(str(evil.port))
+        bundle = collector.state / "ca-bundle.pem"
+        bundle.write_bytes(bundle.read_bytes() + mitm.ca_pem)
+        identity = json.loads((collector.state / "identity.json").read_text())
+        identity["gateway_url"] = mitm.url
+        (collector.state / "identity.json").write_text(json.dumps(identity))
+        collector.start()
+        try:
+            wait_for(lambda: "capabilities published" in collector.log())
+
+            def tunnel() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    [sys.executable, "-m", "versus_cp", "tunnel", "--target", f"127.0.0.1:{echo.port}",
+                     "--site", collector.site_id, "--tenant", "acme"],
+                    env=cp.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                )  # fmt: skip
+
+            # The readable copy of the offer now names the proxy's device: the collector dials the
+            # signed one, so the bytes still reach the echo device.
+            mitm.arm("rewrite_offer")
+            proc = tunnel()
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(b"ping\n")
+            proc.stdin.flush()
+            assert proc.stdout.read(5) == b"ping\n"
+            assert next(r for r in mitm.results() if r["kind"] == "rewrite_offer")["delivered"]
+            proc.kill()
+            proc.communicate(timeout=10)
+
+            # The signed payload itself rewritten: the collector refuses the offer and dials nothing.
+            mitm.arm("forge_offer")
+            proc = tunnel()
+            wait_for(lambda: "tunnel offer refused" in collector.log(), timeout=30)
+            assert "bad_signature" in collector.log()
+            proc.kill()
+            proc.communicate(timeout=10)
+            assert evil.accepted == 0
+        finally:
+            collector.stop()
+            echo.close()
+            evil.close()

@@ -96,6 +96,23 @@ class Attacks:
             _disarm()
             ctx.master.commands.call("replay.client", [flow.copy()])
         elif (
+            attack in ("rewrite_offer", "forge_offer")
+            and path.endswith("/claim")
+            and b'"offers":[{' in (flow.response.content or b"")
+        ):
+            # Point the tunnel at another device: in the readable copy only, or inside the signed payload.
+            body = json.loads(flow.response.content or b"{}")
+            port = int(json.loads((ROOT / "evil_port").read_text()))
+            for offer in body["offers"]:
+                offer["port"] = port
+                if attack == "forge_offer":
+                    payload = json.loads(_unb64(offer["signed"]["payload"]))
+                    payload["port"] = port
+                    offer["signed"]["payload"] = _b64(json.dumps(payload).encode())
+            flow.response.content = json.dumps(body).encode()
+            _disarm()
+            _record(attack, flow, delivered=True)
+        elif (
             attack == "change_config"
             and path.endswith("/claim")
             and b'"config"' in (flow.response.content or b"")
