@@ -30,8 +30,6 @@ Pure code; key lookup and the replay cache are the caller's job.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import secrets
 from collections.abc import Mapping
@@ -41,6 +39,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from common import b64url
 from common.errors import Unauthenticated
 
 AUDIENCE = "versus-collector-gateway"
@@ -61,7 +60,7 @@ _METHODS = frozenset({"GET", "POST", FRAME})
 
 def body_digest(body: bytes) -> str:
     """The ``bsh`` claim for ``body``: SHA-256, base64url without padding."""
-    return base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+    return b64url.sha256(body)
 
 
 def frame_body(body: Mapping[str, Any]) -> bytes:

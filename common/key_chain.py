@@ -22,13 +22,13 @@ Pure code.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common import b64url
 from common.keys import KeyPurpose, PublicKey, SigningKey
 
 DOMAIN = b"versus-key-set-v1\n"
@@ -60,14 +60,6 @@ class HeldSet:
         }
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def sign_step(
     purpose: KeyPurpose,
     version: int,
@@ -86,8 +78,14 @@ def sign_step(
         "keys": [k.to_json() for k in keys],
     }
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    signatures = [{"kid": s.kid, "sig": _b64(s.sign(DOMAIN + raw))} for s in signers]
-    return {"payload": _b64(raw), "signatures": signatures}
+    signatures = [{"kid": s.kid, "sig": b64url.encode(s.sign(DOMAIN + raw))} for s in signers]
+    return {"payload": b64url.encode(raw), "signatures": signatures}
+
+
+def step_kids(document: Mapping[str, Any]) -> list[str]:
+    """The kids a step publishes, read without verifying it: for the publisher's own chain files."""
+    payload = json.loads(b64url.decode(str(document["payload"])))
+    return [str(k["kid"]) for k in payload["keys"]]
 
 
 def _signers(raw: bytes, signatures: object, keys: Mapping[str, PublicKey]) -> set[str]:
@@ -103,7 +101,7 @@ def _signers(raw: bytes, signatures: object, keys: Mapping[str, PublicKey]) -> s
         if key is None or not isinstance(sig, str):
             continue
         try:
-            if key.verify(_unb64(sig), DOMAIN + raw):
+            if key.verify(b64url.decode(sig), DOMAIN + raw):
                 good.add(key.kid)
         except (binascii.Error, ValueError):
             continue
@@ -117,7 +115,7 @@ def verify_step(held: HeldSet, document: object) -> HeldSet:
     if len(document["payload"]) > MAX_STEP_CHARS:
         raise ChainError("key_set_malformed", "the key set step is too large")
     try:
-        raw = _unb64(document["payload"])
+        raw = b64url.decode(document["payload"])
         payload = json.loads(raw)
     except (binascii.Error, ValueError, RecursionError):
         raise ChainError("key_set_malformed", "the payload is not base64url JSON") from None

@@ -20,8 +20,6 @@ Pure code: the caller finds the key.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from common import b64url
 from common.errors import PermissionDenied
 
 ALGORITHM = "ES256"
@@ -39,10 +38,6 @@ MAX_CHARS = 2048
 
 class ReportSignatureError(PermissionDenied):
     default_code = "report_signature_invalid"
-
-
-def _digest(data: bytes) -> str:
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +56,9 @@ class ReportStatement:
             "iss": self.collector_id,
             "tid": self.dispatch_id,
             "out": self.outcome,
-            "rsh": _digest(self.result),
+            "rsh": b64url.sha256(self.result),
             "ecd": self.error_code,
-            "emh": _digest(self.error_message.encode()),
+            "emh": b64url.sha256(self.error_message.encode()),
         }
 
 

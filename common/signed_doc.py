@@ -18,12 +18,12 @@ Pure code: the caller supplies keys and the time.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 from collections.abc import Mapping
 from typing import Any
 
+from common import b64url
 from common.keys import PublicKey, SigningKey
 
 DOMAIN = b"versus-signed-document-v1\n"
@@ -43,18 +43,10 @@ class DocumentError(Exception):
         self.code = code
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def sign(key: SigningKey, payload: Mapping[str, Any]) -> dict[str, str]:
     """The wire form of ``payload`` signed with ``key``."""
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return {"kid": key.kid, "payload": _b64(raw), "sig": _b64(key.sign(DOMAIN + raw))}
+    return {"kid": key.kid, "payload": b64url.encode(raw), "sig": b64url.encode(key.sign(DOMAIN + raw))}
 
 
 def verify(
@@ -97,7 +89,7 @@ def verify_signature(document: object, trusted: Mapping[str, PublicKey], now: in
     if key.expired(now):
         raise DocumentError("kid_expired", f"key {kid!r} has expired")
     try:
-        raw, sig = _unb64(payload_b64), _unb64(sig_b64)
+        raw, sig = b64url.decode(payload_b64), b64url.decode(sig_b64)
     except (binascii.Error, ValueError):
         raise DocumentError("document_malformed", "payload and sig must be base64url") from None
     if not key.verify(sig, DOMAIN + raw):

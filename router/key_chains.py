@@ -10,13 +10,13 @@ files: they are read once and cached.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common import key_chain
 from common.keys import KeyPurpose
 from common.keystore import KeyStore
 
@@ -62,9 +62,7 @@ class KeyChains:
         """The kids of ``version`` (None for version 1, which enrollment recorded itself)."""
         if version < 2 or version > self.newest(purpose):
             return None
-        step = self._step(purpose, version)
-        payload = json.loads(_unb64(step["payload"]))
-        return [str(k["kid"]) for k in payload["keys"]]
+        return key_chain.step_kids(self._step(purpose, version))
 
     def _step(self, purpose: KeyPurpose, version: int) -> dict[str, Any]:
         cached = self._steps.get((purpose, version))
@@ -72,7 +70,3 @@ class KeyChains:
             path = self._stores[purpose].directory / "chain" / f"{version}.json"
             cached = self._steps[(purpose, version)] = json.loads(path.read_text())
         return cached
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

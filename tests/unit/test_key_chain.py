@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from common import key_chain
+from common import b64url, key_chain
 from common.errors import FailedPrecondition
 from common.key_chain import ChainError, HeldSet
 from common.keys import KeyPurpose, SigningKey
@@ -32,9 +32,9 @@ def _step(
 ) -> dict[str, Any]:
     step = key_chain.sign_step(D, version, 1, [k.public for k in members], signers, NOW)
     if change:
-        payload = json.loads(key_chain._unb64(step["payload"]))
+        payload = json.loads(b64url.decode(step["payload"]))
         payload.update(change)
-        step["payload"] = key_chain._b64(json.dumps(payload).encode())
+        step["payload"] = b64url.encode(json.dumps(payload).encode())
     return step
 
 

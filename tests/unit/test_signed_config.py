@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from collector.signed_config import ConfigStore, OfferCheck
-from common import signed_doc
+from common import b64url, signed_doc
 from common.keys import KeyPurpose, KeySet, trusted
 from common.signed_doc import DocumentError
 from router import collector_docs
@@ -76,9 +76,9 @@ def test_a_bad_config_is_refused_and_the_last_good_one_kept(tmp_path: Path, docu
 
 def test_an_altered_payload_does_not_verify(tmp_path: Path) -> None:
     document = _config(2)
-    payload = json.loads(signed_doc._unb64(document["payload"]))
+    payload = json.loads(b64url.decode(document["payload"]))
     payload["vault"]["address"] = "https://evil:8200"
-    forged = {**document, "payload": signed_doc._b64(json.dumps(payload).encode())}
+    forged = {**document, "payload": b64url.encode(json.dumps(payload).encode())}
     assert (
         _code(lambda: ConfigStore(tmp_path / "config.json", "c1", TRUSTED).accept(forged, NOW))
         == "bad_signature"
