@@ -30,6 +30,7 @@ from collector.key_sets import PinnedKeys
 from collector.renewal import Renewer
 from collector.signed_config import ConfigStore, OfferCheck
 from collector.state import StatePaths, load_key, read_json, write_json
+from collector.trust import TrustStore
 from collector.tunnel import carry, dial_back_path
 from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
@@ -102,6 +103,8 @@ class Agent:
         except (DocumentError, ValueError) as exc:
             raise CollectorError(f"config.json is not a valid signed config: {exc}") from None
         self.offers = OfferCheck(self.collector_id, self.trusted)
+        # The CAs trusted for the gateway (and the Collector CA that issues now), moved forward in-band.
+        self.trust = TrustStore(self.paths, self.collector_id, self.trusted)
         running = self.config.current or {}
         self.vault_mode: str = _vault_mode(running.get("vault_mode") or policy.get("vault_mode", "local"))
         self.vault: dict[str, Any] = dict(running.get("vault") or {})
@@ -130,12 +133,18 @@ class Agent:
         self.journal = Journal(options.state_dir / "journal.sqlite3")
         self.clock = ServerClock()
         self.clock_uncertainty_s: float | None = None  # None: no fresh round trip yet (local clock)
-        self.context = ssl_context(self.paths.ca_bundle)
+        self.context = ssl_context(self.paths)
         key = load_key(self.paths.key)
         self.client = GatewayClient(
             self.identity["gateway_url"], self.context, key, self.collector_id, ws_retry_s=options.ws_retry_s
         )
-        self.renewer = Renewer(self.paths, key, self.collector_id, self.client.renew)
+        self.renewer = Renewer(
+            self.paths,
+            key,
+            self.collector_id,
+            self.client.renew,
+            wanted_issuer=lambda: self.trust.collector_active,
+        )
         self.stopping = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         # A new id per process start: the control plane keeps one current session per collector.
@@ -227,7 +236,7 @@ class Agent:
                 "session_id": self.session_id,
                 "vault_mode": self.vault_mode,
                 "config_version": self.config.version,
-                "key_versions": self.pinned.versions(),
+                "key_versions": {**self.pinned.versions(), "trust": self.trust.version},
                 "claim_seq": self.journal.next_claim_seq(),
                 "held_task_ids": self.journal.held_task_ids(),
                 "capacity": self._free(),
@@ -264,6 +273,16 @@ class Agent:
                 if self.pinned.apply(reply.key_sets):
                     # A step was refused: keep the last good set, and do not ask again at once.
                     await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), "key set refused")
+                    attempt += 1
+                continue
+            if reply.trust is not None:
+                applied = self._apply_trust(reply.trust)
+                if applied is None:
+                    return
+                if not applied:
+                    await self._sleep(
+                        backoff(attempt, cap=self.options.max_backoff_s), "trust bundle refused"
+                    )
                     attempt += 1
                 continue
             if reply.config is not None:
@@ -337,6 +356,30 @@ class Agent:
         log.warning("vault settings changed by an operator; restarting to apply them",
                     running=self.vault_mode, recorded=payload["vault_mode"])  # fmt: skip
         self.restart_requested = True
+        return True
+
+    def _apply_trust(self, document: Mapping[str, Any]) -> bool | None:
+        """Take a newer signed trust bundle: True when applied in place, False when refused (the
+        held bundle stays), None when the process restarts to apply it.
+
+        A CA added is trusted at once (the live TLS context learns it); a CA removed cannot be
+        taken out of a live context, so the collector drains and restarts with the new file.
+        """
+        try:
+            change = self.trust.accept(document, int(self._now()))
+        except DocumentError as exc:
+            log.error("trust bundle refused; keeping the held one", code=exc.code, reason=str(exc),
+                      held_version=self.trust.version)  # fmt: skip
+            return False
+        log.info("trust bundle accepted", version=change.version, added=sorted(change.added),
+                 removed=sorted(change.removed))  # fmt: skip
+        self.renewer.nudge()
+        if change.removed:
+            log.warning("a CA was retired; restarting to stop trusting it", removed=sorted(change.removed))
+            self.restart_requested = True
+            return None
+        if change.added:
+            self.context.load_verify_locations(cadata=self.trust.pem_of(change.added))
         return True
 
     def _write_runtime(self) -> None:

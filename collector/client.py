@@ -6,13 +6,13 @@ import json
 import ssl
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
+from collector.state import StatePaths
 from common.envelope.fence import RoundTrip
 from common.logs import get_logger
 
@@ -47,12 +47,17 @@ class ClaimReply:
     config: dict[str, Any] | None = None
     # Rotation steps of the key sets we are behind on (collector/key_sets.py); no task then.
     key_sets: dict[str, Any] | None = None
+    # A newer signed trust bundle (collector/trust.py verifies it); no task then.
+    trust: dict[str, Any] | None = None
 
 
-def ssl_context(ca_bundle: Path) -> ssl.SSLContext:
-    """System roots plus the CAs from enrollment, so both public and internal gateway certificates work."""
+def ssl_context(paths: StatePaths) -> ssl.SSLContext:
+    """System roots, the CAs of the trust bundle, and the operator's ``extra-ca.pem`` if there is one
+    (a TLS-inspecting proxy's CA: the bundle file is rewritten by rotations, that one never is)."""
     ctx = ssl.create_default_context()
-    ctx.load_verify_locations(cafile=str(ca_bundle))
+    ctx.load_verify_locations(cafile=str(paths.ca_bundle))
+    if paths.extra_ca.exists():
+        ctx.load_verify_locations(cafile=str(paths.extra_ca))
     return ctx
 
 
@@ -173,6 +178,8 @@ class GatewayClient:
             return ClaimReply(None, None, trip, [], key_sets=dict(head["key_sets"]))
         if isinstance(head.get("config"), dict):
             return ClaimReply(None, None, trip, [], dict(head["config"]))
+        if isinstance(head.get("trust"), dict):
+            return ClaimReply(None, None, trip, [], trust=dict(head["trust"]))
         if "envelope" not in head:
             return ClaimReply(None, None, trip, offers)
         # The envelope is the last member; its bytes go to the verifier exactly as received.

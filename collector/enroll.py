@@ -28,9 +28,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector import __version__
+from collector.client import ssl_context
 from collector.renewal import csr_pem
 from collector.state import StatePaths, load_key, read_json, save_key, write_json
-from common import collector_jwt
+from collector.trust import TrustStore
+from common import collector_jwt, pki
 from common.state_dir import write_public
 from common.tls import spki_pin
 
@@ -70,14 +72,20 @@ def _ssl_context(url: str, ca_pin: str | None) -> ssl.SSLContext:
         raise EnrollError("gateway_unreachable", f"cannot reach {url}: {exc}") from None
     if reply.status_code != 200:
         raise EnrollError("no_internal_ca", "the gateway offers no internal CA to check against --ca-pin")
-    pem = str(reply.json().get("gateway_ca_pem", ""))
+    body = reply.json()
     try:
-        actual = spki_pin(x509.load_pem_x509_certificate(pem.encode()))
+        offered = x509.load_pem_x509_certificates(str(body.get("gateway_ca_pem", "")).encode())
+        cross_pem = str(body.get("cross_pem", "")).encode()
+        cross = x509.load_pem_x509_certificates(cross_pem) if cross_pem.strip() else []
     except ValueError:
         raise EnrollError("bad_trust_response", "the gateway's CA is not a certificate") from None
-    if not hmac.compare_digest(actual, ca_pin):
+    pinned = [c for c in offered if hmac.compare_digest(spki_pin(c), ca_pin)]
+    if not pinned:
         raise EnrollError("ca_pin_mismatch", "the gateway's CA does not match --ca-pin; refusing to continue")
-    return ssl.create_default_context(cadata=pem)
+    # During a gateway CA rotation the pinned CA may be the old one: its successor is trusted only
+    # through a cross certificate the pinned CA signed (common/pki.py successors).
+    trusted = pki.successors(pinned, offered, cross)
+    return ssl.create_default_context(cadata="".join(pki.cert_pem(c).decode("ascii") for c in trusted))
 
 
 def _attempt(paths: StatePaths, requested_id: str | None) -> tuple[str, ec.EllipticCurvePrivateKey]:
@@ -137,8 +145,11 @@ def enroll(options: EnrollOptions) -> dict[str, Any]:
         "auth": result["auth"],
     }
     write_public(paths.cert, result["cert_chain_pem"].encode())
-    write_public(paths.ca_bundle, result["ca_bundle_pem"].encode())
     versions = result.get("key_versions") or {}
+    # Later bundles arrive in-band, signed (collector/trust.py).
+    TrustStore.write_enrolled(
+        paths, int(versions.get("trust", 1)), result["ca_bundle_pem"], result["cert_chain_pem"]
+    )
     write_json(
         paths.keys,
         {
@@ -167,7 +178,7 @@ def status(state_dir: Path) -> dict[str, Any]:
     token = collector_jwt.mint(
         load_key(paths.key), identity["collector_id"], int(time.time()), method="GET", path=path
     )
-    context = ssl.create_default_context(cafile=str(paths.ca_bundle))
+    context = ssl_context(paths)
     try:
         reply = httpx.get(
             identity["gateway_url"] + path,

@@ -13,7 +13,6 @@ the claim loop. A failed renewal never stops work while the current certificate 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import random
 import time
@@ -27,6 +26,7 @@ from cryptography.x509.oid import NameOID
 
 from collector.client import GatewayRefused, GatewayUnavailable
 from collector.state import StatePaths
+from common import pki
 from common.logs import get_logger
 from common.state_dir import write_public
 
@@ -38,6 +38,9 @@ RENEW_AT = 2 / 3
 JITTER = 0.05
 MIN_RETRY_S = 1.0
 MAX_RETRY_S = 3600.0
+# After a Collector CA rotation a certificate of the old CA is renewed within this much time (at most
+# JITTER of its life), spread so a fleet does not renew at once.
+REISSUE_SPREAD_S = 300.0
 # Refusals after which renewing again cannot help: the identity is gone (the claim loop stops too).
 FINAL_CODES = frozenset({"collector_revoked", "certificate_expired", "collector_not_active"})
 
@@ -59,6 +62,11 @@ def retry_delay(attempt: int, not_after: float, now: float) -> float:
     if remaining <= 0:
         return backoff
     return max(MIN_RETRY_S, min(backoff, remaining / 10))
+
+
+def reissue_due(now: float, received_at: float, not_after: float, rng: random.Random) -> float:
+    """When to renew a certificate whose issuer is no longer the Collector CA that issues."""
+    return now + rng.random() * min(REISSUE_SPREAD_S, JITTER * max(0.0, not_after - received_at))
 
 
 def leaf_not_after(chain_pem: bytes) -> float:
@@ -89,6 +97,7 @@ class Renewer:
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
+        wanted_issuer: Callable[[], str] = lambda: "",
     ):
         self.paths = paths
         self.key = key
@@ -96,7 +105,22 @@ class Renewer:
         self.renew = renew
         self.rng = rng or random.Random()  # noqa: S311 - spreading load, not a secret
         self.clock = clock
+        # The Collector CA that issues now ("" unknown): a certificate of another is renewed soon.
+        self.wanted_issuer = wanted_issuer
+        self._nudged = asyncio.Event()
         self.renewals = 0
+
+    def nudge(self) -> None:
+        """Look at the schedule again (the trust bundle changed)."""
+        self._nudged.set()
+
+    def _due(self, received_at: float, not_after: float) -> float:
+        due = renewal_due(received_at, not_after, self.rng)
+        wanted = self.wanted_issuer()
+        issuer = pki.issuer_id(x509.load_pem_x509_certificates(self.paths.cert.read_bytes())[0])
+        if wanted and issuer != wanted:
+            due = min(due, reissue_due(self.clock(), received_at, not_after, self.rng))
+        return due
 
     def current(self) -> tuple[float, float]:
         """(received_at, not_after) of the certificate on disk; it is replaced atomically on renewal,
@@ -106,13 +130,18 @@ class Renewer:
     async def run(self, stopping: asyncio.Event) -> None:
         attempt = 0
         received_at, not_after = self.current()
-        next_at = renewal_due(received_at, not_after, self.rng)
+        next_at = self._due(received_at, not_after)
         log.info("certificate renewal scheduled", not_after=_iso(not_after), renew_at=_iso(next_at))
         while not stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), max(0.0, next_at - self.clock()))
+            await self._wait(stopping, next_at)
             if stopping.is_set():
                 return
+            if self._nudged.is_set():
+                self._nudged.clear()
+                if attempt == 0:
+                    next_at = min(next_at, self._due(received_at, not_after))
+                if next_at > self.clock():
+                    continue
             try:
                 self._store(await self.renew(csr_pem(self.key, self.collector_id)))
             except GatewayRefused as exc:
@@ -129,8 +158,19 @@ class Renewer:
             attempt = 0
             self.renewals += 1
             received_at, not_after = self.current()
-            next_at = renewal_due(received_at, not_after, self.rng)
+            next_at = self._due(received_at, not_after)
             log.info("certificate renewed", not_after=_iso(not_after), renew_at=_iso(next_at))
+
+    async def _wait(self, stopping: asyncio.Event, until: float) -> None:
+        """Until ``until``, a stop or a nudge."""
+        waits = [asyncio.ensure_future(stopping.wait()), asyncio.ensure_future(self._nudged.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=max(0.0, until - self.clock()), return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiting in waits:
+                waiting.cancel()
 
     def _retry(self, attempt: int, not_after: float, why: str) -> float:
         delay = retry_delay(attempt, not_after, self.clock())

@@ -3,7 +3,11 @@
     identity.json      collector_id, site_id, status, gateway URL/addresses/server name, auth
     key.pem            the collector's private key (0600); signs ES256 bearer tokens
     cert.pem           certificate chain issued by the Collector CA
-    ca-bundle.pem      CAs to trust: Collector CA and the gateway's internal CA
+    ca-bundle.pem      CAs to trust: Collector CAs and the gateway's internal CAs (managed: rewritten
+                       by signed bundles, collector/trust.py)
+    trust.json         the version of that bundle and the Collector CA that issues now
+    extra-ca.pem       optional, the operator's: more CAs to trust (a TLS-inspecting proxy's); never
+                       rewritten by the collector
     keys.json          dispatch and release verification key sets, pinned at enrollment
     policy.json        vault mode, heartbeat interval, concurrency limits
 
@@ -42,6 +46,10 @@ class StatePaths:
     @property
     def ca_bundle(self) -> Path:
         return self.root / "ca-bundle.pem"
+
+    @property
+    def extra_ca(self) -> Path:
+        return self.root / "extra-ca.pem"
 
     @property
     def keys(self) -> Path:

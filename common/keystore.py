@@ -21,11 +21,8 @@ signs only after ``grace_s``: by then connected collectors hold it.
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,7 @@ from common import key_chain
 from common.errors import ConfigError, FailedPrecondition
 from common.key_chain import HeldSet
 from common.keys import DEFAULT_LIFETIME, KeyPurpose, KeySet, PublicKey, SigningKey
-from common.state_dir import write_private, write_public
+from common.state_dir import locked, write_private, write_public
 
 FORMAT = "versus-keyset/1"
 # The threshold of every version this store writes: all private keys of a set live on one host,
@@ -120,7 +117,7 @@ class KeyStore:
             raise ConfigError(f"cannot load {self.purpose.value} keys from {self.directory}: {exc}") from None
 
     def load_or_create(self, now: int | None = None, lifetime: dt.timedelta = DEFAULT_LIFETIME) -> KeySet:
-        with self._locked():
+        with locked(self.directory):
             if self.exists():
                 return self.load()
             keyset = KeySet.create(self.purpose, _now(now), lifetime)
@@ -133,7 +130,7 @@ class KeyStore:
         """Publish a new version with a new key, current after ``grace_s``; older keys keep
         verifying until their not_after. The step is signed by every key of the old version."""
         at = _now(now)
-        with self._locked():
+        with locked(self.directory):
             if not self.exists():
                 self._save(KeySet.create(self.purpose, at, lifetime), version=1)
             old = self.load(at)
@@ -151,7 +148,7 @@ class KeyStore:
     def retire(self, kid: str, now: int | None = None) -> KeySet:
         """Publish a new version without ``kid`` (it stops verifying once collectors hold it)."""
         at = _now(now)
-        with self._locked():
+        with locked(self.directory):
             old = self.load(at)
             version = old.version
             waiting = self._meta().get("next")
@@ -215,16 +212,6 @@ class KeyStore:
         for stale in self.directory.glob("*.pem"):
             if stale.name not in kept:
                 stale.unlink()
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.directory / ".lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class ReloadingKeySet:

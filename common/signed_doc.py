@@ -1,6 +1,6 @@
 """Signed documents: what the control plane tells a collector besides task envelopes.
 
-Tunnel offers and collector configuration travel in claim answers, through
+Tunnel offers, collector configuration and trust bundles travel in claim answers, through
 whatever proxy sits on the collector's path; they are signed with the same
 dispatch keys as envelopes (the collector pins them at enrollment), so a proxy
 can neither forge nor alter them. On the wire::
@@ -33,6 +33,7 @@ ISSUED_SKEW_S = 60
 
 TUNNEL_OFFER = "tunnel_offer"
 COLLECTOR_CONFIG = "collector_config"
+CA_BUNDLE = "ca_bundle"
 
 
 class DocumentError(Exception):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -76,3 +78,16 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (its ``.lock`` file), created 0700 if needed, so
+    writers in several processes (services, the CLI) take turns."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(directory / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

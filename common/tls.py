@@ -1,9 +1,11 @@
-"""Gateway TLS material: an internal CA and a server certificate generated on first start.
+"""Gateway TLS material: a server certificate issued by the active gateway CA, generated on first start.
 
 Used when no ``VERSUS_TLS_CERT_FILE``/``VERSUS_TLS_KEY_FILE`` is configured. The
-CA here signs only the gateway's server certificate; it is not the Collector
-CA that issues collector identities. Collectors receive this CA in the
-enrollment trust bootstrap and pin it by its SPKI SHA-256.
+gateway CA (common/ca_store.py) signs only the gateway's server certificate; it
+is not the Collector CA that issues collector identities. Collectors receive it
+in the enrollment trust bootstrap (checked against the enroll command's SPKI
+pin) and later versions in-band; a rotation reissues the server certificate
+under the new CA once an operator activates it.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common.pki import BACKDATE, cert_pem, private_pem, self_signed_ca
+from common import pki
+from common.ca_store import CaStore
+from common.pki import BACKDATE, cert_pem, private_pem
 from common.state_dir import write_private, write_public
 
-CA_LIFETIME = dt.timedelta(days=3650)
 SERVER_LIFETIME = dt.timedelta(days=397)
 # Renew the server certificate when less than this remains.
 RENEW_BEFORE = dt.timedelta(days=30)
@@ -33,13 +36,13 @@ RENEW_BEFORE = dt.timedelta(days=30)
 class GatewayTls:
     cert_file: Path
     key_file: Path
+    # Every gateway CA collectors may meet (a rotation has two), PEM; None for supplied certificates.
     ca_file: Path | None
+    # ``sha256/<base64>`` of the CA that issued the server certificate, as collectors pin it.
+    pin: str | None = None
 
     def ca_pin(self) -> str | None:
-        """``sha256/<base64>`` of the CA's SubjectPublicKeyInfo, as collectors pin it."""
-        if self.ca_file is None:
-            return None
-        return spki_pin(x509.load_pem_x509_certificate(self.ca_file.read_bytes()))
+        return self.pin
 
 
 def spki_pin(cert: x509.Certificate) -> str:
@@ -51,18 +54,6 @@ def spki_pin(cert: x509.Certificate) -> str:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _ensure_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    cert_path, key_path = directory / "gateway-ca.pem", directory / "gateway-ca.key"
-    if cert_path.exists() and key_path.exists():
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-        assert isinstance(key, ec.EllipticCurvePrivateKey)
-        return x509.load_pem_x509_certificate(cert_path.read_bytes()), key
-    cert, key = self_signed_ca("Versus Gateway TLS CA", CA_LIFETIME, _now())
-    write_private(key_path, private_pem(key))
-    write_public(cert_path, cert_pem(cert))
-    return cert, key
 
 
 def _san_entries(names: list[str]) -> list[x509.GeneralName]:
@@ -79,19 +70,27 @@ def _server_current(path: Path, ca: x509.Certificate, sans: list[x509.GeneralNam
     if not path.exists():
         return False
     cert = x509.load_pem_x509_certificate(path.read_bytes())
-    if cert.issuer != ca.subject or cert.not_valid_after_utc - _now() < RENEW_BEFORE:
+    if pki.issuer_id(cert) != pki.ca_id(ca) or cert.not_valid_after_utc - _now() < RENEW_BEFORE:
         return False
     have = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return set(sans) <= set(have)
 
 
-def ensure_gateway_tls(directory: Path, server_name: str, extra_names: list[str]) -> GatewayTls:
-    """Create (or renew) the CA and a server certificate for ``server_name`` and ``extra_names``."""
+def ensure_gateway_tls(
+    directory: Path, server_name: str, extra_names: list[str], store: CaStore | None = None
+) -> GatewayTls:
+    """A server certificate for ``server_name`` and ``extra_names`` issued by the active gateway CA
+    of ``store`` (default: one under ``directory``), reissued when that CA changed, the names
+    changed or it nears expiry; and ``gateway-ca.pem``, every gateway CA of the store."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    ca_cert, ca_key = _ensure_ca(directory)
+    store = store or CaStore(directory)
+    trust = store.load_or_create()
+    active = trust.active_entry("gateway")
+    ca_cert = active.cert
     cert_path, key_path = directory / "gateway.pem", directory / "gateway.key"
     sans = _san_entries([server_name, "localhost", "127.0.0.1", "::1", *extra_names])
     if not (_server_current(cert_path, ca_cert, sans) and key_path.exists()):
+        ca_key = store.private_key("gateway", active.ca_id)
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
         cert = (
@@ -110,9 +109,11 @@ def ensure_gateway_tls(directory: Path, server_name: str, extra_names: list[str]
             )
             .sign(ca_key, hashes.SHA256())
         )
+        # The key first: a reader that sees the new certificate finds its key (gateway/tls_reload.py).
         write_private(key_path, private_pem(key))
-        chain = cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(
-            serialization.Encoding.PEM
-        )
-        write_public(cert_path, chain)
-    return GatewayTls(cert_file=cert_path, key_file=key_path, ca_file=directory / "gateway-ca.pem")
+        write_public(cert_path, cert_pem(cert) + cert_pem(ca_cert))
+    ca_path = directory / "gateway-ca.pem"
+    bundle = "".join(trust.pems("gateway")).encode()
+    if not ca_path.exists() or ca_path.read_bytes() != bundle:
+        write_public(ca_path, bundle)
+    return GatewayTls(cert_file=cert_path, key_file=key_path, ca_file=ca_path, pin=spki_pin(ca_cert))

@@ -71,6 +71,7 @@ def bootstrap_pb(result: TrustBootstrap) -> pb.EnrollResponse:
         release_keys=[_key_pb(k) for k in result.release_keys],
         dispatch_key_version=result.dispatch_key_version,
         release_key_version=result.release_key_version,
+        trust_version=result.trust_version,
         site_id=result.site_id,
         policy=pb.CollectorPolicy(
             vault_mode=result.policy.vault_mode,

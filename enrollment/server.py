@@ -16,7 +16,8 @@ from common.keystore import KeyStore, ReloadingKeySet
 from common.runtime import require_backends, serve_grpc_service
 from common.settings import Settings
 from common.state_dir import ensure_writable
-from common.tls import spki_pin
+from common.trust_bundle import BundleSource
+from enrollment.authority import Authority
 from enrollment.ca import CollectorCA
 from enrollment.grpc_api import EnrollmentServicer
 from enrollment.service import EnrollmentConfig, EnrollmentService
@@ -25,27 +26,14 @@ from enrollment.store import EnrollmentStore
 SERVICE_NAME = enrollment_pb2.DESCRIPTOR.services_by_name["EnrollmentService"].full_name
 
 
-def load_ca(settings: Settings, state: Path) -> CollectorCA:
-    """The configured Collector CA files, or the one under ``<state>/collector-ca`` (created on first use)."""
+def authority(settings: Settings, state: Path) -> Authority:
+    """The CAs of the store under ``<state>/ca``, or the operator's Collector CA files."""
     cert, key = settings.collector_ca_cert_file, settings.collector_ca_key_file
-    if cert is not None and key is not None:
-        return CollectorCA.from_files(cert, key)
-    return CollectorCA.load_or_create(state / "collector-ca")
-
-
-def gateway_ca(settings: Settings, state: Path) -> tuple[str | None, str | None]:
-    """PEM and SPKI pin of the CA collectors should trust for the gateway, if it is not a public one."""
-    from cryptography import x509
-
-    path = settings.gateway_ca_file or (state / "tls" / "gateway-ca.pem")
-    if not path.exists():
-        return None, None
-    pem = path.read_text()
-    return pem, spki_pin(x509.load_pem_x509_certificate(pem.encode()))
+    supplied = CollectorCA.from_files(cert, key) if cert is not None and key is not None else None
+    return Authority.from_source(BundleSource.from_settings(settings, state), supplied)
 
 
 def build_config(settings: Settings, state: Path) -> EnrollmentConfig:
-    ca_pem, pin = gateway_ca(settings, state)
     public = settings.public_gateway_url
     host_port = public.split("://", 1)[-1].split("/", 1)[0]
     return EnrollmentConfig(
@@ -53,8 +41,6 @@ def build_config(settings: Settings, state: Path) -> EnrollmentConfig:
         public_url=public,
         gateway_addrs=(host_port,),
         gateway_server_name=settings.gateway_server_name,
-        gateway_ca_pem=ca_pem,
-        gateway_ca_pin=pin,
         cert_lifetime=dt.timedelta(seconds=settings.collector_cert_lifetime_s),
     )
 
@@ -65,7 +51,7 @@ def build_service(settings: Settings, engine: AsyncEngine) -> EnrollmentService:
     release = ReloadingKeySet(KeyStore(state, KeyPurpose.RELEASE))
     return EnrollmentService(
         EnrollmentStore(engine),
-        load_ca(settings, state),
+        authority(settings, state),
         dispatch.get,
         release.get,
         build_config(settings, state),

@@ -22,7 +22,8 @@ from common.errors import Conflict, FailedPrecondition, InvalidArgument, Unauthe
 from common.keys import KeySet, PublicKey
 from common.logs import get_logger
 from enrollment import tokens
-from enrollment.ca import LEAF_LIFETIME, CollectorCA, CsrInfo, validate_csr
+from enrollment.authority import Authority
+from enrollment.ca import LEAF_LIFETIME, CsrInfo, validate_csr
 from enrollment.store import Collector, EnrollmentStore, Site, Token
 
 log = get_logger("versus.enrollment")
@@ -62,8 +63,6 @@ class EnrollmentConfig:
     public_url: str
     gateway_addrs: tuple[str, ...]
     gateway_server_name: str
-    gateway_ca_pem: str | None
-    gateway_ca_pin: str | None
     policy: CollectorPolicy = field(default_factory=CollectorPolicy)
     # How long a collector certificate is valid; collectors renew at about two thirds of it.
     cert_lifetime: dt.timedelta = LEAF_LIFETIME
@@ -95,6 +94,8 @@ class TrustBootstrap:
     # Versions of the two key sets handed out (common/key_chain.py): later ones arrive in-band.
     dispatch_key_version: int = 1
     release_key_version: int = 1
+    # Version of the trust bundle in ca_bundle_pem (common/trust_bundle.py): later ones arrive in-band.
+    trust_version: int = 1
     auth_mode: str = AUTH_MODE
     audience: str = AUDIENCE
 
@@ -139,14 +140,14 @@ class EnrollmentService:
     def __init__(
         self,
         store: EnrollmentStore,
-        ca: CollectorCA,
+        authority: Authority,
         dispatch_keys: Callable[[], KeySet],
         release_keys: Callable[[], KeySet],
         config: EnrollmentConfig,
         clock: Callable[[], dt.datetime] = _now,
     ):
         self.store = store
-        self.ca = ca
+        self.authority = authority
         self.dispatch_keys = dispatch_keys
         self.release_keys = release_keys
         self.config = config
@@ -208,8 +209,9 @@ class EnrollmentService:
         # The token itself is not in the command: on a command line every user of the host (ps) and
         # the shell history would see it. The collector asks for it (or reads a file).
         command = ["versus-collector", "enroll", "--url", self.config.public_url]
-        if self.config.gateway_ca_pin:
-            command += ["--ca-pin", self.config.gateway_ca_pin]
+        pin = self.authority.bundle().gateway_pin
+        if pin:
+            command += ["--ca-pin", pin]
         command += ["--token-file", "-"]
         log.info("enrollment token issued", token_id=token.token_id, site_id=site_id, max_uses=uses)
         return IssuedToken(token, plaintext, shlex.join(command))
@@ -284,7 +286,7 @@ class EnrollmentService:
             if exhausted:
                 raise InvalidToken(token, "exhausted")
             tenant_id = await self.store.site_tenant(tx.conn, token.site_id)
-            cert = self.ca.issue(
+            cert = self.authority.issuing().issue(
                 csr, site_id=token.site_id, trust_domain=self.config.trust_domain, now=now,
                 lifetime=self.config.cert_lifetime,
             )  # fmt: skip
@@ -332,11 +334,13 @@ class EnrollmentService:
     ) -> TrustBootstrap:
         now = int(self.clock().timestamp())
         release = self.release_keys()
+        bundle = self.authority.bundle()
         return TrustBootstrap(
             collector_id=collector.collector_id,
             status=collector.status,
-            cert_chain_pem=collector.cert_pem + self.ca.cert_pem,
-            ca_bundle_pem=self.ca_bundle_pem,
+            cert_chain_pem=self.authority.chain_pem(collector.cert_pem),
+            ca_bundle_pem=bundle.pem(),
+            trust_version=bundle.version,
             site_id=collector.site_id,
             gateway_addrs=self.config.gateway_addrs,
             gateway_server_name=self.config.gateway_server_name,
@@ -349,8 +353,8 @@ class EnrollmentService:
 
     @property
     def ca_bundle_pem(self) -> str:
-        """The Collector CA, plus the gateway's internal CA when there is one."""
-        return self.ca.cert_pem + (self.config.gateway_ca_pem or "")
+        """The Collector CAs, plus the gateway's internal CAs when there are any."""
+        return self.authority.bundle().pem()
 
     # --- approval, status, renewal -----------------------------------------------------------------
     async def approve(self, collector_id: str, actor: str) -> str:
@@ -384,7 +388,7 @@ class EnrollmentService:
             raise InvalidArgument(
                 "the CSR's Common Name must be the collector's own id", code="csr_cn_mismatch"
             )
-        cert = self.ca.issue(
+        cert = self.authority.issuing().issue(
             csr, site_id=collector.site_id, trust_domain=self.config.trust_domain, now=self.clock(),
             lifetime=self.config.cert_lifetime,
         )  # fmt: skip
@@ -404,7 +408,7 @@ class EnrollmentService:
             collector_id=collector_id,
             key_changed=csr.public_key_sha256 != collector.public_key_sha256,
         )
-        return cert_pem + self.ca.cert_pem, cert.not_valid_after_utc
+        return self.authority.chain_pem(cert_pem), cert.not_valid_after_utc
 
 
 def _check_reason(reason: str) -> None:

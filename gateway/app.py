@@ -9,7 +9,7 @@ shape ``{"error": {"code": "...", "message": "..."}}``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,7 @@ from common.errors import InvalidArgument, VersusError
 from common.grpc_client import Token
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
+from common.trust_bundle import Bundle
 from gateway import collector_api, control_ws, enroll_api, openapi_bodies, openapi_errors, tunnel_ws
 from gateway.auth import AdmissionGate
 from gateway.body import BODY_DEADLINE_S
@@ -55,8 +56,9 @@ class GatewayConfig:
     redis_url: str
     enrollment_address: str
     router_address: str = ""
-    # PEM and SPKI pin of the gateway's internal CA, when it has one (served at /trust).
-    gateway_ca: tuple[str, str] | None = None
+    # The current trust bundle, whose gateway CAs are served at /trust (None or no gateway CA:
+    # the gateway's certificate is publicly trusted).
+    trust_bundle: Callable[[], Bundle] | None = None
     # A request body must arrive completely within this many seconds.
     body_deadline_s: float = BODY_DEADLINE_S
     # Longest a claim is held waiting for work before answering 204.
@@ -139,7 +141,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.revocations = RevocationFeed(app.state.connections.redis)
         app.state.revocations.start()
         app.state.admissions = AdmissionGate()
-        app.state.gateway_ca = config.gateway_ca
+        app.state.trust_bundle = config.trust_bundle
         app.state.body_deadline_s = config.body_deadline_s
         try:
             async with sweeping(app.state):

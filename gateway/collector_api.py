@@ -83,10 +83,13 @@ class ClaimBody(BaseModel):
     config_version: Int64 = Field(
         default=0, ge=0, description="version of the signed config the collector runs (0: none yet)"
     )
-    key_versions: dict[Literal["dispatch", "release"], Annotated[int, Field(ge=1, le=2**63 - 1)]] = Field(
-        default_factory=dict,
-        description="versions of the key sets the collector holds; when the control plane has newer "
-        "ones the answer carries the rotation steps (key_sets) and no task",
+    key_versions: dict[Literal["dispatch", "release", "trust"], Annotated[int, Field(ge=0, le=2**63 - 1)]] = (
+        Field(
+            default_factory=dict,
+            description="versions of the key sets and of the trust bundle the collector holds; when the "
+            "control plane has newer ones the answer carries the rotation steps (key_sets) or the signed "
+            "bundle (trust) and no task",
+        )
     )
     max_tasks: int = Field(
         default=1,
@@ -208,9 +211,10 @@ async def claim_op(
          "signed": json.loads(o.signed_json)}
         for o in reply.offers
     ]  # fmt: skip
-    # Instead of work: key set rotation steps the collector is behind on (it walks them first), or a
-    # newer signed config it applies (docs/day2.md).
-    for name, document in (("key_sets", reply.key_sets_json), ("config", reply.config_json)):
+    # Instead of work: key set rotation steps the collector is behind on (it walks them first), a
+    # newer signed config it applies, or a newer signed trust bundle (docs/day2.md).
+    answers = (("key_sets", reply.key_sets_json), ("config", reply.config_json), ("trust", reply.trust_json))
+    for name, document in answers:
         if document:
             CLAIM_OUTCOMES.labels(name).inc()
             body_out = {

@@ -75,16 +75,23 @@ class EnrollOut(BaseModel):
     dispatch_keys: list[KeyOut]
     release_keys: list[KeyOut]
     key_versions: dict[str, int] = Field(
-        description="versions of the dispatch and release key sets handed out; later versions arrive "
-        "in claim answers, each signed by the one before (docs/day2.md)"
+        description="versions of the dispatch and release key sets and of the trust bundle handed out; "
+        "later versions arrive in claim answers, signed (docs/day2.md)"
     )
     site_id: str
     policy: PolicyOut
 
 
 class TrustOut(BaseModel):
-    gateway_ca_pem: str
-    pin: str
+    gateway_ca_pem: str = Field(
+        description="every gateway CA collectors may meet, PEM (two while a rotation is under way)"
+    )
+    pin: str = Field(description="SPKI pin of the CA that issued the gateway's certificate now")
+    cross_pem: str = Field(
+        default="",
+        description="each newer gateway CA certified by the one before it, PEM: a collector that pins "
+        "an older CA trusts its successors through these (docs/day2.md)",
+    )
 
 
 class StatusOut(BaseModel):
@@ -130,12 +137,14 @@ def _keys(keys: object) -> list[KeyOut]:
 
 @router.get("/trust", response_model=TrustOut)
 async def trust(request: Request) -> TrustOut:
-    """The gateway's internal CA; a collector checks it against the pin from its enroll command."""
-    ca = request.app.state.gateway_ca
-    if ca is None:
+    """The gateway's internal CAs; a collector checks them against the pin from its enroll command."""
+    source = request.app.state.trust_bundle
+    bundle = source() if source is not None else None
+    if bundle is None or not bundle.gateway or bundle.gateway_pin is None:
         raise NotFound("this gateway uses a publicly trusted certificate", code="no_internal_ca")
-    pem, pin = ca
-    return TrustOut(gateway_ca_pem=pem, pin=pin)
+    return TrustOut(
+        gateway_ca_pem="".join(bundle.gateway), pin=bundle.gateway_pin, cross_pem="".join(bundle.cross)
+    )
 
 
 @router.post("/enroll", response_model=EnrollOut)
@@ -166,6 +175,7 @@ async def enroll(request: Request) -> EnrollOut:
         key_versions={
             "dispatch": max(reply.dispatch_key_version, 1),
             "release": max(reply.release_key_version, 1),
+            "trust": max(reply.trust_version, 1),
         },
         site_id=reply.site_id,
         policy=PolicyOut(

@@ -9,19 +9,21 @@ import socket
 from typing import Any
 
 import uvicorn
-from cryptography import x509
 
 from common import early_signals, token_files
+from common.ca_store import CaStore
 from common.errors import ConfigError, StartupError
 from common.logs import get_logger
 from common.metrics import SERVICE_UP
 from common.runtime import PARENT_PID_ENV, check_backends, require_backends, setup_logging
 from common.settings import Settings
 from common.state_dir import ensure_writable
-from common.tls import GatewayTls, ensure_gateway_tls, spki_pin
+from common.tls import GatewayTls, ensure_gateway_tls
+from common.trust_bundle import BundleSource
 from gateway import edge
 from gateway.app import GatewayConfig, create_app
 from gateway.edge import MAX_HEADER_BYTES, EdgeHttpProtocol, EdgeWebSocketProtocol, limit_tls_handshake
+from gateway.tls_reload import follow_gateway_ca
 
 log = get_logger("versus.gateway")
 
@@ -66,7 +68,7 @@ WS_OPTIONS: dict[str, Any] = {
 }
 
 
-def resolve_tls(settings: Settings) -> GatewayTls | None:
+def resolve_tls(settings: Settings, store: CaStore | None = None) -> GatewayTls | None:
     """Configured certificate files, or ones generated under the state directory."""
     if not settings.gateway_tls:
         return None
@@ -79,16 +81,9 @@ def resolve_tls(settings: Settings) -> GatewayTls | None:
                 raise ConfigError(f"TLS file {path} does not exist")
         return GatewayTls(cert_file=cert, key_file=key, ca_file=None)
     state = ensure_writable(settings.state_dir)
-    return ensure_gateway_tls(state / "tls", settings.gateway_server_name, [settings.gateway_host])
-
-
-def internal_ca(settings: Settings, tls: GatewayTls | None) -> tuple[str, str] | None:
-    """PEM and pin of the CA collectors must trust for this gateway, if it is not publicly trusted."""
-    path = settings.gateway_ca_file or (tls.ca_file if tls else None)
-    if path is None or not path.exists():
-        return None
-    pem = path.read_text()
-    return pem, spki_pin(x509.load_pem_x509_certificate(pem.encode()))
+    return ensure_gateway_tls(
+        state / "tls", settings.gateway_server_name, [settings.gateway_host], store or CaStore(state)
+    )
 
 
 def raise_fd_limit(wanted: int = MAX_CONCURRENT_CONNECTIONS + FD_HEADROOM) -> int:
@@ -146,7 +141,10 @@ async def serve(settings: Settings) -> None:
     setup_logging(settings, "gateway")
     database_url, redis_url = require_backends(settings, "gateway")
     check_backends(database_url, redis_url)
-    tls = resolve_tls(settings)
+    state = ensure_writable(settings.state_dir)
+    store = CaStore(state)
+    tls = resolve_tls(settings, store)
+    bundles = BundleSource.from_settings(settings, state)
     raise_fd_limit()
     sock = bind(settings.gateway_host, settings.gateway_port)
     app = create_app(
@@ -156,7 +154,7 @@ async def serve(settings: Settings) -> None:
             enrollment_address=settings.enrollment_address,
             router_address=settings.router_address,
             claim_hold_s=settings.claim_hold_s,
-            gateway_ca=internal_ca(settings, tls),
+            trust_bundle=bundles.get,
             service_token=token_files.service_token(settings),
         )
     )
@@ -174,6 +172,13 @@ async def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
     server = uvicorn.Server(config)
+    # Loaded here rather than in serve() so the certificate can be swapped in the live SSL context.
+    config.load()
+    reloading = None
+    if tls is not None and config.ssl is not None and settings.tls_cert_file is None:
+        reloading = asyncio.create_task(
+            follow_gateway_ca(config.ssl, store, lambda: resolve_tls(settings, store), server)
+        )
     limit_tls_read_buffer()
     limit_tls_handshake()
     edge.configure(settings.gateway_max_anonymous_per_source)
@@ -189,6 +194,8 @@ async def serve(settings: Settings) -> None:
         await server.serve(sockets=[sock])
     finally:
         watchdog.cancel()
+        if reloading is not None:
+            reloading.cancel()
         SERVICE_UP.labels("gateway").set(0)
         sock.close()
     if not server.started:

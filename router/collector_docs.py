@@ -14,6 +14,10 @@ captured one cannot be replayed later; the version keeps an older one from
 ever replacing a newer one.
 
 **Tunnel offers** expire shortly after the offer's own wait.
+
+**Trust bundles** (the CAs a collector trusts, common/trust_bundle.py) carry
+the store's version, which only goes up; like a config they are signed when
+delivered (router/trust_delivery.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from common import signed_doc
 from common.keys import KeySet
+from common.trust_bundle import Bundle
 
 # A config document is signed when it is delivered; this only has to cover the trip and clock skew.
 CONFIG_LIFETIME_S = 15 * 60
@@ -60,6 +65,19 @@ def offer_payload(collector_id: str, offer: Mapping[str, Any], now: int) -> dict
         "port": int(offer["port"]),
         "issued_at": now,
         "expires_at": now + OFFER_LIFETIME_S,
+    }
+
+
+def trust_payload(collector_id: str, bundle: Bundle, now: int) -> dict[str, Any]:
+    return {
+        "type": signed_doc.CA_BUNDLE,
+        "collector_id": collector_id,
+        "version": bundle.version,
+        "issued_at": now,
+        "expires_at": now + CONFIG_LIFETIME_S,
+        "collector_cas": list(bundle.collector),
+        "gateway_cas": list(bundle.gateway),
+        "collector_active": bundle.collector_active,
     }
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from sqlalchemy.engine import RowMapping
 from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
 
+from common import pki
 from common.errors import InvalidArgument
 from common.grpc_server import Context
 from common.pb_time import timestamp as _ts
@@ -71,6 +74,7 @@ def collector_pb(view: CollectorView) -> pb.Collector:
                 provider=provider, max_concurrency=int(spec.get("max_concurrency", 0)), operations=ops
             )
         )
+    fingerprint, issuer = _cert_facts(r["cert_pem"])
     return pb.Collector(
         collector_id=r["collector_id"],
         site_id=r["site_id"],
@@ -82,7 +86,8 @@ def collector_pb(view: CollectorView) -> pb.Collector:
         status=STATUS_TO_PB[view.status],
         session_state=SESSION_TO_PB[s.state],
         cert_serial=r["cert_serial"],
-        cert_fingerprint_sha256=_fingerprint(r["cert_pem"]),
+        cert_fingerprint_sha256=fingerprint,
+        cert_issuer=issuer,
         cert_not_after=_ts(r["cert_not_after"]),
         enrolled_at=_ts(r["enrolled_at"]),
         last_seen_at=_ts(s.last_heartbeat),
@@ -96,18 +101,16 @@ def collector_pb(view: CollectorView) -> pb.Collector:
     )
 
 
-def _fingerprint(cert_pem: str) -> str:
-    """SHA-256 of the certificate's DER, hex with colons (as `openssl x509 -fingerprint -sha256`)."""
+def _cert_facts(cert_pem: str) -> tuple[str, str]:
+    """The certificate's SHA-256 fingerprint (hex with colons, as `openssl x509 -fingerprint -sha256`)
+    and the id of the CA that issued it (common/pki.py ``issuer_id``); empty when unreadable."""
     if not cert_pem:
-        return ""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-
+        return "", ""
     try:
-        digest = x509.load_pem_x509_certificate(cert_pem.encode()).fingerprint(hashes.SHA256())
+        cert = x509.load_pem_x509_certificate(cert_pem.encode())
     except ValueError:
-        return ""
-    return ":".join(f"{b:02X}" for b in digest)
+        return "", ""
+    return ":".join(f"{b:02X}" for b in cert.fingerprint(hashes.SHA256())), pki.issuer_id(cert)
 
 
 def integration_pb(row: RowMapping) -> pb.VaultIntegration:

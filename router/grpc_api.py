@@ -319,6 +319,10 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             steps = self.router.key_chains.behind(dict(request.key_versions))
             if steps:
                 reply.key_sets_json = json.dumps(steps)
+        if request.key_versions and not reply.key_sets_json and self.router.trust is not None:
+            bundle = await self.router.trust.document(request.collector_id, dict(request.key_versions))
+            if bundle is not None:
+                reply.trust_json = json.dumps(bundle)
         if claimed:
             first, *more = claimed
             reply.envelope.envelope_json = first.envelope

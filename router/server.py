@@ -30,6 +30,7 @@ from common.redis_client import create_async as create_redis
 from common.runtime import require_backends, serve_grpc_service
 from common.settings import Settings
 from common.state_dir import ensure_writable
+from common.trust_bundle import BundleSource
 from router import store
 from router.access_api import AccessServicer
 from router.enrollment_client import EnrollmentClient
@@ -39,6 +40,7 @@ from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
 from router.key_chains import KeyChains
 from router.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
 from router.service import Router
+from router.trust_delivery import TrustDelivery
 from router.tunnels import TunnelHub, TunnelServicer
 
 SWEEP_INTERVAL_S = 5.0
@@ -134,6 +136,7 @@ async def serve(settings: Settings) -> None:
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20, pre_ping=False)
     router = Router(engine, create_redis(redis_url), keys.get)
     router.key_chains = KeyChains(state)
+    router.trust = TrustDelivery(BundleSource.from_settings(settings, state), keys.get, engine)
     router.tunnels = TunnelHub(router.redis, settings.router_address)
     router.enrollment = EnrollmentClient(settings.enrollment_address)
     router.wake.start()

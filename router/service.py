@@ -47,6 +47,7 @@ from router.metrics import CLAIM_WAIT, DISPATCH_STATES, NO_ELIGIBLE_TOTAL, SUBMI
 from router.placement import Candidate, OperationCap, PlacementRequest
 from router.states import TERMINAL, State, cancellable, check_transition
 from router.submit import SubmitRequest, fingerprint, validate
+from router.trust_delivery import TrustDelivery
 
 S = State
 log = get_logger("versus.router")
@@ -167,6 +168,8 @@ class Router:
         self.enrollment: Any = None
         # Set by the server: the key sets' rotation chains (router/key_chains.py).
         self.key_chains: KeyChains | None = None
+        # Set by the server: newer trust bundles for collectors behind (router/trust_delivery.py).
+        self.trust: TrustDelivery | None = None
         # The dispatch key version each collector was last recorded as holding (saves a write per claim).
         self._held_dispatch_version: dict[str, int] = {}
 
@@ -604,9 +607,10 @@ class Router:
         holds a newer config than ``config_version`` (the one the collector
         runs) it returns at once with the signed config, and no work. Offers
         come with their signed documents (router/collector_docs.py). When
-        ``key_versions`` (the key set versions the collector holds) are behind
-        the store's it returns at once with no work: the caller attaches the
-        rotation steps (router/key_chains.py).
+        ``key_versions`` (the key set and trust bundle versions the collector
+        holds) are behind the store's it returns at once with no work: the
+        caller attaches the rotation steps (router/key_chains.py) or the
+        bundle (router/trust_delivery.py).
         """
         started = time.monotonic()
         # The session is checked by the heartbeat below (same round trip as recording the claim).
@@ -634,6 +638,8 @@ class Router:
             await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
             if self.key_chains.behind(key_versions):
                 return (), (), None
+        if key_versions and self.trust is not None and self.trust.behind(key_versions):
+            return (), (), None
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
         limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from versus.fleet.v1 import fleet_pb2
 
 from common.errors import ConfigError
 from common.keys import DEFAULT_LIFETIME, KeyPurpose, rfc3339
@@ -116,16 +116,7 @@ def _status(settings: Settings, state: Path, now: int, as_json: bool) -> int:
             "keys": [k.public.to_json() for k in keyset.keys],
             "held_by": {},
         }
-    collectors: list[Any] = []
-    page = ""
-    while True:
-        reply = rpc.call(settings, settings.router_address, fleet_pb2_grpc.FleetServiceStub, "ListCollectors",
-                         fleet_pb2.ListCollectorsRequest(page_token=page))  # fmt: skip
-        collectors.extend(reply.collectors)
-        page = reply.next_page_token
-        if not page:
-            break
-    for c in collectors:
+    for c in rpc.all_collectors(settings):
         if c.status in (fleet_pb2.COLLECTOR_STATUS_REVOKED, fleet_pb2.COLLECTOR_STATUS_DENIED):
             continue
         for name, entry in sets.items():

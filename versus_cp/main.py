@@ -37,6 +37,7 @@ from common.settings import CONFIG_FILE_ENV, Settings, load_settings
 from versus_cp import (
     __version__,
     access_cmd,
+    ca_cmd,
     endpoints,
     enrollment_cmd,
     fleet_cmd,
@@ -94,6 +95,11 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
     "enrollment": (f"Run only the Enrollment gRPC service ({_SERVICES}).", _service("enrollment"), None),
     "gateway": (f"Run only the collector gateway ({_SERVICES}).", _service("gateway"), None),
     "keys": ("List or rotate the dispatch and release signing keys.", keys_cmd.run, keys_cmd.add_arguments),
+    "ca": (
+        "Rotate the Collector CA and the gateway CA; see who depends on which.",
+        ca_cmd.run,
+        ca_cmd.add_arguments,
+    ),
     "sites": (
         "Create, list, update and delete sites.",
         enrollment_cmd.run_sites,

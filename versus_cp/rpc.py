@@ -34,3 +34,18 @@ def call(
             return getattr(stub_class(channel), method)(request, timeout=TIMEOUT_S)
         except grpc.RpcError as exc:
             raise error_from(exc, address) from None
+
+
+def all_collectors(settings: Settings) -> list[Any]:
+    """Every collector the router lists (all pages), as ``fleet_pb2.Collector`` messages."""
+    from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+
+    collectors: list[Any] = []
+    page = ""
+    while True:
+        reply = call(settings, settings.router_address, fleet_pb2_grpc.FleetServiceStub, "ListCollectors",
+                     fleet_pb2.ListCollectorsRequest(page_token=page))  # fmt: skip
+        collectors.extend(reply.collectors)
+        page = reply.next_page_token
+        if not page:
+            return collectors

@@ -47,15 +47,16 @@ class Collector:
     env: dict[str, str] = field(default_factory=dict)
     _log: IO[bytes] | None = field(default=None, repr=False)
 
-    def enroll(self, site_id: str = "") -> str:
-        """Enroll into ``site_id``, or into a new site of its own."""
+    def enroll(self, site_id: str = "", issued: dict[str, Any] | None = None) -> str:
+        """Enroll into ``site_id``, or into a new site of its own; with ``issued`` (the output of
+        `tokens issue --json` into ``site_id``, perhaps from a while ago), by its enroll command."""
         self.site_id = (
             site_id
             or cli_json(["sites", "create", f"site-{self.state.name}", "--tenant", "acme"], self.cp.env)[
                 "site"
             ]["site_id"]
         )
-        issued = cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)
+        issued = issued or cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)
         argv = [*shlex.split(issued["enroll_command"])[1:], "--state-dir", str(self.state)]
         done = subprocess.run(
             [sys.executable, "-m", "collector", *argv],

@@ -37,8 +37,7 @@ def test_an_inspecting_proxy_can_neither_replay_nor_alter_anything(
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
-        bundle = collector.state / "ca-bundle.pem"
-        bundle.write_bytes(bundle.read_bytes() + mitm.ca_pem)
+        (collector.state / "extra-ca.pem").write_bytes(mitm.ca_pem)
         identity = json.loads((collector.state / "identity.json").read_text())
         identity["gateway_url"] = mitm.url
         (collector.state / "identity.json").write_text(json.dumps(identity))
@@ -143,8 +142,7 @@ def test_an_inspecting_proxy_cannot_redirect_a_tunnel(
     echo, evil = EchoDevice(), _EvilDevice()
     with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
         (mitm.root / "evil_port").write_text(str(evil.port))
-        bundle = collector.state / "ca-bundle.pem"
-        bundle.write_bytes(bundle.read_bytes() + mitm.ca_pem)
+        (collector.state / "extra-ca.pem").write_bytes(mitm.ca_pem)
         identity = json.loads((collector.state / "identity.json").read_text())
         identity["gateway_url"] = mitm.url
         (collector.state / "identity.json").write_text(json.dumps(identity))

@@ -11,12 +11,17 @@ import pytest
 from cryptography import x509
 from sqlalchemy import select
 
+from common import pki
+from common.ca_store import CaStore
 from common.db import engine as db_engine
 from common.db.schema import audit_events, collectors, enrollment_tokens
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, VersusError
 from common.keys import KeyPurpose, KeySet
 from common.pki import BACKDATE
-from enrollment.ca import LEAF_LIFETIME, CollectorCA
+from common.tls import spki_pin
+from common.trust_bundle import BundleSource
+from enrollment.authority import Authority
+from enrollment.ca import LEAF_LIFETIME
 from enrollment.service import CollectorInfo, EnrollmentConfig, EnrollmentService, InvalidToken
 from enrollment.store import EnrollmentStore
 from tests.support.pki import csr_pem, p256, p384, rsa_key, tamper_signature
@@ -36,12 +41,10 @@ async def service(database_url: str, tmp_path: Path) -> AsyncIterator[Enrollment
         public_url="https://gw.test:8443",
         gateway_addrs=("gw.test:8443",),
         gateway_server_name="gw.test",
-        gateway_ca_pem=None,
-        gateway_ca_pin="sha256/abc=",
     )
     yield EnrollmentService(
         EnrollmentStore(engine),
-        CollectorCA.load_or_create(tmp_path / "ca"),
+        Authority.from_source(BundleSource(CaStore(tmp_path), check_interval_s=0)),
         lambda: DISPATCH,
         lambda: RELEASE,
         config,
@@ -83,12 +86,13 @@ async def test_concurrent_redemptions_never_exceed_max_uses(
     assert await _uses(service, issued.token.token_id) == max_uses
 
 
-async def test_bootstrap_contents(service: EnrollmentService) -> None:
+async def test_bootstrap_contents(service: EnrollmentService, tmp_path: Path) -> None:
     site_id = await _site(service)
     issued = await service.issue_token(site_id, max_uses=1, ttl_seconds=None, approval_mode="auto")
     assert issued.plaintext.startswith("vst_")
+    pin = spki_pin(CaStore(tmp_path).load().active_entry("gateway").cert)
     assert issued.enroll_command == (
-        "versus-collector enroll --url https://gw.test:8443 --ca-pin sha256/abc= --token-file -"
+        f"versus-collector enroll --url https://gw.test:8443 --ca-pin {pin} --token-file -"
     )
     result = await service.enroll(issued.plaintext, csr_pem(p256(), "col-a"), CollectorInfo(hostname="h1"))
     assert (result.collector_id, result.status, result.site_id) == ("col-a", "active", site_id)
@@ -348,3 +352,29 @@ async def test_sites_lifecycle(service: EnrollmentService) -> None:
 
 def test_invalid_token_is_a_versus_error() -> None:
     assert isinstance(InvalidToken(), VersusError)
+
+
+async def test_collector_ca_rotation_issues_under_the_new_ca_and_chains_end_in_the_issuer(
+    service: EnrollmentService, tmp_path: Path
+) -> None:
+    store = CaStore(tmp_path)
+    issued = await service.issue_token(
+        await _site(service), max_uses=2, ttl_seconds=None, approval_mode="auto"
+    )
+    key = p256()
+    first = await service.enroll(issued.plaintext, csr_pem(key, "col-rot"), CollectorInfo())
+    old = store.load().active["collector"]
+    assert first.trust_version == 1
+    assert pki.issuer_id(x509.load_pem_x509_certificates(first.cert_chain_pem.encode())[0]) == old
+
+    trust = store.rotate("collector")
+    [new] = [e.ca_id for e in trust.cas["collector"] if e.ca_id != old]
+    store.activate("collector", new)
+    chain, _ = await service.renew("col-rot", csr_pem(key, "col-rot"))
+    leaf, issuer = x509.load_pem_x509_certificates(chain.encode())
+    leaf.verify_directly_issued_by(issuer)
+    assert pki.issuer_id(leaf) == pki.ca_id(issuer) == new
+    later = await service.enroll(issued.plaintext, csr_pem(p256(), "col-rot-2"), CollectorInfo())
+    assert later.trust_version == 3
+    bundle = {pki.ca_id(c) for c in x509.load_pem_x509_certificates(later.ca_bundle_pem.encode())}
+    assert {old, new} <= bundle

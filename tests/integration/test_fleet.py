@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+from cryptography import x509
 from google.protobuf.json_format import MessageToDict
 from prometheus_client import REGISTRY
 from sqlalchemy import select, update
@@ -22,7 +23,7 @@ from versus.fleet.v1 import fleet_pb2_grpc
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common import signed_doc
+from common import pki, signed_doc
 from common.db.schema import audit_events, collectors
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
@@ -340,6 +341,35 @@ async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) 
     ok = await stack.post("/claim", again, c)
     assert ok.status_code == 204
     assert (await _show(admin, "col-v")).session.vault_mode == fpb.VAULT_MODE_EXTERNAL
+
+
+async def test_a_collector_behind_on_the_trust_bundle_gets_it_signed_and_operators_see_its_issuer(
+    stack: Stack, admin: Ops
+) -> None:
+    c = await _connected(stack, "col-t")
+    assert stack.router.trust is not None
+    store = stack.router.trust.bundles.store
+    assert (await _show(admin, "col-t")).cert_issuer == store.load().active["collector"]
+    holding = {"session_id": "s-1", "key_versions": {"trust": 1}, "wait_s": 0}
+    assert (await stack.post("/claim", holding, c)).status_code == 204
+    # Not naming a version (a collector from before in-band bundles) is left alone.
+    assert (await stack.post("/claim", {"session_id": "s-1", "wait_s": 0}, c)).status_code == 204
+
+    old_gateway = store.load().active["gateway"]
+    store.rotate("gateway")
+    reply = await stack.post("/claim", holding, c)
+    assert reply.status_code == 200
+    bundle = signed_doc.verify(
+        reply.json()["trust"], c.dispatch_keys, kind="ca_bundle", collector_id="col-t", now=int(time.time())
+    )
+    assert bundle["version"] == 2
+    assert bundle["collector_active"] == store.load().active["collector"]
+    gateway_ids = {pki.ca_id(x509.load_pem_x509_certificate(p.encode())) for p in bundle["gateway_cas"]}
+    assert old_gateway in gateway_ids and len(gateway_ids) == 2
+    # Holding it: work as usual again, and operators see which version the process holds.
+    caught_up = {"session_id": "s-1", "key_versions": {"trust": 2}, "wait_s": 0}
+    assert (await stack.post("/claim", caught_up, c)).status_code == 204
+    assert (await _show(admin, "col-t")).session.key_versions["trust"] == 2
 
 
 async def test_every_accepted_action_is_audited_with_the_caller(stack: Stack, admin: Ops) -> None:

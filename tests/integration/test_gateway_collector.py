@@ -26,6 +26,7 @@ from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
 from common.api_tokens import TokenAuthenticator
+from common.ca_store import CaStore
 from common.db.schema import audit_events, collectors, dispatches
 from common.embedded.process import free_port
 from common.envelope.verify import VerifyContext, verify
@@ -33,7 +34,8 @@ from common.grpc_client import aio_channel
 from common.grpc_server import GrpcServer
 from common.keys import PublicKey
 from common.rbac import Role
-from enrollment.ca import CollectorCA
+from common.trust_bundle import BundleSource
+from enrollment.authority import Authority
 from enrollment.server import registrations as enrollment_registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
@@ -42,6 +44,7 @@ from gateway.server import WS_OPTIONS
 from router.enrollment_client import EnrollmentClient
 from router.server import registrations as router_registrations
 from router.service import Router
+from router.trust_delivery import TrustDelivery
 from router.tunnels import TunnelHub
 from tests.support.access import mint
 from tests.support.collector_auth import SigningSocket, SignRequests, bound_token, with_report_signature
@@ -162,10 +165,14 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
     router = make_router(database_url, redis_url)
     service = EnrollmentService(
         EnrollmentStore(router.engine),
-        CollectorCA.load_or_create(tmp_path / "ca"),
+        Authority.from_source(BundleSource(CaStore(tmp_path), check_interval_s=0)),
         lambda: KEYS,
         lambda: KEYS,
-        EnrollmentConfig("gw.versus", "https://gw:8443", ("gw:8443",), "gw", None, None),
+        EnrollmentConfig("gw.versus", "https://gw:8443", ("gw:8443",), "gw"),
+    )
+    # Bundles re-read at every claim here (1 s in the services), so a rotation shows at once.
+    router.trust = TrustDelivery(
+        BundleSource(CaStore(tmp_path), check_interval_s=0), lambda: KEYS, router.engine
     )
     clock = OffsetClock()
     grpc_port = free_port()

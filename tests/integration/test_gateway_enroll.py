@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from sqlalchemy import select, update
 
 from common.api_tokens import TokenAuthenticator
+from common.ca_store import CaStore
 from common.db import engine as db_engine
 from common.db.schema import collectors, enrollment_tokens
 from common.embedded.process import free_port
@@ -27,7 +28,8 @@ from common.grpc_server import GrpcServer
 from common.keys import KeyPurpose, KeySet
 from common.logs import configure_logging
 from common.rbac import Role
-from enrollment.ca import CollectorCA
+from common.trust_bundle import BundleSource
+from enrollment.authority import Authority
 from enrollment.server import registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
@@ -55,10 +57,10 @@ async def stack(database_url: str, redis_url: str, tmp_path: Path) -> AsyncItera
     engine = db_engine.create_async(database_url)
     service = EnrollmentService(
         EnrollmentStore(engine),
-        CollectorCA.load_or_create(tmp_path / "ca"),
+        Authority.from_source(BundleSource(CaStore(tmp_path))),
         lambda: KeySet.create(KeyPurpose.DISPATCH, NOW),
         lambda: KeySet.create(KeyPurpose.RELEASE, NOW),
-        EnrollmentConfig("it.versus", "https://gw.it:8443", ("gw.it:8443",), "gw.it", None, None),
+        EnrollmentConfig("it.versus", "https://gw.it:8443", ("gw.it:8443",), "gw.it"),
     )
     grpc_server = GrpcServer(
         "enrollment", "127.0.0.1", free_port(), registrations(service), TokenAuthenticator(engine)
@@ -111,7 +113,7 @@ async def test_enroll_response_has_the_documented_shape(stack: Stack) -> None:
         "collector_id", "status", "cert_chain_pem", "ca_bundle_pem", "gateway", "auth",
         "dispatch_keys", "release_keys", "key_versions", "site_id", "policy",
     }  # fmt: skip
-    assert body["key_versions"] == {"dispatch": 1, "release": 1}
+    assert body["key_versions"] == {"dispatch": 1, "release": 1, "trust": 1}
     assert body["gateway"] == {"addrs": ["gw.it:8443"], "server_name": "gw.it"}
     assert body["auth"] == {"mode": "bearer", "audience": "versus-collector-gateway"}
     assert body["policy"] == {"vault_mode": "local", "heartbeat_interval_s": 25, "max_concurrency": {"*": 8}}

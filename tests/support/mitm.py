@@ -2,8 +2,8 @@
 
 mitmproxy pins its own dependencies, so it lives in its own virtual environment
 (``.venv-mitm``, created by ``make mitm-deps``, which ``make test`` runs). The
-collector trusts the proxy as a corporate one is trusted: its CA is appended to
-the collector's ``ca-bundle.pem``, and the collector's gateway URL points at it.
+collector trusts the proxy as a corporate one is trusted: its CA is the
+collector's ``extra-ca.pem``, and the collector's gateway URL points at it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import threading
 import time
@@ -16,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from common.ca_store import CaStore
 from common.embedded.process import free_port
 from common.tls import ensure_gateway_tls
 
@@ -27,9 +27,8 @@ class TamperingProxy:
 
     def __init__(self, directory: Path, gateway_tls_dir: Path, upstream: str, rewrite_envelope: Rewrite):
         directory.mkdir(parents=True, exist_ok=True)
-        for name in ("gateway-ca.pem", "gateway-ca.key"):
-            shutil.copy(gateway_tls_dir / name, directory / name)
-        tls = ensure_gateway_tls(directory, "localhost", [])
+        # A server certificate from the gateway's active CA (its store is beside its TLS directory).
+        tls = ensure_gateway_tls(directory, "localhost", [], CaStore(gateway_tls_dir.parent))
         self.port = free_port()
         self.rewritten = 0
         upstream_ca = ssl.create_default_context(cafile=str(gateway_tls_dir / "gateway-ca.pem"))

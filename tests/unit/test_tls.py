@@ -6,6 +6,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from common import pki
+from common.ca_store import CaStore
 from common.tls import ensure_gateway_tls, spki_pin
 
 
@@ -30,7 +32,9 @@ def test_generates_ca_and_server_certificate(tmp_path: Path) -> None:
         in leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     )
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
-    for key in (tls.key_file, tmp_path / "tls" / "gateway-ca.key"):
+    ca_keys = list((tmp_path / "tls" / "ca" / "gateway").glob("*.key"))
+    assert len(ca_keys) == 1
+    for key in (tls.key_file, *ca_keys):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
 
 
@@ -58,3 +62,24 @@ def test_pin_is_sha256_of_spki(tmp_path: Path) -> None:
     pin = tls.ca_pin()
     assert pin == spki_pin(ca)
     assert pin is not None and pin.startswith("sha256/") and len(pin) == len("sha256/") + 44
+
+
+def test_activating_a_new_gateway_ca_reissues_the_server_certificate_under_it(tmp_path: Path) -> None:
+    store = CaStore(tmp_path)
+    first = ensure_gateway_tls(tmp_path / "tls", "gw", [], store)
+    old = store.load().active["gateway"]
+    trust = store.rotate("gateway")
+    [new] = [e.ca_id for e in trust.cas["gateway"] if e.ca_id != old]
+    # Added beside the old one: still served by the old CA, and gateway-ca.pem names both.
+    rotated = ensure_gateway_tls(tmp_path / "tls", "gw", [], store)
+    assert pki.issuer_id(_leaf(rotated.cert_file)) == old and rotated.ca_pin() == first.ca_pin()
+    assert rotated.ca_file is not None
+    assert {pki.ca_id(c) for c in x509.load_pem_x509_certificates(rotated.ca_file.read_bytes())} == {old, new}
+    store.activate("gateway", new)
+    switched = ensure_gateway_tls(tmp_path / "tls", "gw", [], store)
+    assert pki.issuer_id(_leaf(switched.cert_file)) == new
+    assert switched.ca_pin() != first.ca_pin()
+    store.retire("gateway", old)
+    retired = ensure_gateway_tls(tmp_path / "tls", "gw", [], store)
+    assert retired.ca_file is not None
+    assert [pki.ca_id(c) for c in x509.load_pem_x509_certificates(retired.ca_file.read_bytes())] == [new]

@@ -320,6 +320,7 @@ class EnrollResponse(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     DISPATCH_KEY_VERSION_FIELD_NUMBER: _builtins.int
     RELEASE_KEY_VERSION_FIELD_NUMBER: _builtins.int
+    TRUST_VERSION_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     cert_chain_pem: _builtins.str
     ca_bundle_pem: _builtins.str
@@ -331,6 +332,10 @@ class EnrollResponse(_message.Message):
     the version before it (common/key_chain.py).
     """
     release_key_version: _builtins.int
+    trust_version: _builtins.int
+    """Version of the trust bundle in ca_bundle_pem; later versions reach the collector in-band as
+    signed documents (common/ca_store.py).
+    """
     @_builtins.property
     def gateway(self) -> Global___GatewayInfo: ...
     @_builtins.property
@@ -356,10 +361,11 @@ class EnrollResponse(_message.Message):
         status: _builtins.str = ...,
         dispatch_key_version: _builtins.int = ...,
         release_key_version: _builtins.int = ...,
+        trust_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "gateway", b"gateway", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "ca_bundle_pem", b"ca_bundle_pem", "cert_chain_pem", b"cert_chain_pem", "collector_id", b"collector_id", "dispatch_key_version", b"dispatch_key_version", "dispatch_keys", b"dispatch_keys", "gateway", b"gateway", "policy", b"policy", "release_key_version", b"release_key_version", "release_keys", b"release_keys", "site_id", b"site_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth", b"auth", "ca_bundle_pem", b"ca_bundle_pem", "cert_chain_pem", b"cert_chain_pem", "collector_id", b"collector_id", "dispatch_key_version", b"dispatch_key_version", "dispatch_keys", b"dispatch_keys", "gateway", b"gateway", "policy", b"policy", "release_key_version", b"release_key_version", "release_keys", b"release_keys", "site_id", b"site_id", "status", b"status", "trust_version", b"trust_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -139,6 +139,7 @@ class Collector(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     DRIVERS_FIELD_NUMBER: _builtins.int
     STATUS_CHANGED_AT_FIELD_NUMBER: _builtins.int
+    CERT_ISSUER_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     site_id: _builtins.str
     hostname: _builtins.str
@@ -157,6 +158,8 @@ class Collector(_message.Message):
     """Drained by an operator (the session may also drain itself, e.g. before an upgrade)."""
     vault_integration_id: _builtins.str
     """Integration used in VAULT_MODE_EXTERNAL."""
+    cert_issuer: _builtins.str
+    """Id of the Collector CA that issued the current certificate (common/pki.py ca_id)."""
     @_builtins.property
     def cert_not_after(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -194,10 +197,11 @@ class Collector(_message.Message):
         session: Global___Session | None = ...,
         drivers: _abc.Iterable[Global___DriverCapabilities] | None = ...,
         status_changed_at: _timestamp_pb2.Timestamp | None = ...,
+        cert_issuer: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "enrolled_at", b"enrolled_at", "last_seen_at", b"last_seen_at", "session", b"session", "status_changed_at", b"status_changed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_issuer", b"cert_issuer", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -230,6 +230,7 @@ class ClaimResponse(_message.Message):
     MORE_FIELD_NUMBER: _builtins.int
     CONFIG_JSON_FIELD_NUMBER: _builtins.int
     KEY_SETS_JSON_FIELD_NUMBER: _builtins.int
+    TRUST_JSON_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     config_json: _builtins.str
@@ -237,6 +238,10 @@ class ClaimResponse(_message.Message):
     key_sets_json: _builtins.str
     """Rotation steps of the key sets the collector is behind on, JSON {"dispatch": [step, ...], ...}
     (common/key_chain.py); no envelope then.
+    """
+    trust_json: _builtins.str
+    """The newer signed trust bundle (CAs to trust) the collector is behind on, JSON
+    (common/signed_doc.py, type ca_bundle); no envelope then.
     """
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope:
@@ -262,10 +267,11 @@ class ClaimResponse(_message.Message):
         more: _abc.Iterable[Global___HandedDispatch] | None = ...,
         config_json: _builtins.str = ...,
         key_sets_json: _builtins.str = ...,
+        trust_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "server_time", b"server_time", "trust_json", b"trust_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

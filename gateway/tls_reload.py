@@ -1,0 +1,54 @@
+"""The gateway follows a gateway CA rotation without a restart.
+
+When an operator activates a new gateway CA (``versus-cp ca activate --ca gateway``),
+``trust.json`` changes; the gateway then reissues its server certificate under
+the new CA (common/tls.py ensure_gateway_tls) and loads it into the live SSL
+context, so every handshake from then on presents it while open connections
+carry on. Only used with generated TLS material: an operator's own certificate
+files are the operator's to replace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from typing import Protocol
+
+from common.ca_store import CaStore
+from common.errors import VersusError
+from common.logs import get_logger
+from common.tls import GatewayTls
+
+log = get_logger("versus.gateway.tls")
+
+CHECK_INTERVAL_S = 1.0
+
+
+class Stoppable(Protocol):
+    should_exit: bool
+
+
+async def follow_gateway_ca(
+    context: ssl.SSLContext,
+    store: CaStore,
+    reissue: Callable[[], GatewayTls | None],
+    server: Stoppable,
+    interval_s: float = CHECK_INTERVAL_S,
+) -> None:
+    """Until ``server`` stops: when the CA store changes, reissue and load the server certificate."""
+    seen = store.mtime_ns()
+    while not server.should_exit:
+        await asyncio.sleep(interval_s)
+        mtime = store.mtime_ns()
+        if mtime == seen:
+            continue
+        try:
+            tls = reissue()
+            if tls is not None:
+                context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+                log.info("gateway certificate loaded", ca_pin=tls.pin)
+            seen = mtime
+        except (OSError, ssl.SSLError, VersusError) as exc:
+            # The old certificate stays in use; the next change or check tries again.
+            log.warning("cannot load the gateway certificate; keeping the current one", error=str(exc))
