@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput chaos fuzz clean
+.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-collector-dist chaos fuzz clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -17,6 +17,7 @@ help:
 	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
+	@echo "make collector-release - build the collector's own wheel into dist/ (versus-collector)"
 	@echo "make fuzz     - schemathesis against the gateway's OpenAPI document (EXAMPLES=n per operation)"
 
 venv: $(STAMP)
@@ -109,7 +110,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-deps: $(BENCH_STAMP)
 
-bench: bench-envelope bench-latency bench-throughput bench-enroll bench-tunnel bench-idle
+bench: bench-envelope bench-latency bench-throughput bench-enroll bench-tunnel bench-idle bench-collector-dist
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -132,8 +133,14 @@ fuzz: $(STAMP)
 	VERSUS_FUZZ_EXAMPLES=$${EXAMPLES:-1000} HYPOTHESIS_PROFILE=explore $(BIN)/python -m pytest -q \
 		tests/e2e/test_fuzz_gateway.py
 
+collector-release: $(STAMP)
+	$(BIN)/python -m tools.collector_dist --out dist
+
 clean:
-	rm -rf $(VENV) $(MITM_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MITM_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+bench-collector-dist: $(STAMP)
+	$(BIN)/python -m bench.collector_dist --json bench/results/collector_dist.json
 
 bench-latency: $(BENCH_STAMP)
 	$(BIN)/python -m bench.latency

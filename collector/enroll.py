@@ -33,8 +33,8 @@ from collector.renewal import csr_pem
 from collector.state import StatePaths, load_key, read_json, save_key, write_json
 from collector.trust import TrustStore
 from common import collector_jwt, pki
+from common.pki import spki_pin
 from common.state_dir import write_public
-from common.tls import spki_pin
 
 TIMEOUT_S = 30.0
 

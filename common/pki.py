@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -141,3 +143,11 @@ def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def spki_pin(cert: x509.Certificate) -> str:
+    """``sha256/<base64>`` of the certificate's SubjectPublicKeyInfo, as enroll commands pin a CA."""
+    spki = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return "sha256/" + base64.b64encode(hashlib.sha256(spki).digest()).decode()

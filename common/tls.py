@@ -10,21 +10,19 @@ under the new CA once an operator activates it.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common import pki
 from common.ca_store import CaStore
-from common.pki import BACKDATE, cert_pem, private_pem
+from common.pki import BACKDATE, cert_pem, private_pem, spki_pin
 from common.state_dir import write_private, write_public
 
 SERVER_LIFETIME = dt.timedelta(days=397)
@@ -43,13 +41,6 @@ class GatewayTls:
 
     def ca_pin(self) -> str | None:
         return self.pin
-
-
-def spki_pin(cert: x509.Certificate) -> str:
-    spki = cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return "sha256/" + base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
 def _now() -> dt.datetime:

@@ -22,8 +22,8 @@ from cryptography import x509
 
 from common import pki
 from common.ca_store import CaStore, ReloadingTrust, Trust
+from common.pki import spki_pin
 from common.settings import Settings
-from common.tls import spki_pin
 
 GatewaySource = Literal["store", "file", "none"]
 

@@ -13,7 +13,7 @@ from cryptography import x509
 
 from common import pki
 from common.ca_store import CaStore
-from common.tls import spki_pin
+from common.pki import spki_pin
 from common.trust_bundle import Bundle, BundleSource
 from enrollment.ca import CollectorCA
 

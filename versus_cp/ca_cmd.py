@@ -30,9 +30,9 @@ from versus.fleet.v1 import fleet_pb2
 
 from common.ca_store import KINDS, CaStore, Kind, Trust
 from common.errors import FailedPrecondition
+from common.pki import spki_pin
 from common.settings import Settings
 from common.state_dir import ensure_writable
-from common.tls import spki_pin
 from versus_cp import rpc
 
 # Collectors that can still connect: not revoked or denied, certificate not expired.

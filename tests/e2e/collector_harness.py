@@ -45,6 +45,8 @@ class Collector:
     proc: subprocess.Popen[bytes] | None = None
     # Extra environment for every collector process (enroll and run), e.g. HTTPS_PROXY.
     env: dict[str, str] = field(default_factory=dict)
+    # The collector command: this tree's, or a `versus-collector` installed elsewhere.
+    command: tuple[str, ...] = (sys.executable, "-m", "collector")
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def enroll(self, site_id: str = "", issued: dict[str, Any] | None = None) -> str:
@@ -59,7 +61,7 @@ class Collector:
         issued = issued or cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)
         argv = [*shlex.split(issued["enroll_command"])[1:], "--state-dir", str(self.state)]
         done = subprocess.run(
-            [sys.executable, "-m", "collector", *argv],
+            [*self.command, *argv],
             input=issued["plaintext"] + "\n",
             env=self._env(),
             capture_output=True,
@@ -72,7 +74,7 @@ class Collector:
     def start(self, *extra: str) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "collector", "run", "--state-dir", str(self.state), "--claim-wait", "2",
+            [*self.command, "run", "--state-dir", str(self.state), "--claim-wait", "2",
              "--grace", "10", "--max-backoff", "1", *extra],
             env=self._env(), stdout=self._log, stderr=self._log,
         )  # fmt: skip
@@ -161,6 +163,23 @@ class Platform:
 
     def close(self) -> None:
         self.channel.close()
+
+
+class Tasks:
+    """Echo tasks, one at a time, to the collector named: returns the error code ("" on success)."""
+
+    def __init__(self, cp: ControlPlane, prefix: str):
+        self.platform = Platform(cp)
+        self.prefix = prefix
+        self.n = 0
+
+    def __call__(self, c: Collector) -> str:
+        self.n += 1
+        task_id = self.platform.submit(
+            c.site_id, "echo", "read", "dev-1", {"n": self.n}, f"{self.prefix}-{self.n}"
+        )
+        done = {"success", "failed", "expired", "indeterminate"}
+        return str(self.platform.wait_state(task_id, done, 90).error_code)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 30) -> None:

@@ -17,8 +17,7 @@ from common.db import engine as db_engine
 from common.db.schema import audit_events, collectors, enrollment_tokens
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, VersusError
 from common.keys import KeyPurpose, KeySet
-from common.pki import BACKDATE
-from common.tls import spki_pin
+from common.pki import BACKDATE, spki_pin
 from common.trust_bundle import BundleSource
 from enrollment.authority import Authority
 from enrollment.ca import LEAF_LIFETIME

@@ -10,7 +10,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,15 +334,27 @@ async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -
     assert time.monotonic() - submitted_at < 1.0  # well before the 3 s hold
 
 
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_held_claim_whose_collector_hung_up_takes_no_task(stack: Stack) -> None:
     c = await stack.enroll("col-gone")
     await stack.publish(c)
     abandoned = asyncio.create_task(stack.post("/claim", {"claim_seq": 1}, c))
-    await asyncio.sleep(0.5)  # parked in the router
+    # Parked in the router (it heard the collector and waits for work): a fixed sleep was not
+    # always long enough on a loaded machine, and a claim cancelled before it reached the router
+    # leaves no live collector to lease the task to.
+    listening = stack.router.wake.keys
+    await _until(lambda: "col-gone" in listening())
     abandoned.cancel()  # the client closes its connection mid-hold
     with contextlib.suppress(asyncio.CancelledError):
         await abandoned
-    await asyncio.sleep(0.3)
+    # The router's call ends with the connection, long before the 3 s hold would.
+    await _until(lambda: "col-gone" not in listening(), timeout_s=1.0)
     submitted = await stack.submit("gone-1")
     await asyncio.sleep(0.3)
     # Nobody took it: the abandoned claim's router call was cancelled, not left to hand it into the void.

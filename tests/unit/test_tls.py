@@ -8,7 +8,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from common import pki
 from common.ca_store import CaStore
-from common.tls import ensure_gateway_tls, spki_pin
+from common.pki import spki_pin
+from common.tls import ensure_gateway_tls
 
 
 def _leaf(path: Path) -> x509.Certificate:

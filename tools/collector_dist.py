@@ -1,0 +1,154 @@
+"""Build the collector as its own distribution, `versus-collector`, from this tree.
+
+    python -m tools.collector_dist [--out DIR]        # make collector-release
+
+A customer's collector host needs the collector and nothing of the control
+plane (no PostgreSQL, Redis, SQLAlchemy or gRPC servers). The wheel holds the
+``collector`` package and exactly the modules of ``common`` that it imports,
+found by following the import statements from ``collector/`` (:func:`closure`);
+its dependencies are declared in ``packaging/collector/pyproject.toml`` and
+checked against the third-party imports of those modules
+(tests/unit/test_collector_dist.py). tests/e2e/test_collector_distribution.py
+installs the wheel into a clean virtual environment and runs it against a real
+control plane.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "packaging" / "collector" / "pyproject.toml"
+# Packages of this tree a collector module may import (the rest are third-party or the standard library).
+LOCAL = ("collector", "common")
+# Import names whose distribution is called something else.
+DISTRIBUTION_OF = {"jwt": "pyjwt"}
+
+
+def _module_file(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def closure() -> tuple[list[Path], set[str]]:
+    """The files of this tree the collector needs (every parent ``__init__`` included) and the
+    top-level names of the third-party modules they import."""
+    pending = [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "collector").rglob("*.py")
+    ]
+    seen: set[str] = set()
+    files: set[Path] = set()
+    third: set[str] = set()
+    while pending:
+        module = pending.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = _module_file(module)
+        if path is None:
+            continue
+        files.add(path)
+        parts = module.split(".")
+        for i in range(1, len(parts)):  # a module's packages come with it
+            parent = _module_file(".".join(parts[:i]))
+            if parent is not None:
+                files.add(parent)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for name in names:
+                top = name.split(".")[0]
+                if top in LOCAL:
+                    pending.append(name)
+                elif top not in sys.stdlib_module_names and top != "__future__":
+                    third.add(top)
+    return sorted(files), third
+
+
+def stage(into: Path) -> None:
+    """Copy the collector's files and the distribution's pyproject into ``into``."""
+    files, _ = closure()
+    for path in files:
+        target = into / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    shutil.copy2(TEMPLATE, into / "pyproject.toml")
+
+
+def build(out: Path) -> Path:
+    """Build the wheel into ``out``; returns its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="versus-collector-") as tmp:
+        staging = Path(tmp)
+        stage(staging)
+        before = set(out.glob("versus_collector-*.whl"))
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+             "--wheel-dir", str(out), str(staging)],
+            check=True,
+        )  # fmt: skip
+    built = sorted(set(out.glob("versus_collector-*.whl")) - before) or sorted(
+        out.glob("versus_collector-*.whl")
+    )
+    return built[-1]
+
+
+# The installer's own packages, in every virtual environment: not counted as the collector's size.
+TOOLING = ("pip", "setuptools", "_distutils_hack", "pkg_resources", "distutils-precedence.pth")
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without anything that would put this tree or its venv on the path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def install_clean(wheel: Path, venv: Path) -> None:
+    """A new virtual environment at ``venv`` with ``wheel`` and its dependencies (PyPI or pip's cache)."""
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         str(wheel)],
+        check=True, timeout=400, env=clean_env(), cwd=venv,
+    )  # fmt: skip
+
+
+def site_packages(venv: Path) -> Path:
+    [site] = list((venv / "lib").glob("python3*/site-packages"))
+    return site
+
+
+def installed_bytes(venv: Path) -> int:
+    """Bytes of everything installed in ``venv``'s site-packages but the installer's own packages."""
+    total = 0
+    for entry in site_packages(venv).iterdir():
+        if entry.name.split("-")[0].split(".")[0] in TOOLING or entry.name in TOOLING:
+            continue
+        files = [entry] if entry.is_file() else [p for p in entry.rglob("*") if p.is_file()]
+        total += sum(p.stat().st_size for p in files)
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "dist")
+    wheel = build(parser.parse_args().out)
+    print(wheel)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
