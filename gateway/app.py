@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,7 +34,15 @@ from common.grpc_client import Token
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
 from common.trust_bundle import Bundle
-from gateway import collector_api, control_ws, enroll_api, openapi_bodies, openapi_errors, tunnel_ws
+from gateway import (
+    collector_api,
+    control_ws,
+    enroll_api,
+    openapi_bodies,
+    openapi_errors,
+    tunnel_ws,
+    updates_api,
+)
 from gateway.auth import AdmissionGate
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
@@ -59,6 +68,8 @@ class GatewayConfig:
     # The current trust bundle, whose gateway CAs are served at /trust (None or no gateway CA:
     # the gateway's certificate is publicly trusted).
     trust_bundle: Callable[[], Bundle] | None = None
+    # The update repository served at /updates (router/update_repo.py; None: no updates here).
+    updates_dir: Path | None = None
     # A request body must arrive completely within this many seconds.
     body_deadline_s: float = BODY_DEADLINE_S
     # Longest a claim is held waiting for work before answering 204.
@@ -142,6 +153,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.revocations.start()
         app.state.admissions = AdmissionGate()
         app.state.trust_bundle = config.trust_bundle
+        app.state.updates_dir = config.updates_dir
         app.state.body_deadline_s = config.body_deadline_s
         try:
             async with sweeping(app.state):
@@ -219,6 +231,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app.include_router(enroll_api.router)
     app.include_router(collector_api.router)
+    app.include_router(updates_api.router)
     app.include_router(control_ws.router)
     app.include_router(tunnel_ws.router)
     openapi_bodies.install(

@@ -45,4 +45,14 @@ ERRORS: Mapping[str, Mapping[int, str]] = {
         412: "report_not_expected (the dispatch was settled without this report)",
     },
     "/api/collector/v1/capabilities": {**_FRAMING, **_BEARER},
+    "/api/collector/v1/updates/metadata/{name}": {
+        **_BEARER,
+        404: "update_not_found (no such file, or larger than any metadata may be)",
+        503: _FRAMING[503],
+    },
+    "/api/collector/v1/updates/targets/{name}": {
+        **_BEARER,
+        404: "update_not_found (no such artifact, or over the artifact limit)",
+        503: _FRAMING[503],
+    },
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import math
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from versus.router.v1 import (
 from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
 from common.grpc_server import ServiceRegistration
-from common.keys import KeyPurpose
+from common.keys import KeyPurpose, KeySet
 from common.keystore import KeyStore, ReloadingKeySet
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
@@ -42,6 +43,7 @@ from router.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
 from router.service import Router
 from router.trust_delivery import TrustDelivery
 from router.tunnels import TunnelHub, TunnelServicer
+from router.update_repo import UpdateRepository
 
 SWEEP_INTERVAL_S = 5.0
 
@@ -90,6 +92,27 @@ async def sample_gauges(router: Router) -> None:
         QUEUE_DEPTH.set(await store.queued_count(conn))
         soonest = await store.soonest_cert_expiry(conn)
     CERT_SOONEST_EXPIRY.set(soonest.timestamp() if soonest is not None else math.nan)
+
+
+# How often the router re-signs the update repository's timestamp and snapshot when they near
+# expiry (router/update_repo.py REFRESH_BEFORE), and follows a release key change.
+UPDATES_REFRESH_S = 600.0
+
+
+async def keep_updates_fresh(
+    repo: UpdateRepository,
+    keys: Callable[[], KeySet],
+    stop: asyncio.Event,
+    interval_s: float = UPDATES_REFRESH_S,
+) -> None:
+    """Until ``stop``: keep the update metadata from expiring (a client then stops trusting it)."""
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(repo.ensure, keys(), dt.datetime.now(dt.UTC))
+        except Exception:
+            log.exception("refreshing the update repository failed; retrying next interval")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
 
 
 async def sweep_forever(
@@ -142,6 +165,11 @@ async def serve(settings: Settings) -> None:
     router.wake.start()
     stop_sweeping = asyncio.Event()
     sweeper = asyncio.create_task(sweep_forever(router, stop=stop_sweeping))
+    # Root version 1 of the update repository is the release set collectors pin at enrollment.
+    releases = ReloadingKeySet(KeyStore(state, KeyPurpose.RELEASE))
+    refresher = asyncio.create_task(
+        keep_updates_fresh(UpdateRepository(state / "updates"), releases.get, stop_sweeping)
+    )
     try:
         await serve_grpc_service(
             settings,
@@ -154,4 +182,5 @@ async def serve(settings: Settings) -> None:
         )
     finally:
         await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
+        await asyncio.wait({refresher}, timeout=5.0)
         await router.aclose()

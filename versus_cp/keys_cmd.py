@@ -26,10 +26,11 @@ from typing import Any
 from versus.fleet.v1 import fleet_pb2
 
 from common.errors import ConfigError
-from common.keys import DEFAULT_LIFETIME, KeyPurpose, rfc3339
+from common.keys import DEFAULT_LIFETIME, KeyPurpose, KeySet, rfc3339
 from common.keystore import KeyStore
 from common.settings import Settings
 from common.state_dir import ensure_writable
+from router.update_repo import UpdateRepository
 from versus_cp import rpc
 from versus_cp.fleet_cmd import span
 
@@ -75,6 +76,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         grace = int(args.grace.total_seconds())
         before = {k.kid for k in store.load_or_create(now).keys}
         keyset = store.rotate(now, dt.timedelta(days=args.lifetime_days), grace_s=grace)
+        _follow_release_keys(state, keyset)
         [new] = [k for k in keyset.keys if k.kid not in before]
         when = "signs now" if grace <= 0 else f"signs from {rfc3339(now + grace)}"
         print(f"{keyset.purpose.value}: version {keyset.version}, new key {new.kid} "
@@ -82,6 +84,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if args.keys_action == "retire":
         keyset = KeyStore(state, purposes[0]).retire(args.kid, now)
+        _follow_release_keys(state, keyset)
         print(f"{keyset.purpose.value}: version {keyset.version} without {args.kid}")
         return 0
     if args.keys_action == "status":
@@ -100,6 +103,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(published, indent=2))
     return 0
+
+
+def _follow_release_keys(state: Path, keyset: KeySet) -> None:
+    """The release keys hold the update repository's root (router/update_repo.py): every change of
+    the set is a new root version at once, so each is signed by a key of the one before."""
+    if keyset.purpose is KeyPurpose.RELEASE:
+        UpdateRepository(state / "updates").ensure(keyset, dt.datetime.now(dt.UTC))
 
 
 def _status(settings: Settings, state: Path, now: int, as_json: bool) -> int:

@@ -194,6 +194,7 @@ async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterat
         claim_hold_s=HOLD_S,
         revocation_check_s=REVOCATION_CHECK_S,
         service_token=await mint(router.engine, Role.SERVICE),
+        updates_dir=tmp_path / "updates",
     )
     port = free_port()
     app = create_app(config)
