@@ -27,7 +27,6 @@ UPDATES_PATH = "/api/collector/v1/updates"
 # A whole download must finish within this; reads stall out sooner.
 DOWNLOAD_DEADLINE_S = 600.0
 READ_TIMEOUT_S = 30.0
-CHUNK_BYTES = 64 * 1024
 
 
 def repository_urls(gateway_url: str) -> tuple[str, str]:
@@ -39,11 +38,19 @@ def repository_urls(gateway_url: str) -> tuple[str, str]:
 class GatewayFetcher(FetcherInterface):
     """Fetch over HTTPS from the gateway, each request signed with the collector's key."""
 
-    def __init__(self, context: ssl.SSLContext, key: ec.EllipticCurvePrivateKey, collector_id: str):
+    def __init__(
+        self,
+        context: ssl.SSLContext,
+        key: ec.EllipticCurvePrivateKey,
+        collector_id: str,
+        *,
+        deadline_s: float = DOWNLOAD_DEADLINE_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ):
         self._key = key
         self._collector_id = collector_id
-        self.deadline_s = DOWNLOAD_DEADLINE_S
-        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=READ_TIMEOUT_S)
+        self.deadline_s = deadline_s
+        timeout = httpx.Timeout(read_timeout_s, connect=read_timeout_s)
         self._client = httpx.Client(verify=context, timeout=timeout, trust_env=True)
 
     def close(self) -> None:
@@ -67,7 +74,9 @@ class GatewayFetcher(FetcherInterface):
     @staticmethod
     def _chunks(response: httpx.Response, path: str, deadline: float) -> Iterator[bytes]:
         try:
-            for chunk in response.iter_bytes(CHUNK_BYTES):
+            # As the bytes arrive (no buffering up to a chunk size), so the deadline is checked while a
+            # slow server trickles.
+            for chunk in response.iter_bytes():
                 if time.monotonic() > deadline:
                     raise exceptions.SlowRetrievalError(f"{path}: the download took too long")
                 yield chunk

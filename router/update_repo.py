@@ -193,6 +193,10 @@ class UpdateRepository:
         for key in keys.keys:
             root.sign(_signer(key), append=True)
         self._write(root)
+        # Everything else is signed again by the set's current key: a key that left root no longer
+        # counts, and clients drop timestamp and snapshot they hold when those roles' keys change
+        # (which is how they recover from a fast-forward attack with a compromised key).
+        self._release_targets(keys, self._latest("targets"), now)
 
     def _release_targets(self, keys: KeySet, targets: Metadata[Targets], now: dt.datetime) -> None:
         targets.signed.version += 1

@@ -12,14 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from securesystemslib.signer import CryptoSigner
 from tuf.api import exceptions
+from tuf.api.metadata import Metadata
+from tuf.api.serialization.json import JSONSerializer
 from tuf.ngclient import Updater
 from tuf.ngclient.fetcher import FetcherInterface
 
 from common.errors import FailedPrecondition, InvalidArgument
 from common.keys import KeyPurpose, KeySet
 from common.limits import MAX_ARTIFACT_BYTES
-from router.update_repo import UpdateRepository
+from router.update_repo import UpdateRepository, tuf_key
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 BASE = "https://gw.test/api/collector/v1/updates/"
@@ -197,3 +200,29 @@ def test_releases_are_immutable_and_bounded(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument) as large:
         repo.publish(keys, huge, huge.name, {}, NOW)
     assert large.value.code == "artifact_too_large"
+
+
+def test_a_fast_forward_with_a_stolen_key_is_undone_by_rotating_it_out(tmp_path: Path) -> None:
+    keys = _keys()
+    repo, artifact = _repo(tmp_path, keys)
+    wire = Wire(repo.directory)
+    _client(tmp_path, repo, wire).refresh()
+    # Whoever stole the release key signs a timestamp with a huge version; the client takes it...
+    timestamp = Metadata.from_file(str(repo.directory / "metadata" / "timestamp.json"))
+    timestamp.signed.version = 2**31
+    timestamp.signatures.clear()
+    timestamp.sign(CryptoSigner(keys.current.private_key(), tuf_key(keys.current)))
+    wire.replace["metadata/timestamp.json"] = JSONSerializer().serialize(timestamp)
+    _client(tmp_path, repo, wire).refresh()
+    # ...and would refuse every genuine timestamp after it (all have lower versions).
+    del wire.replace["metadata/timestamp.json"]
+    with pytest.raises(exceptions.BadVersionNumberError):
+        _client(tmp_path, repo, wire).refresh()
+    # The operator rotates the key and retires the stolen one; the new root changes the timestamp
+    # role's keys, so the client drops the forged timestamp and takes the genuine one again.
+    rotated = keys.rotate(int(NOW.timestamp()))
+    repo.ensure(rotated, NOW)
+    retired = KeySet(KeyPurpose.RELEASE, tuple(k for k in rotated.keys if k.kid != keys.current_kid),
+                     rotated.current_kid, rotated.version + 1)  # fmt: skip
+    repo.ensure(retired, NOW)
+    assert _download(_client(tmp_path, repo, wire), artifact.name) == artifact.read_bytes()
