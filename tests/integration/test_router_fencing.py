@@ -116,7 +116,9 @@ async def test_a_collector_specific_refusal_goes_elsewhere_once(env: RouterEnv) 
     result = await env.router.report("col-a", dispatch_id, S.FAILED, error_code="expired", refused=True)
     assert result.state in (S.QUEUED, S.LEASED)
     assert await env.router.claim("col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0) is None
-    again = await env.router.claim("col-b", claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+    # Re-placing a queued task runs beside the report's answer: col-b's claim waits for it (it is
+    # woken the moment the task is routed to it) instead of assuming it already happened.
+    again = await env.router.claim("col-b", claim_seq=0, held_task_ids=frozenset(), wait_s=5)
     assert again is not None
     # col-b refuses too: nobody else is left, so it waits in the queue (until its deadline), no loop.
     await env.router.report("col-b", again.dispatch_id, S.FAILED, error_code="not_yet_valid", refused=True)
