@@ -17,7 +17,7 @@ help:
 	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
-	@echo "make collector-release - build the collector's own wheel into dist/ (versus-collector)"
+	@echo "make collector-release - build the collector wheel and its release artifact (a PEX file) into dist/"
 	@echo "make fuzz     - schemathesis against the gateway's OpenAPI document (EXAMPLES=n per operation)"
 
 venv: $(STAMP)
@@ -135,7 +135,7 @@ fuzz: $(STAMP)
 		tests/e2e/test_fuzz_gateway.py
 
 collector-release: $(STAMP)
-	$(BIN)/python -m tools.collector_dist --out dist
+	$(BIN)/python -m tools.collector_dist --out dist --pex
 
 clean:
 	rm -rf $(VENV) $(MITM_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

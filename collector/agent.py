@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import random
 import secrets
 import signal
@@ -29,7 +30,7 @@ from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.key_sets import PinnedKeys
 from collector.renewal import Renewer
 from collector.signed_config import ConfigStore, OfferCheck
-from collector.state import StatePaths, load_key, read_json, write_json
+from collector.state import SUPERVISED_ENV, StatePaths, load_key, read_json, write_json
 from collector.trust import TrustStore
 from collector.tunnel import carry, dial_back_path
 from common.envelope.canonical import OpClass
@@ -243,6 +244,9 @@ class Agent:
                 "agent_version": _version(),
                 "wait_s": wait_s,
             }
+            report = self._update_report()
+            if report is not None:
+                body["update_status"] = report
             claim = asyncio.ensure_future(self.client.claim(body, wait_s))
             stop = asyncio.ensure_future(self.stopping.wait())
             done, _ = await asyncio.wait([claim, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -351,6 +355,11 @@ class Agent:
                       held_version=self.config.version)  # fmt: skip
             return False
         log.info("config accepted", version=payload["version"])
+        target = payload.get("update")
+        if isinstance(target, dict) and target.get("version") != _version():
+            # Installed by the supervisor, which reads the same signed config (docs/upgrades.md).
+            log.info("upgrade target received", target=target.get("version"),
+                     supervised=bool(os.environ.get(SUPERVISED_ENV)))  # fmt: skip
         if payload["vault_mode"] == self.vault_mode and payload["vault"] == self.vault:
             return False
         log.warning("vault settings changed by an operator; restarting to apply them",
@@ -384,13 +393,26 @@ class Agent:
 
     def _write_runtime(self) -> None:
         write_json(
-            self.paths.root / "runtime.json",
+            self.paths.runtime,
             {
                 "last_claim_at": time.time(),
                 "clock_offset_s": self.clock.offset_s,
                 "clock_uncertainty_s": self.clock_uncertainty_s,
+                # Which process answered: the supervisor's health window waits for its child's own.
+                "pid": os.getpid(),
+                "agent_version": _version(),
             },
         )
+
+    def _update_report(self) -> dict[str, Any] | None:
+        """The supervisor's last upgrade report (collector/supervisor), passed on with each claim."""
+        try:
+            report = read_json(self.paths.update_status)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(report, dict) or not isinstance(report.get("state"), str):
+            return None
+        return {k: report[k] for k in ("state", "version", "detail", "at") if k in report}
 
     async def _sleep(self, seconds: float, why: str) -> None:
         log.warning("gateway unavailable; backing off", seconds=round(seconds, 2), reason=why)

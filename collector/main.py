@@ -3,6 +3,8 @@
     versus-collector enroll --url URL --token-file PATH|- [--ca-pin sha256/...] [--state-dir DIR]
     versus-collector run [--state-dir DIR] [--config FILE] [--claim-wait S] [--grace S] [--drivers a,b]
     versus-collector status [--state-dir DIR]
+    versus-collector supervise [--state-dir DIR] [--install-dir DIR] [--manifest-url URL --update-pubkey KEY]
+    versus-collector install-service [--user U] [--state-dir DIR] [--manifest-url URL --update-pubkey KEY]
 
 Expected failures are one line on stderr (``code: message``) and exit status 1.
 """
@@ -68,7 +70,66 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-format", choices=["console", "json"])
     s = sub.add_parser("status", help="Show identity, enrollment status, last claim and journal size.")
     s.add_argument("--state-dir", type=Path, default=_state_dir())
+    v = sub.add_parser(
+        "supervise", help="Run the collector, restart it when it exits, and apply signed upgrades."
+    )
+    v.add_argument("--state-dir", type=Path, default=_state_dir())
+    v.add_argument(
+        "--install-dir", type=Path, help="where releases are staged (default: <state-dir>/versions)"
+    )
+    v.add_argument(
+        "--manifest-url", help="the gateway's update metadata URL, .../api/collector/v1/updates/metadata/"
+    )
+    v.add_argument(
+        "--update-pubkey", help="a release key id or public key the update repository's root must hold"
+    )
+    v.add_argument("--health-window", type=float, default=120.0, dest="health_window_s",
+                   help="seconds a new version has to reach the control plane")  # fmt: skip
+    v.add_argument("--check-interval", type=float, default=5.0, dest="check_interval_s")
+    v.add_argument("run_args", nargs="*", help="extra arguments for `run` (after --)")
+    i = sub.add_parser("install-service", help="Write (and enable) a systemd unit running the supervisor.")
+    i.add_argument("--user", default="versus-collector")
+    i.add_argument("--state-dir", type=Path, default=Path("/var/lib/versus-collector"))
+    i.add_argument("--executable", type=Path, help="the versus-collector program (default: this one)")
+    i.add_argument("--manifest-url")
+    i.add_argument("--update-pubkey")
+    i.add_argument("--unit-dir", type=Path, default=Path("/etc/systemd/system"))
+    i.add_argument("--no-enable", action="store_true", help="only write the unit (and user)")
+    i.add_argument("--no-create-user", action="store_true")
     return parser
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from collector.supervisor.loop import Options, Supervisor
+
+    if bool(args.manifest_url) != bool(args.update_pubkey):
+        raise CollectorError("--manifest-url and --update-pubkey go together (both enable self-update)")
+    configure_logging(service="collector-supervisor")
+    state = args.state_dir
+    if not (state / "identity.json").exists():
+        raise CollectorError(f"no identity in {state}; run `versus-collector enroll` first")
+    options = Options(
+        state_dir=state, install_dir=args.install_dir or state / "versions", manifest_url=args.manifest_url,
+        update_pubkey=args.update_pubkey, health_window_s=args.health_window_s,
+        check_interval_s=args.check_interval_s, run_args=list(args.run_args),
+    )  # fmt: skip
+    return Supervisor(options).run()
+
+
+def _install_service(args: argparse.Namespace) -> int:
+    from collector.supervisor import service
+
+    if bool(args.manifest_url) != bool(args.update_pubkey):
+        raise CollectorError("--manifest-url and --update-pubkey go together (both enable self-update)")
+    options = service.ServiceOptions(
+        executable=args.executable or service.default_executable(), user=args.user, state_dir=args.state_dir,
+        manifest_url=args.manifest_url, update_pubkey=args.update_pubkey,
+    )  # fmt: skip
+    path = service.install(
+        options, args.unit_dir, create_user=not args.no_create_user, enable=not args.no_enable
+    )
+    print(f"wrote {path}")
+    return 0
 
 
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -137,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             return _run(args, list(sys.argv[1:] if argv is None else argv))
+        if args.command == "supervise":
+            return _supervise(args)
+        if args.command == "install-service":
+            return _install_service(args)
         result = status(args.state_dir)
         local = summary(args.state_dir)
         until = result["cert_not_after"]

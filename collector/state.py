@@ -26,6 +26,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from common.state_dir import write_private, write_public
 
+# Set by the supervisor in its child's environment (collector/supervisor).
+SUPERVISED_ENV = "VERSUS_COLLECTOR_SUPERVISED"
+
 
 @dataclass(frozen=True, slots=True)
 class StatePaths:
@@ -58,6 +61,21 @@ class StatePaths:
     @property
     def policy(self) -> Path:
         return self.root / "policy.json"
+
+    @property
+    def config(self) -> Path:
+        """The signed config (collector/signed_config.py); it names the upgrade target."""
+        return self.root / "config.json"
+
+    @property
+    def runtime(self) -> Path:
+        """Written after every answered claim: the supervisor's health check reads it."""
+        return self.root / "runtime.json"
+
+    @property
+    def update_status(self) -> Path:
+        """The supervisor's last upgrade report; the collector sends it with its claims."""
+        return self.root / "update-status.json"
 
     @property
     def attempt(self) -> Path:

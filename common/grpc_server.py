@@ -109,6 +109,13 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary is not None:
+            # Same wrapper: the request is an async iterator instead of one message.
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(handler.stream_unary, call),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._wrap_stream(handler.unary_stream, call),

@@ -110,6 +110,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_FLEET}/GetCollector": _VIEW,
     f"/{_FLEET}/ProbeCollector": _VIEW,
     f"/{_FLEET}/ListReleases": _VIEW,
+    f"/{_FLEET}/GetRelease": _VIEW,
     f"/{_FLEET}/ListVaultIntegrations": _VIEW,
     f"/{_FLEET}/DrainCollector": _OPERATE,
     f"/{_FLEET}/UndrainCollector": _OPERATE,
@@ -119,6 +120,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_FLEET}/SetVaultMode": _ADMIN,
     f"/{_FLEET}/CreateVaultIntegration": _ADMIN,
     f"/{_FLEET}/PublishRelease": _ADMIN,
+    f"/{_FLEET}/YankRelease": _ADMIN,
     f"/{_FLEET}/ApplyUpdate": _ADMIN,
     f"/{_FLEET}/CancelUpdate": _ADMIN,
     # Enrollment: the gateway enrolls and renews on behalf of collectors; operators manage sites and tokens.

@@ -136,6 +136,14 @@ class Settings(BaseSettings):
         description="CA of operator-supplied gateway certificates, handed to collectors at enrollment.",
     )
 
+    update_soak_s: int = Field(
+        default=3600,
+        ge=0,
+        le=30 * 24 * 3600,
+        description="How long a release without the security flag waits before sites on the auto "
+        "update policy take it (seconds); security fixes go out at once (docs/upgrades.md).",
+    )
+
     # --- collector identity ----------------------------------------------------------------------
     trust_domain: str = Field(
         default="versus.internal",

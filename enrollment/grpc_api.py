@@ -28,6 +28,8 @@ _POLICY_TO_PB = {
     "pinned": pb.UPDATE_POLICY_PINNED,
 }
 _POLICY_FROM_PB = {v: k for k, v in _POLICY_TO_PB.items()}
+_CHANNEL_TO_PB = {"stable": pb.UPDATE_CHANNEL_STABLE, "beta": pb.UPDATE_CHANNEL_BETA}
+_CHANNEL_FROM_PB = {v: k for k, v in _CHANNEL_TO_PB.items()}
 _APPROVAL_FROM_PB = {
     pb.APPROVAL_MODE_UNSPECIFIED: "auto",
     pb.APPROVAL_MODE_AUTO: "auto",
@@ -57,6 +59,7 @@ def site_pb(site: Site) -> pb.Site:
         pinned_version=site.pinned_version or "",
         created_at=timestamp(site.created_at),
         collector_count=site.collector_count,
+        update_channel=_CHANNEL_TO_PB.get(site.update_channel, pb.UPDATE_CHANNEL_UNSPECIFIED),
     )
 
 
@@ -112,8 +115,9 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
     async def CreateSite(self, request: pb.CreateSiteRequest, context: Context) -> pb.CreateSiteResponse:
         policy = _POLICY_FROM_PB.get(request.update_policy, "manual")
         site = await self.service.create_site(
-            request.name, request.tenant_id, policy, request.pinned_version or None
-        )
+            request.name, request.tenant_id, policy, request.pinned_version or None,
+            _CHANNEL_FROM_PB.get(request.update_channel, "stable"),
+        )  # fmt: skip
         return pb.CreateSiteResponse(site=site_pb(site))
 
     async def GetSite(self, request: pb.GetSiteRequest, context: Context) -> pb.GetSiteResponse:
@@ -138,6 +142,9 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
             if request.HasField("update_policy")
             else None,
             pinned_version=request.pinned_version if request.HasField("pinned_version") else None,
+            update_channel=_CHANNEL_FROM_PB.get(request.update_channel, "")
+            if request.HasField("update_channel")
+            else None,
         )
         return pb.UpdateSiteResponse(site=site_pb(site))
 

@@ -31,6 +31,7 @@ log = get_logger("versus.enrollment")
 AUTH_MODE = "bearer"
 AUDIENCE = "versus-collector-gateway"
 UPDATE_POLICIES = ("manual", "auto", "pinned")
+UPDATE_CHANNELS = ("stable", "beta")
 MAX_NAME_CHARS = 200
 MAX_REASON_LENGTH = 500
 
@@ -136,6 +137,14 @@ def _policy(update_policy: str, pinned_version: str | None) -> tuple[str, str | 
     return update_policy, None
 
 
+def _channel(update_channel: str) -> str:
+    if update_channel not in UPDATE_CHANNELS:
+        raise InvalidArgument(
+            f"update_channel must be one of {', '.join(UPDATE_CHANNELS)}", code="update_channel_invalid"
+        )
+    return update_channel
+
+
 class EnrollmentService:
     def __init__(
         self,
@@ -155,19 +164,32 @@ class EnrollmentService:
 
     # --- sites -----------------------------------------------------------------------------------
     async def create_site(
-        self, name: str, tenant_id: str, update_policy: str, pinned_version: str | None
+        self,
+        name: str,
+        tenant_id: str,
+        update_policy: str,
+        pinned_version: str | None,
+        update_channel: str = "stable",
     ) -> Site:
         policy, pinned = _policy(update_policy or "manual", pinned_version)
         return await self.store.create_site(
-            _clean(name, "name"), _clean(tenant_id, "tenant_id"), policy, pinned
+            _clean(name, "name"), _clean(tenant_id, "tenant_id"), policy, pinned, _channel(update_channel)
         )
 
     async def update_site(
-        self, site_id: str, *, name: str | None, update_policy: str | None, pinned_version: str | None
+        self,
+        site_id: str,
+        *,
+        name: str | None,
+        update_policy: str | None,
+        pinned_version: str | None,
+        update_channel: str | None = None,
     ) -> Site:
         changes: dict[str, Any] = {}
         if name is not None:
             changes["name"] = _clean(name, "name")
+        if update_channel is not None:
+            changes["update_channel"] = _channel(update_channel)
         if update_policy is not None or pinned_version is not None:
             current = await self.store.get_site(site_id)
             policy = update_policy if update_policy is not None else current.update_policy

@@ -35,6 +35,7 @@ class Site:
     pinned_version: str | None
     created_at: dt.datetime
     collector_count: int = 0
+    update_channel: str = "stable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,7 @@ def _site(row: RowMapping, count: int = 0) -> Site:
         row["pinned_version"],
         row["created_at"],
         count,
+        row["update_channel"],
     )
 
 
@@ -161,7 +163,12 @@ class EnrollmentStore:
 
     # --- sites -----------------------------------------------------------------------------------
     async def create_site(
-        self, name: str, tenant_id: str, update_policy: str, pinned_version: str | None
+        self,
+        name: str,
+        tenant_id: str,
+        update_policy: str,
+        pinned_version: str | None,
+        update_channel: str = "stable",
     ) -> Site:
         site_id = f"site-{secrets.token_hex(6)}"
         try:
@@ -176,6 +183,7 @@ class EnrollmentStore:
                                 tenant_id=tenant_id,
                                 update_policy=update_policy,
                                 pinned_version=pinned_version,
+                                update_channel=update_channel,
                             )
                             .returning(*sites.c)
                         )

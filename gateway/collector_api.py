@@ -62,6 +62,21 @@ _OP_CLASSES = {
 }
 
 
+class UpdateStatusBody(BaseModel):
+    """What the collector's supervisor last recorded about an upgrade (docs/upgrades.md)."""
+
+    state: Literal["updating", "updated", "rolled_back", "failed"]
+    version: Name = Field(max_length=64)
+    detail: FreeText = Field(default="", max_length=500)
+    at: Int64 = Field(default=0, ge=0, description="when, Unix seconds on the collector's clock")
+
+
+def _update_status(body: UpdateStatusBody | None) -> bpb.UpdateStatus | None:
+    if body is None:
+        return None
+    return bpb.UpdateStatus(state=body.state, version=body.version, detail=body.detail, at=body.at)
+
+
 class ClaimBody(BaseModel):
     claim_seq: Int64 = Field(default=0, description="1, 2, 3, ... for sequential claims; 0 = unnumbered")
     held_task_ids: list[Name] = Field(default_factory=list, max_length=MAX_HELD_TASK_IDS)
@@ -96,6 +111,9 @@ class ClaimBody(BaseModel):
         ge=1,
         le=MAX_CLAIM_BATCH,
         description="most tasks one answer may carry; tasks after the first are in `more`",
+    )
+    update_status: UpdateStatusBody | None = Field(
+        default=None, description="the supervisor's last upgrade report, until it is superseded"
     )
 
 
@@ -195,6 +213,7 @@ async def claim_op(
                 config_version=body.config_version,
                 key_versions={str(k): v for k, v in body.key_versions.items()},
                 max_dispatches=body.max_tasks,
+                update_status=_update_status(body.update_status),
             ),
             request_id,
             timeout_s=hold + CALL_TIMEOUT_S,

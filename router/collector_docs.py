@@ -6,7 +6,8 @@ come in, wire documents go out.
 
 **Config.** ``collectors.config_version`` starts at 0 (the policy from
 enrollment, no document) and goes up by one with every recorded change an
-operator makes (today: the vault mode and Vault integration). A claim names the
+operator makes (the vault mode and Vault integration) and with every change of its upgrade
+target (router/updates.py). A claim names the
 version the collector runs; when PostgreSQL holds a newer one the claim is
 answered with the signed document and no work, and the collector applies it
 (docs/day2.md). Documents are signed when delivered and expire soon after, so a
@@ -45,6 +46,16 @@ def config_payload(collector_id: str, row: Any, now: int) -> dict[str, Any]:
             "role_id": str(row["role_id"] or ""),
             "kv_mount": str(row["kv_mount"] or ""),
         }
+    update = None
+    if row.get("target_name"):
+        # The release the collector's supervisor installs (docs/upgrades.md); it fetches and
+        # verifies the artifact through the update repository, which signs name, length and hash.
+        update = {
+            "version": str(row["target_version"]),
+            "target": str(row["target_name"]),
+            "sha256": str(row["target_sha256"]),
+            "length": int(row["target_length"]),
+        }
     return {
         "type": signed_doc.COLLECTOR_CONFIG,
         "collector_id": collector_id,
@@ -53,6 +64,7 @@ def config_payload(collector_id: str, row: Any, now: int) -> dict[str, Any]:
         "expires_at": now + CONFIG_LIFETIME_S,
         "vault_mode": str(row["vault_mode"]),
         "vault": vault,
+        "update": update,
     }
 
 

@@ -21,10 +21,12 @@ from sqlalchemy.engine import RowMapping
 from common import revocations
 from common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from common.rbac import current_actor
-from router import fleet_state, fleet_store
+from router import fleet_state, fleet_store, release_store, update_policy
 from router.enrollment_client import EnrollmentClient, Metadata
 from router.fleet_state import CollectorStatus, Probe, SessionState
 from router.service import Router
+from router.update_policy import Badge
+from router.updates import collector_facts, release_facts
 
 VAULT_MODES = ("local", "relayed", "external")
 
@@ -45,12 +47,30 @@ class SessionView:
 
 
 @dataclass(frozen=True)
+class UpdateView:
+    """The Agent Version card: what runs, what is published, the policy, and how the upgrade goes."""
+
+    running_version: str
+    latest_version: str
+    policy: str
+    channel: str
+    target_version: str
+    approved_version: str
+    badge: Badge
+    state: str
+    state_version: str
+    detail: str
+    state_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
 class CollectorView:
     row: RowMapping
     status: CollectorStatus
     drained: bool
     session: SessionView
     queue_depth: int
+    update: UpdateView | None = None
 
     @property
     def collector_id(self) -> str:
@@ -78,7 +98,12 @@ class Fleet:
         return client
 
     # --- views ---------------------------------------------------------------------------------
+    async def _releases(self) -> Sequence[RowMapping]:
+        async with self.engine.connect() as conn:
+            return await release_store.live_releases(conn)
+
     async def _views(self, rows: Sequence[RowMapping]) -> list[CollectorView]:
+        releases = await self._releases() if rows else ()
         now = self.clock()
         wall = dt.datetime.fromtimestamp(now, dt.UTC)
         ids = [r["collector_id"] for r in rows]
@@ -110,18 +135,55 @@ class Fleet:
                     drained=drained,
                     session=session,
                     queue_depth=sum(loads.get(cid, {}).values()),
+                    update=_update_view(row, session.agent_version, releases),
                 )
             )
         return views
 
-    async def list(
-        self, *, query: str, site_id: str, after: str, limit: int, expiring_within: dt.timedelta | None = None
-    ) -> list[CollectorView]:
+    async def outdated_count(
+        self, *, query: str, site_id: str, expiring_within: dt.timedelta | None = None
+    ) -> int:
+        """Active collectors matching the filters that run an older version than the latest release
+        on their site's channel (the Collectors page's banner)."""
+        releases = await self._releases()
         async with self.engine.connect() as conn:
             rows = await fleet_store.list_collectors(
-                conn, query=query, site_id=site_id, after=after, limit=limit, expiring_within=expiring_within
-            )
-        return await self._views(rows)
+                conn, query=query, site_id=site_id, after="", limit=0, expiring_within=expiring_within,
+                columns=fleet_store.OUTDATED_COLUMNS,
+            )  # fmt: skip
+        return sum(1 for r in rows if r["status"] == "active" and _behind(r, r["running"] or "", releases))
+
+    async def list(
+        self,
+        *,
+        query: str,
+        site_id: str,
+        after: str,
+        limit: int,
+        expiring_within: dt.timedelta | None = None,
+        outdated: bool = False,
+    ) -> list[CollectorView]:
+        """Up to ``limit`` collectors after ``after``; ``outdated`` keeps only those behind the latest
+        release (checked on each page read, so several pages may be read to fill one)."""
+        found: list[CollectorView] = []
+        while len(found) < limit:
+            async with self.engine.connect() as conn:
+                rows = await fleet_store.list_collectors(
+                    conn, query=query, site_id=site_id, after=after, limit=limit,
+                    expiring_within=expiring_within,
+                )  # fmt: skip
+            views = await self._views(rows)
+            if outdated:
+                views = [
+                    v for v in views
+                    if v.status is CollectorStatus.ACTIVE and v.update is not None
+                    and update_policy.outdated(v.update.running_version, v.update.latest_version)
+                ]  # fmt: skip
+            found.extend(views)
+            if len(rows) < limit or not outdated:
+                break
+            after = rows[-1]["collector_id"]
+        return found[:limit]
 
     async def get(self, collector_id: str) -> CollectorView:
         async with self.engine.connect() as conn:
@@ -223,6 +285,36 @@ class Fleet:
     async def integrations(self) -> Sequence[RowMapping]:
         async with self.engine.connect() as conn:
             return await fleet_store.list_integrations(conn)
+
+
+def _latest(row: RowMapping, releases: Sequence[RowMapping]) -> str:
+    newest = update_policy.latest(release_facts(releases, row["os"], row["arch"]), row["update_channel"])
+    return newest.version if newest else ""
+
+
+def _behind(row: RowMapping, running: str, releases: Sequence[RowMapping]) -> bool:
+    return update_policy.outdated(running, _latest(row, releases))
+
+
+def _update_view(row: RowMapping, session_version: str, releases: Sequence[RowMapping]) -> UpdateView:
+    running = session_version or row["running_version"] or row["agent_version"] or ""
+    facts = collector_facts({**row, "running": running, "state": row["update_state"],
+                             "state_version": row["update_state_version"]})  # fmt: skip
+    latest = _latest(row, releases)
+    target = row["target_version"] or ""
+    return UpdateView(
+        running_version=running,
+        latest_version=latest,
+        policy=facts.policy,
+        channel=facts.channel,
+        target_version=target,
+        approved_version=row["approved_version"] or "",
+        badge=update_policy.badge(facts, latest or None, target or None),
+        state=row["update_state"] or "",
+        state_version=row["update_state_version"] or "",
+        detail=row["update_detail"] or "",
+        state_at=row["update_state_at"],
+    )
 
 
 def _key_versions(text: str) -> dict[str, int]:

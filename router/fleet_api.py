@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import AsyncIterator
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -11,12 +12,16 @@ from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
 
 from common import pki
-from common.errors import InvalidArgument
+from common.errors import InvalidArgument, Unavailable
 from common.grpc_server import Context
 from common.pb_time import timestamp as _ts
+from common.rbac import current_actor
 from router.enrollment_client import forwarded
-from router.fleet import CollectorView, Fleet
+from router.fleet import CollectorView, Fleet, UpdateView
 from router.fleet_state import CollectorStatus, SessionState
+from router.releases import Header, Releases
+from router.update_policy import Badge
+from router.updates import Updates
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
@@ -40,6 +45,43 @@ VAULT_TO_PB = {
     "external": pb.VAULT_MODE_EXTERNAL,
 }
 VAULT_FROM_PB = {v: k for k, v in VAULT_TO_PB.items()}
+CHANNEL_TO_PB = {"stable": pb.CHANNEL_STABLE, "beta": pb.CHANNEL_BETA}
+CHANNEL_FROM_PB = {v: k for k, v in CHANNEL_TO_PB.items()}
+BADGE_TO_PB = {
+    Badge.UNKNOWN: pb.UPDATE_BADGE_UNSPECIFIED,
+    Badge.UP_TO_DATE: pb.UPDATE_BADGE_UP_TO_DATE,
+    Badge.UPDATE_AVAILABLE: pb.UPDATE_BADGE_UPDATE_AVAILABLE,
+    Badge.UPDATING: pb.UPDATE_BADGE_UPDATING,
+    Badge.FAILED: pb.UPDATE_BADGE_FAILED,
+    Badge.ROLLED_BACK: pb.UPDATE_BADGE_ROLLED_BACK,
+}
+# The artifact arrives in messages of at most this many bytes (under gRPC's 4 MiB default).
+MAX_CHUNK_BYTES = 1 << 20
+
+
+def update_pb(u: UpdateView) -> pb.CollectorUpdate:
+    out = pb.CollectorUpdate(
+        running_version=u.running_version, latest_version=u.latest_version, policy=u.policy,
+        channel=u.channel, target_version=u.target_version, approved_version=u.approved_version,
+        badge=BADGE_TO_PB[u.badge], state=u.state, state_version=u.state_version, detail=u.detail,
+    )  # fmt: skip
+    if u.state_at is not None:
+        out.state_at.FromDatetime(u.state_at)
+    return out
+
+
+def release_pb(row: RowMapping) -> pb.Release:
+    out = pb.Release(
+        version=row["version"], channel=CHANNEL_TO_PB[row["channel"]], security_fix=row["security_fix"],
+        os=row["os"], arch=row["arch"], sha256=row["sha256"], notes=row["notes"],
+        published_at=_ts(row["published_at"]), target_name=row["target_name"], length=row["length"],
+        published_by=row["published_by"], yanked=row["yanked_at"] is not None,
+        yanked_by=row["yanked_by"] or "", yank_reason=row["yank_reason"] or "",
+        running_count=int(row["running_count"]),
+    )  # fmt: skip
+    if row["yanked_at"] is not None:
+        out.yanked_at.FromDatetime(row["yanked_at"])
+    return out
 
 
 def collector_pb(view: CollectorView) -> pb.Collector:
@@ -98,6 +140,7 @@ def collector_pb(view: CollectorView) -> pb.Collector:
         session=session,
         drivers=drivers,
         status_changed_at=_ts(r["status_changed_at"]),
+        update=update_pb(view.update) if view.update is not None else None,
     )
 
 
@@ -125,7 +168,7 @@ def integration_pb(row: RowMapping) -> pb.VaultIntegration:
 
 
 class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
-    """Collector list, detail and admin actions. Releases and updates arrive with self-upgrades."""
+    """Collector list, detail and admin actions; releases and upgrades."""
 
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
@@ -141,11 +184,16 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
             raise InvalidArgument("expiring_within must not be negative", code="expiring_within_invalid")
         views = await self.fleet.list(
             query=request.query.strip(), site_id=request.site_id, after=request.page_token, limit=size + 1,
-            expiring_within=within,
+            expiring_within=within, outdated=request.outdated,
         )  # fmt: skip
         page = views[:size]
         token = page[-1].collector_id if len(views) > size else ""
-        return pb.ListCollectorsResponse(collectors=[collector_pb(v) for v in page], next_page_token=token)
+        behind = await self.fleet.outdated_count(
+            query=request.query.strip(), site_id=request.site_id, expiring_within=within
+        )
+        return pb.ListCollectorsResponse(
+            collectors=[collector_pb(v) for v in page], next_page_token=token, outdated_count=behind
+        )
 
     async def GetCollector(
         self, request: pb.GetCollectorRequest, context: Context
@@ -222,24 +270,74 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         rows = await self.fleet.integrations()
         return pb.ListVaultIntegrationsResponse(integrations=[integration_pb(r) for r in rows])
 
-    # Signed releases and self-upgrades are built separately; until then these answer UNIMPLEMENTED.
+    # --- releases and upgrades (router/releases.py, router/updates.py) ----------------------------
+    @property
+    def releases(self) -> Releases:
+        releases: Releases | None = self.fleet.router.releases
+        if releases is None:
+            raise Unavailable("this router serves no update repository", code="releases_unavailable")
+        return releases
+
+    @property
+    def updates(self) -> Updates:
+        updates: Updates | None = self.fleet.router.updates
+        if updates is None:
+            raise Unavailable("this router does not manage upgrades", code="releases_unavailable")
+        return updates
+
     async def PublishRelease(
-        self, request: pb.PublishReleaseRequest, context: Context
+        self, request_iterator: AsyncIterator[pb.PublishReleaseRequest], context: Context
     ) -> pb.PublishReleaseResponse:
-        raise NotImplementedError
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise InvalidArgument(
+                "the first message must be the release header", code="release_header_missing"
+            )
+        h = first.header
+        header = Header(
+            version=h.version.strip(), channel=CHANNEL_FROM_PB.get(h.channel, ""),
+            security_fix=h.security_fix, os=h.os, arch=h.arch, notes=h.notes, length=h.length,
+            sha256=h.sha256.lower(),
+        )  # fmt: skip
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in request_iterator:
+                if message.WhichOneof("part") != "chunk":
+                    raise InvalidArgument(
+                        "only the first message is a header", code="release_header_repeated"
+                    )
+                if len(message.chunk) > MAX_CHUNK_BYTES:
+                    raise InvalidArgument(
+                        f"chunks are at most {MAX_CHUNK_BYTES} bytes", code="chunk_too_large"
+                    )
+                yield message.chunk
+
+        [row] = await self.releases.publish(header, chunks(), current_actor())
+        return pb.PublishReleaseResponse(release=release_pb(row))
 
     async def ListReleases(
         self, request: pb.ListReleasesRequest, context: Context
     ) -> pb.ListReleasesResponse:
-        raise NotImplementedError
+        rows = await self.releases.list(CHANNEL_FROM_PB.get(request.channel, ""), request.include_yanked)
+        return pb.ListReleasesResponse(releases=[release_pb(r) for r in rows])
+
+    async def GetRelease(self, request: pb.GetReleaseRequest, context: Context) -> pb.GetReleaseResponse:
+        rows = await self.releases.get(request.version.strip())
+        return pb.GetReleaseResponse(releases=[release_pb(r) for r in rows])
+
+    async def YankRelease(self, request: pb.YankReleaseRequest, context: Context) -> pb.YankReleaseResponse:
+        rows = await self.releases.yank(request.version.strip(), request.reason, current_actor())
+        return pb.YankReleaseResponse(releases=[release_pb(r) for r in rows])
 
     async def ApplyUpdate(self, request: pb.ApplyUpdateRequest, context: Context) -> pb.ApplyUpdateResponse:
-        raise NotImplementedError
+        await self.updates.apply(request.collector_id, request.target_version.strip(), current_actor())
+        return pb.ApplyUpdateResponse(collector=collector_pb(await self.fleet.get(request.collector_id)))
 
     async def CancelUpdate(
         self, request: pb.CancelUpdateRequest, context: Context
     ) -> pb.CancelUpdateResponse:
-        raise NotImplementedError
+        await self.updates.cancel(request.collector_id, current_actor())
+        return pb.CancelUpdateResponse(collector=collector_pb(await self.fleet.get(request.collector_id)))
 
 
 def _caller(context: Context) -> list[tuple[str, str]]:

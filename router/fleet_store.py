@@ -17,7 +17,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common import audit as audit_log
-from common.db.schema import audit_events, collector_capabilities, collectors, vault_integrations
+from common.db.schema import (
+    audit_events,
+    collector_capabilities,
+    collector_updates,
+    collectors,
+    sites,
+    vault_integrations,
+)
 from common.errors import Conflict, NotFound
 
 _COLUMNS = (
@@ -25,12 +32,26 @@ _COLUMNS = (
     collector_capabilities.c.manifest,
     collector_capabilities.c.draining,
     collector_capabilities.c.fips.label("fips_reported"),
+    collector_capabilities.c.agent_version.label("running_version"),
+    # The upgrade card (router/updates.py): the site's policy, the approval, target and last report.
+    sites.c.update_policy,
+    sites.c.update_channel,
+    sites.c.pinned_version,
+    collector_updates.c.approved_version,
+    collector_updates.c.target_version,
+    collector_updates.c.state.label("update_state"),
+    collector_updates.c.state_version.label("update_state_version"),
+    collector_updates.c.detail.label("update_detail"),
+    collector_updates.c.state_at.label("update_state_at"),
 )
 
 
-def _joined() -> Any:
-    return select(*_COLUMNS).outerjoin(
-        collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id
+def _joined(*columns: Any) -> Any:
+    return (
+        select(*(columns or _COLUMNS))
+        .join(sites, sites.c.site_id == collectors.c.site_id)
+        .outerjoin(collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id)
+        .outerjoin(collector_updates, collector_updates.c.collector_id == collectors.c.collector_id)
     )
 
 
@@ -42,10 +63,14 @@ async def list_collectors(
     after: str,
     limit: int,
     expiring_within: dt.timedelta | None = None,
+    columns: Sequence[Any] = (),
 ) -> Sequence[RowMapping]:
     """Collectors ordered by id; ``query`` matches id, hostname or site id (case-insensitive substring);
-    ``expiring_within`` keeps pending and active collectors whose certificate expires that soon."""
-    stmt = _joined().where(collectors.c.collector_id > after).order_by(collectors.c.collector_id).limit(limit)
+    ``expiring_within`` keeps pending and active collectors whose certificate expires that soon;
+    ``columns`` (default: everything a view shows) and ``limit`` 0 (no limit) serve counting."""
+    stmt = _joined(*columns).where(collectors.c.collector_id > after).order_by(collectors.c.collector_id)
+    if limit:
+        stmt = stmt.limit(limit)
     if expiring_within is not None:
         stmt = stmt.where(
             collectors.c.status.in_(["pending", "active"]),
@@ -187,3 +212,14 @@ async def list_audit(
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+# What deciding "behind the latest release" needs, for counting over the whole fleet.
+OUTDATED_COLUMNS = (
+    collectors.c.collector_id,
+    collectors.c.status,
+    collectors.c.os,
+    collectors.c.arch,
+    sites.c.update_channel,
+    func.coalesce(collector_capabilities.c.agent_version, collectors.c.agent_version).label("running"),
+)

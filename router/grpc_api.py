@@ -30,6 +30,7 @@ from router.live import task_key
 from router.service import Router
 from router.states import TERMINAL, State
 from router.submit import SubmitRequest
+from router.updates import Report
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
@@ -289,6 +290,10 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
         if not request.collector_id:
             raise InvalidArgument("collector_id is required", code="collector_id_missing")
         wait = request.wait.seconds + request.wait.nanos / 1e9
+        if request.HasField("update_status") and self.router.updates is not None:
+            # Before the claim waits: a rollback is recorded (and audited) when it is reported.
+            u = request.update_status
+            await self.router.updates.record(request.collector_id, Report(u.state, u.version, u.detail, u.at))
         claimed, offers, restart = await self.router.claim_with_offers(
             request.collector_id,
             claim_seq=request.claim_seq,

@@ -40,10 +40,12 @@ from router.fleet_api import FleetServicer
 from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
 from router.key_chains import KeyChains
 from router.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
+from router.releases import Releases
 from router.service import Router
 from router.trust_delivery import TrustDelivery
 from router.tunnels import TunnelHub, TunnelServicer
 from router.update_repo import UpdateRepository
+from router.updates import Updates
 
 SWEEP_INTERVAL_S = 5.0
 
@@ -167,9 +169,11 @@ async def serve(settings: Settings) -> None:
     sweeper = asyncio.create_task(sweep_forever(router, stop=stop_sweeping))
     # Root version 1 of the update repository is the release set collectors pin at enrollment.
     releases = ReloadingKeySet(KeyStore(state, KeyPurpose.RELEASE))
-    refresher = asyncio.create_task(
-        keep_updates_fresh(UpdateRepository(state / "updates"), releases.get, stop_sweeping)
-    )
+    repo = UpdateRepository(state / "updates")
+    router.updates = Updates(engine, router.wake.publish, dt.timedelta(seconds=settings.update_soak_s))
+    router.releases = Releases(engine, repo, releases.get, router.updates)
+    refresher = asyncio.create_task(keep_updates_fresh(repo, releases.get, stop_sweeping))
+    reconciler = asyncio.create_task(router.updates.run(stop_sweeping))
     try:
         await serve_grpc_service(
             settings,
@@ -182,5 +186,5 @@ async def serve(settings: Settings) -> None:
         )
     finally:
         await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
-        await asyncio.wait({refresher}, timeout=5.0)
+        await asyncio.wait({refresher, reconciler}, timeout=5.0)
         await router.aclose()

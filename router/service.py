@@ -170,6 +170,9 @@ class Router:
         self.key_chains: KeyChains | None = None
         # Set by the server: newer trust bundles for collectors behind (router/trust_delivery.py).
         self.trust: TrustDelivery | None = None
+        # Set by the server: releases and upgrade targets (router/releases.py, router/updates.py).
+        self.releases: Any = None
+        self.updates: Any = None
         # The dispatch key version each collector was last recorded as holding (saves a write per claim).
         self._held_dispatch_version: dict[str, int] = {}
 

@@ -44,9 +44,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from common import audit as audit_log
 from common.db.schema import (
     collector_capabilities,
+    collector_updates,
     collectors,
     device_leases,
     dispatches,
+    releases,
     sites,
     task_transitions,
     tasks,
@@ -708,9 +710,24 @@ async def collector_standing(conn: AsyncConnection, collector_id: str) -> RowMap
             vault_integrations.c.address,
             vault_integrations.c.role_id,
             vault_integrations.c.kv_mount,
+            # The upgrade target the signed config names (router/updates.py).
+            releases.c.version.label("target_version"),
+            releases.c.target_name,
+            releases.c.sha256.label("target_sha256"),
+            releases.c.length.label("target_length"),
         )
         .outerjoin(
             vault_integrations, vault_integrations.c.integration_id == collectors.c.vault_integration_id
+        )
+        .outerjoin(collector_updates, collector_updates.c.collector_id == collectors.c.collector_id)
+        .outerjoin(
+            releases,
+            and_(
+                releases.c.version == collector_updates.c.target_version,
+                releases.c.os == collectors.c.os,
+                releases.c.arch == collectors.c.arch,
+                releases.c.yanked_at.is_(None),
+            ),
         )
         .where(collectors.c.collector_id == collector_id)
     )

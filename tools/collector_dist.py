@@ -1,6 +1,6 @@
 """Build the collector as its own distribution, `versus-collector`, from this tree.
 
-    python -m tools.collector_dist [--out DIR]        # make collector-release
+    python -m tools.collector_dist [--out DIR] [--pex]        # make collector-release
 
 A customer's collector host needs the collector and nothing of the control
 plane (no PostgreSQL, Redis, SQLAlchemy or gRPC servers). The wheel holds the
@@ -11,6 +11,11 @@ checked against the third-party imports of those modules
 (tests/unit/test_collector_dist.py). tests/e2e/test_collector_distribution.py
 installs the wheel into a clean virtual environment and runs it against a real
 control plane.
+
+The release artifact (``--pex``) is that wheel and its dependencies in one
+PEX file (docs/upgrades.md says why PEX): one file whose SHA-256 the update
+metadata signs, runnable by the host's Python 3.11+ with nothing else
+installed, unpacked on first run into a virtual environment beside it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,22 +87,32 @@ def closure() -> tuple[list[Path], set[str]]:
     return sorted(files), third
 
 
-def stage(into: Path) -> None:
-    """Copy the collector's files and the distribution's pyproject into ``into``."""
+def stage(into: Path, version: str | None = None) -> None:
+    """Copy the collector's files and the distribution's pyproject into ``into``; ``version``
+    replaces the one in ``collector/__init__.py``."""
     files, _ = closure()
     for path in files:
         target = into / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     shutil.copy2(TEMPLATE, into / "pyproject.toml")
+    if version is not None:
+        init = into / "collector" / "__init__.py"
+        text, count = re.subn(r'(?m)^__version__ = ".*"$', f'__version__ = "{version}"', init.read_text())
+        if count != 1:
+            raise RuntimeError("collector/__init__.py has no __version__ line")
+        init.write_text(text)
 
 
-def build(out: Path) -> Path:
-    """Build the wheel into ``out``; returns its path."""
+def build(out: Path, version: str | None = None, edit: Callable[[Path], None] | None = None) -> Path:
+    """Build the wheel into ``out``; returns its path. ``version`` overrides the tree's version and
+    ``edit`` may change the staged tree before it is built (tests build broken releases so)."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="versus-collector-") as tmp:
         staging = Path(tmp)
-        stage(staging)
+        stage(staging, version)
+        if edit is not None:
+            edit(staging)
         before = set(out.glob("versus_collector-*.whl"))
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
@@ -105,6 +123,22 @@ def build(out: Path) -> Path:
         out.glob("versus_collector-*.whl")
     )
     return built[-1]
+
+
+def build_pex(wheel: Path, out: Path) -> Path:
+    """The release artifact: ``wheel`` and its dependencies as one PEX file in ``out``, named
+    ``versus-collector-<version>-<os>-<arch>.pex``. Dependencies are resolved from the package
+    index (or pex's cache); ``--venv`` makes it unpack into a virtual environment on first run,
+    after which it starts as fast as an installed wheel."""
+    version = wheel.name.split("-")[1]
+    target = out / f"versus-collector-{version}-{platform.system().lower()}-{platform.machine()}.pex"
+    subprocess.run(
+        [sys.executable, "-m", "pex", str(wheel), "--console-script", "versus-collector", "--venv",
+         "--python-shebang", "/usr/bin/env python3", "--no-emit-warnings",
+         "--output-file", str(target)],
+        check=True, timeout=600, env=clean_env(), stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return target
 
 
 # The installer's own packages, in every virtual environment: not counted as the collector's size.
@@ -145,8 +179,13 @@ def installed_bytes(venv: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist")
-    wheel = build(parser.parse_args().out)
+    parser.add_argument("--version", help="override the version of this tree (collector/__init__.py)")
+    parser.add_argument("--pex", action="store_true", help="also build the release artifact (a PEX file)")
+    args = parser.parse_args()
+    wheel = build(args.out, args.version)
     print(wheel)
+    if args.pex:
+        print(build_pex(wheel, args.out))
     return 0
 
 

@@ -1,8 +1,9 @@
 """Operator commands served by the Enrollment Service:
 
     versus-cp sites create NAME --tenant T [--update-policy manual|auto|pinned] [--pinned-version V]
+                                   [--channel stable|beta]
     versus-cp sites list [--tenant T]
-    versus-cp sites update SITE_ID [--name N] [--update-policy P] [--pinned-version V]
+    versus-cp sites update SITE_ID [--name N] [--update-policy P] [--pinned-version V] [--channel C]
     versus-cp sites delete SITE_ID
     versus-cp tokens issue --site SITE_ID [--max-uses N] [--ttl SECONDS] [--manual-approval]
     versus-cp tokens list [--site SITE_ID]
@@ -32,6 +33,8 @@ _POLICIES = {
     "pinned": pb.UPDATE_POLICY_PINNED,
 }
 _POLICY_NAMES = {v: k for k, v in _POLICIES.items()}
+_CHANNELS = {"stable": pb.UPDATE_CHANNEL_STABLE, "beta": pb.UPDATE_CHANNEL_BETA}
+_CHANNEL_NAMES = {v: k for k, v in _CHANNELS.items()}
 _TOKEN_STATUS = {
     pb.TOKEN_STATUS_ACTIVE: "active",
     pb.TOKEN_STATUS_EXHAUSTED: "exhausted",
@@ -57,6 +60,8 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--tenant", required=True)
     create.add_argument("--update-policy", choices=list(_POLICIES), default="manual")
     create.add_argument("--pinned-version")
+    create.add_argument("--channel", choices=list(_CHANNELS), default="stable",
+                        help="release channel the auto policy follows")  # fmt: skip
     listing = sub.add_parser("list", help="List sites with their collector counts.")
     listing.add_argument("--tenant", default="")
     upd = sub.add_parser("update", help="Rename a site or change its update policy.")
@@ -64,6 +69,7 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     upd.add_argument("--name")
     upd.add_argument("--update-policy", choices=list(_POLICIES))
     upd.add_argument("--pinned-version")
+    upd.add_argument("--channel", choices=list(_CHANNELS))
     delete = sub.add_parser("delete", help="Delete a site (refused while collectors are enrolled in it).")
     delete.add_argument("site_id")
     for p in (create, listing, upd, delete):
@@ -71,19 +77,20 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _print_sites(sites: list[pb.Site]) -> None:
-    print(f"{'SITE':20} {'NAME':24} {'TENANT':16} {'POLICY':16} COLLECTORS")
+    print(f"{'SITE':20} {'NAME':24} {'TENANT':16} {'POLICY':16} {'CHANNEL':8} COLLECTORS")
     for s in sites:
         policy = _POLICY_NAMES.get(s.update_policy, "?") + (
             f" {s.pinned_version}" if s.pinned_version else ""
         )
-        print(f"{s.site_id:20} {s.name:24} {s.tenant_id:16} {policy:16} {s.collector_count}")
+        channel = _CHANNEL_NAMES.get(s.update_channel, "stable")
+        print(f"{s.site_id:20} {s.name:24} {s.tenant_id:16} {policy:16} {channel:8} {s.collector_count}")
 
 
 def run_sites(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "create":
         reply = _call(settings, "CreateSite", pb.CreateSiteRequest(
             name=args.name, tenant_id=args.tenant, update_policy=_POLICIES[args.update_policy],
-            pinned_version=args.pinned_version or "",
+            pinned_version=args.pinned_version or "", update_channel=_CHANNELS[args.channel],
         ))  # fmt: skip
         _json(reply) if args.json else _print_sites([reply.site])
     elif args.action == "list":
@@ -104,6 +111,8 @@ def run_sites(settings: Settings, args: argparse.Namespace) -> int:
             request.update_policy = _POLICIES[args.update_policy]
         if args.pinned_version is not None:
             request.pinned_version = args.pinned_version
+        if args.channel is not None:
+            request.update_channel = _CHANNELS[args.channel]
         reply = _call(settings, "UpdateSite", request)
         _json(reply) if args.json else _print_sites([reply.site])
     else:

@@ -1,11 +1,13 @@
 """Operator commands for the fleet (served by the router's FleetService):
 
-    versus-cp collectors list [--query Q] [--site SITE_ID] [--expiring 14d]
+    versus-cp collectors list [--query Q] [--site SITE_ID] [--expiring 14d] [--outdated]
     versus-cp collectors show COLLECTOR_ID
     versus-cp collectors probe COLLECTOR_ID
     versus-cp collectors approve|drain|undrain COLLECTOR_ID
     versus-cp collectors deny|revoke COLLECTOR_ID [--reason TEXT]
     versus-cp collectors vault-mode COLLECTOR_ID A|B|C [--integration ID]
+    versus-cp collectors update apply COLLECTOR_ID [--version V]
+    versus-cp collectors update cancel COLLECTOR_ID
     versus-cp vault-integrations create NAME --address URL --role-id ID [--kv-mount M]
     versus-cp vault-integrations list
 
@@ -57,6 +59,9 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
         "--expiring", type=span, default=None, metavar="SPAN",
         help="only collectors whose certificate expires within SPAN (e.g. 14d, 12h, 30m, 90s)",
     )  # fmt: skip
+    listing.add_argument(
+        "--outdated", action="store_true", help="only collectors behind the latest release on their channel"
+    )
     parsers = [listing]
     for name, text in (
         ("show", "Identity, live session, driver capabilities and vault mode of one collector."),
@@ -83,6 +88,13 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     )
     vault.add_argument("--integration", default="", help="vault integration id (mode C)")
     parsers.append(vault)
+    upgrade = sub.add_parser(
+        "update", help="Approve or withdraw a collector's upgrade (manual update policy)."
+    )
+    upgrade.add_argument("step", choices=["apply", "cancel"])
+    upgrade.add_argument("collector_id")
+    upgrade.add_argument("--version", default="", help="the release to install (default: the latest)")
+    parsers.append(upgrade)
     for p in parsers:
         p.add_argument("--json", action="store_true")
 
@@ -110,13 +122,34 @@ def span(text: str) -> dt.timedelta:
     return dt.timedelta(seconds=int(number) * _SPAN_UNITS[unit])
 
 
+_BADGE = {
+    pb.UPDATE_BADGE_UP_TO_DATE: "",
+    pb.UPDATE_BADGE_UPDATE_AVAILABLE: "update available",
+    pb.UPDATE_BADGE_UPDATING: "updating",
+    pb.UPDATE_BADGE_FAILED: "update failed",
+    pb.UPDATE_BADGE_ROLLED_BACK: "rolled back",
+}
+
+
+def _version(c: pb.Collector) -> str:
+    u = c.update
+    badge = _BADGE.get(u.badge, "")
+    if u.badge == pb.UPDATE_BADGE_UPDATING and u.target_version:
+        badge += f" -> {u.target_version}"
+    elif u.badge in (pb.UPDATE_BADGE_FAILED, pb.UPDATE_BADGE_ROLLED_BACK):
+        badge += f" from {u.state_version}"
+    elif u.badge == pb.UPDATE_BADGE_UPDATE_AVAILABLE:
+        badge += f": {u.latest_version}"
+    return (c.agent_version or "-") + (f" ({badge})" if badge else "")
+
+
 def print_collectors(collectors: list[pb.Collector]) -> None:
     rows = [
         (
             c.collector_id,
             c.site_id,
             c.hostname or "-",
-            c.agent_version or "-",
+            _version(c),
             _status(c),
             _session(c),
             _drivers(c),
@@ -158,6 +191,19 @@ def print_detail(c: pb.Collector) -> None:
     print("Identity\n" + _indent(fields(identity)))
     print("\nLive session\n" + _indent(fields(session)))
     print(f"\nCredential vault\n  recorded: {recorded}   running: {running_vault}")
+    u = c.update
+    agent = [
+        ("running", u.running_version or "-"),
+        ("latest", u.latest_version or "-"),
+        ("policy", f"{u.policy or '-'} ({u.channel or 'stable'} channel)"),
+        ("status", _BADGE.get(u.badge) or ("up to date" if u.badge == pb.UPDATE_BADGE_UP_TO_DATE else "-")),
+        ("target", u.target_version or "-"),
+        ("approved", u.approved_version or "-"),
+    ]
+    if u.state:
+        report = f"{u.state} {u.state_version}" + (f": {u.detail}" if u.detail else "")
+        agent.append(("last report", f"{report} ({when(u.state_at)})"))
+    print("\nAgent version\n" + _indent(fields(agent)))
     print("\nDriver capabilities")
     if not c.drivers:
         print("  (none reported)")
@@ -179,7 +225,9 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
         found: list[pb.Collector] = []
         page = ""
         while True:
-            request = pb.ListCollectorsRequest(site_id=args.site, query=args.query, page_token=page)
+            request = pb.ListCollectorsRequest(
+                site_id=args.site, query=args.query, page_token=page, outdated=args.outdated
+            )
             if args.expiring is not None:
                 request.expiring_within.FromTimedelta(args.expiring)
             reply = _call(settings, "ListCollectors", request)
@@ -187,7 +235,13 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
             page = reply.next_page_token
             if not page:
                 break
-        print_json(pb.ListCollectorsResponse(collectors=found)) if args.json else print_collectors(found)
+        if args.json:
+            print_json(pb.ListCollectorsResponse(collectors=found, outdated_count=reply.outdated_count))
+        else:
+            print_collectors(found)
+            if reply.outdated_count:
+                print(f"\n{reply.outdated_count} collector(s) behind the latest release "
+                      "(versus-cp collectors list --outdated)")  # fmt: skip
         return 0
     if args.action == "probe":
         probe = _call(settings, "ProbeCollector", pb.ProbeCollectorRequest(collector_id=cid))
@@ -219,6 +273,12 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
                 collector_id=cid, vault_mode=VAULT_MODES[args.mode], integration_id=args.integration
             ),
         )
+    if args.action == "update":
+        requests["update"] = (
+            ("ApplyUpdate", pb.ApplyUpdateRequest(collector_id=cid, target_version=args.version))
+            if args.step == "apply"
+            else ("CancelUpdate", pb.CancelUpdateRequest(collector_id=cid))
+        )
     method, request = requests[args.action]
     reply = _call(settings, method, request)
     if args.json:
@@ -229,6 +289,10 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
         print_collectors([reply.collector])
         if args.action == "vault-mode":
             print("\nSaved. A connected collector restarts to apply it on its next claim.")
+        if args.action == "update" and args.step == "apply":
+            approved = reply.collector.update.approved_version
+            print(f"\nApproved {approved}: the collector's supervisor installs it after its next claim "
+                  "(docs/upgrades.md).")  # fmt: skip
     return 0
 
 

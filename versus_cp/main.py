@@ -43,6 +43,7 @@ from versus_cp import (
     fleet_cmd,
     keys_cmd,
     queue_cmd,
+    releases_cmd,
     tasks_cmd,
     tunnel_cmd,
 )
@@ -116,9 +117,15 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         tunnel_cmd.add_arguments,
     ),
     "collectors": (
-        "List, inspect, approve, deny, probe, drain, undrain and revoke collectors; switch vault modes.",
+        "List, inspect, approve, deny, probe, drain, undrain and revoke collectors; switch vault modes;"
+        " approve upgrades.",
         fleet_cmd.run_collectors,
         fleet_cmd.add_collector_arguments,
+    ),
+    "releases": (
+        "Publish, list, show and yank collector releases (signed self-upgrades).",
+        releases_cmd.run,
+        releases_cmd.add_arguments,
     ),
     "vault-integrations": (
         "Register and list the external vaults (AppRole) that vault mode C uses.",

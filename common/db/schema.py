@@ -99,10 +99,13 @@ sites = Table(
     Column("tenant_id", Text, nullable=False),
     Column("update_policy", Text, nullable=False, server_default=text("'manual'")),
     Column("pinned_version", Text, nullable=True),
+    # Release channel the auto policy follows (docs/upgrades.md).
+    Column("update_channel", Text, nullable=False, server_default=text("'stable'")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     UniqueConstraint("tenant_id", "name"),
     CheckConstraint("update_policy IN ('manual', 'auto', 'pinned')", name="update_policy"),
+    CheckConstraint("update_channel IN ('stable', 'beta')", name="update_channel"),
     CheckConstraint("(update_policy = 'pinned') = (pinned_version IS NOT NULL)", name="pinned_version"),
 )
 
@@ -282,4 +285,47 @@ collector_capabilities = Table(
     Column("agent_version", Text, nullable=False, server_default=text("''")),
     Column("draining", Boolean, nullable=False, server_default=text("false")),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Published collector releases: one row per artifact (version, os, arch), also a target of the TUF
+# repository (router/update_repo.py). Yanking keeps the row and removes the target. Owned by the router.
+releases = Table(
+    "releases",
+    metadata,
+    Column("version", Text, nullable=False),
+    Column("os", Text, nullable=False),
+    Column("arch", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("security_fix", Boolean, nullable=False, server_default=text("false")),
+    # TUF target name, and the artifact's length and SHA-256 as the targets metadata signs them.
+    Column("target_name", Text, nullable=False, unique=True),
+    Column("length", BigInteger, nullable=False),
+    Column("sha256", Text, nullable=False),
+    Column("notes", Text, nullable=False, server_default=text("''")),
+    Column("published_by", Text, nullable=False),
+    Column("published_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("yanked_at", DateTime(timezone=True), nullable=True),
+    Column("yanked_by", Text, nullable=True),
+    Column("yank_reason", Text, nullable=True),
+    UniqueConstraint("version", "os", "arch"),
+    CheckConstraint("channel IN ('stable', 'beta')", name="channel"),
+)
+
+# Each collector's upgrade: the operator's approval (manual policy), the target the policy gives
+# (recomputed by router/updates.py and carried in the signed config), and what the collector's
+# supervisor last reported. Owned by the router.
+collector_updates = Table(
+    "collector_updates",
+    metadata,
+    Column("collector_id", Text, ForeignKey("collectors.collector_id", ondelete="CASCADE"), primary_key=True),
+    Column("approved_version", Text, nullable=True),
+    Column("approved_by", Text, nullable=True),
+    Column("approved_at", DateTime(timezone=True), nullable=True),
+    Column("target_version", Text, nullable=True),
+    # '' (nothing reported), 'updating', 'updated', 'rolled_back' or 'failed', about state_version.
+    Column("state", Text, nullable=False, server_default=text("''")),
+    Column("state_version", Text, nullable=True),
+    Column("detail", Text, nullable=False, server_default=text("''")),
+    Column("state_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("state IN ('', 'updating', 'updated', 'rolled_back', 'failed')", name="state"),
 )

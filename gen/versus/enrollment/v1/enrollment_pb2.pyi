@@ -45,6 +45,23 @@ UPDATE_POLICY_AUTO: UpdatePolicy.ValueType  # 2
 UPDATE_POLICY_PINNED: UpdatePolicy.ValueType  # 3
 Global___UpdatePolicy: _TypeAlias = UpdatePolicy  # noqa: Y015
 
+class _UpdateChannel:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _UpdateChannelEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_UpdateChannel.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    UPDATE_CHANNEL_UNSPECIFIED: _UpdateChannel.ValueType  # 0
+    UPDATE_CHANNEL_STABLE: _UpdateChannel.ValueType  # 1
+    UPDATE_CHANNEL_BETA: _UpdateChannel.ValueType  # 2
+
+class UpdateChannel(_UpdateChannel, metaclass=_UpdateChannelEnumTypeWrapper): ...
+
+UPDATE_CHANNEL_UNSPECIFIED: UpdateChannel.ValueType  # 0
+UPDATE_CHANNEL_STABLE: UpdateChannel.ValueType  # 1
+UPDATE_CHANNEL_BETA: UpdateChannel.ValueType  # 2
+Global___UpdateChannel: _TypeAlias = UpdateChannel  # noqa: Y015
+
 class _ApprovalMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -98,6 +115,7 @@ class Site(_message.Message):
     PINNED_VERSION_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     COLLECTOR_COUNT_FIELD_NUMBER: _builtins.int
+    UPDATE_CHANNEL_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     name: _builtins.str
     tenant_id: _builtins.str
@@ -105,6 +123,8 @@ class Site(_message.Message):
     pinned_version: _builtins.str
     """Target version when update_policy is PINNED."""
     collector_count: _builtins.int
+    update_channel: Global___UpdateChannel.ValueType
+    """Release channel the auto policy follows."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -117,10 +137,11 @@ class Site(_message.Message):
         pinned_version: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         collector_count: _builtins.int = ...,
+        update_channel: Global___UpdateChannel.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_count", b"collector_count", "created_at", b"created_at", "name", b"name", "pinned_version", b"pinned_version", "site_id", b"site_id", "tenant_id", b"tenant_id", "update_policy", b"update_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_count", b"collector_count", "created_at", b"created_at", "name", b"name", "pinned_version", b"pinned_version", "site_id", b"site_id", "tenant_id", b"tenant_id", "update_channel", b"update_channel", "update_policy", b"update_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -379,10 +400,13 @@ class CreateSiteRequest(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     UPDATE_POLICY_FIELD_NUMBER: _builtins.int
     PINNED_VERSION_FIELD_NUMBER: _builtins.int
+    UPDATE_CHANNEL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     tenant_id: _builtins.str
     update_policy: Global___UpdatePolicy.ValueType
     pinned_version: _builtins.str
+    update_channel: Global___UpdateChannel.ValueType
+    """Unset: stable."""
     def __init__(
         self,
         *,
@@ -390,10 +414,11 @@ class CreateSiteRequest(_message.Message):
         tenant_id: _builtins.str = ...,
         update_policy: Global___UpdatePolicy.ValueType = ...,
         pinned_version: _builtins.str = ...,
+        update_channel: Global___UpdateChannel.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "pinned_version", b"pinned_version", "tenant_id", b"tenant_id", "update_policy", b"update_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "pinned_version", b"pinned_version", "tenant_id", b"tenant_id", "update_channel", b"update_channel", "update_policy", b"update_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -514,10 +539,12 @@ class UpdateSiteRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     UPDATE_POLICY_FIELD_NUMBER: _builtins.int
     PINNED_VERSION_FIELD_NUMBER: _builtins.int
+    UPDATE_CHANNEL_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     name: _builtins.str
     update_policy: Global___UpdatePolicy.ValueType
     pinned_version: _builtins.str
+    update_channel: Global___UpdateChannel.ValueType
     def __init__(
         self,
         *,
@@ -525,21 +552,26 @@ class UpdateSiteRequest(_message.Message):
         name: _builtins.str | None = ...,
         update_policy: Global___UpdatePolicy.ValueType | None = ...,
         pinned_version: _builtins.str | None = ...,
+        update_channel: Global___UpdateChannel.ValueType | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_name", b"_name", "_pinned_version", b"_pinned_version", "_update_policy", b"_update_policy", "name", b"name", "pinned_version", b"pinned_version", "update_policy", b"update_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_name", b"_name", "_pinned_version", b"_pinned_version", "_update_channel", b"_update_channel", "_update_policy", b"_update_policy", "name", b"name", "pinned_version", b"pinned_version", "update_channel", b"update_channel", "update_policy", b"update_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_name", b"_name", "_pinned_version", b"_pinned_version", "_update_policy", b"_update_policy", "name", b"name", "pinned_version", b"pinned_version", "site_id", b"site_id", "update_policy", b"update_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_name", b"_name", "_pinned_version", b"_pinned_version", "_update_channel", b"_update_channel", "_update_policy", b"_update_policy", "name", b"name", "pinned_version", b"pinned_version", "site_id", b"site_id", "update_channel", b"update_channel", "update_policy", b"update_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__name: _TypeAlias = _typing.Literal["name"]  # noqa: Y015
     _WhichOneofArgType__name: _TypeAlias = _typing.Literal["_name", b"_name"]  # noqa: Y015
     _WhichOneofReturnType__pinned_version: _TypeAlias = _typing.Literal["pinned_version"]  # noqa: Y015
     _WhichOneofArgType__pinned_version: _TypeAlias = _typing.Literal["_pinned_version", b"_pinned_version"]  # noqa: Y015
+    _WhichOneofReturnType__update_channel: _TypeAlias = _typing.Literal["update_channel"]  # noqa: Y015
+    _WhichOneofArgType__update_channel: _TypeAlias = _typing.Literal["_update_channel", b"_update_channel"]  # noqa: Y015
     _WhichOneofReturnType__update_policy: _TypeAlias = _typing.Literal["update_policy"]  # noqa: Y015
     _WhichOneofArgType__update_policy: _TypeAlias = _typing.Literal["_update_policy", b"_update_policy"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__name) -> _WhichOneofReturnType__name | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pinned_version) -> _WhichOneofReturnType__pinned_version | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__update_channel) -> _WhichOneofReturnType__update_channel | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__update_policy) -> _WhichOneofReturnType__update_policy | None: ...
 

@@ -95,6 +95,34 @@ VAULT_MODE_EXTERNAL: VaultMode.ValueType  # 3
 """Fetched by the collector from a configured external secret manager."""
 Global___VaultMode: _TypeAlias = VaultMode  # noqa: Y015
 
+class _UpdateBadge:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _UpdateBadgeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_UpdateBadge.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    UPDATE_BADGE_UNSPECIFIED: _UpdateBadge.ValueType  # 0
+    UPDATE_BADGE_UP_TO_DATE: _UpdateBadge.ValueType  # 1
+    UPDATE_BADGE_UPDATE_AVAILABLE: _UpdateBadge.ValueType  # 2
+    UPDATE_BADGE_UPDATING: _UpdateBadge.ValueType  # 3
+    UPDATE_BADGE_FAILED: _UpdateBadge.ValueType  # 4
+    """The supervisor could not install the target (download or verification failed)."""
+    UPDATE_BADGE_ROLLED_BACK: _UpdateBadge.ValueType  # 5
+    """The target was installed but did not pass its health window; the previous version runs again."""
+
+class UpdateBadge(_UpdateBadge, metaclass=_UpdateBadgeEnumTypeWrapper):
+    """Where a collector stands against the releases (docs/upgrades.md)."""
+
+UPDATE_BADGE_UNSPECIFIED: UpdateBadge.ValueType  # 0
+UPDATE_BADGE_UP_TO_DATE: UpdateBadge.ValueType  # 1
+UPDATE_BADGE_UPDATE_AVAILABLE: UpdateBadge.ValueType  # 2
+UPDATE_BADGE_UPDATING: UpdateBadge.ValueType  # 3
+UPDATE_BADGE_FAILED: UpdateBadge.ValueType  # 4
+"""The supervisor could not install the target (download or verification failed)."""
+UPDATE_BADGE_ROLLED_BACK: UpdateBadge.ValueType  # 5
+"""The target was installed but did not pass its health window; the previous version runs again."""
+Global___UpdateBadge: _TypeAlias = UpdateBadge  # noqa: Y015
+
 class _Channel:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -140,6 +168,7 @@ class Collector(_message.Message):
     DRIVERS_FIELD_NUMBER: _builtins.int
     STATUS_CHANGED_AT_FIELD_NUMBER: _builtins.int
     CERT_ISSUER_FIELD_NUMBER: _builtins.int
+    UPDATE_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     site_id: _builtins.str
     hostname: _builtins.str
@@ -172,6 +201,8 @@ class Collector(_message.Message):
     def drivers(self) -> _containers.RepeatedCompositeFieldContainer[Global___DriverCapabilities]: ...
     @_builtins.property
     def status_changed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def update(self) -> Global___CollectorUpdate: ...
     def __init__(
         self,
         *,
@@ -198,14 +229,70 @@ class Collector(_message.Message):
         drivers: _abc.Iterable[Global___DriverCapabilities] | None = ...,
         status_changed_at: _timestamp_pb2.Timestamp | None = ...,
         cert_issuer: _builtins.str = ...,
+        update: Global___CollectorUpdate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "enrolled_at", b"enrolled_at", "last_seen_at", b"last_seen_at", "session", b"session", "status_changed_at", b"status_changed_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "enrolled_at", b"enrolled_at", "last_seen_at", b"last_seen_at", "session", b"session", "status_changed_at", b"status_changed_at", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_issuer", b"cert_issuer", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_issuer", b"cert_issuer", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "update", b"update", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Collector: _TypeAlias = Collector  # noqa: Y015
+
+@_typing.final
+class CollectorUpdate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNING_VERSION_FIELD_NUMBER: _builtins.int
+    LATEST_VERSION_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    CHANNEL_FIELD_NUMBER: _builtins.int
+    TARGET_VERSION_FIELD_NUMBER: _builtins.int
+    APPROVED_VERSION_FIELD_NUMBER: _builtins.int
+    BADGE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STATE_VERSION_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    STATE_AT_FIELD_NUMBER: _builtins.int
+    running_version: _builtins.str
+    latest_version: _builtins.str
+    """Newest release on the site's channel for the collector's os and arch."""
+    policy: _builtins.str
+    """The site's policy: "manual", "auto" or "pinned"."""
+    channel: _builtins.str
+    target_version: _builtins.str
+    """The version the policy sends the collector to now; empty: stay."""
+    approved_version: _builtins.str
+    """Manual policy: the version an administrator approved, until cancelled."""
+    badge: Global___UpdateBadge.ValueType
+    state: _builtins.str
+    """What the collector's supervisor last reported, and about which version."""
+    state_version: _builtins.str
+    detail: _builtins.str
+    @_builtins.property
+    def state_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        running_version: _builtins.str = ...,
+        latest_version: _builtins.str = ...,
+        policy: _builtins.str = ...,
+        channel: _builtins.str = ...,
+        target_version: _builtins.str = ...,
+        approved_version: _builtins.str = ...,
+        badge: Global___UpdateBadge.ValueType = ...,
+        state: _builtins.str = ...,
+        state_version: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        state_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state_at", b"state_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approved_version", b"approved_version", "badge", b"badge", "channel", b"channel", "detail", b"detail", "latest_version", b"latest_version", "policy", b"policy", "running_version", b"running_version", "state", b"state", "state_at", b"state_at", "state_version", b"state_version", "target_version", b"target_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CollectorUpdate: _TypeAlias = CollectorUpdate  # noqa: Y015
 
 @_typing.final
 class Session(_message.Message):
@@ -352,11 +439,14 @@ class ListCollectorsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     EXPIRING_WITHIN_FIELD_NUMBER: _builtins.int
+    OUTDATED_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     query: _builtins.str
     """Matches collector id, hostname or site id."""
     page_size: _builtins.int
     page_token: _builtins.str
+    outdated: _builtins.bool
+    """Only collectors not running the latest release on their site's channel."""
     @_builtins.property
     def expiring_within(self) -> _duration_pb2.Duration:
         """Only collectors whose certificate expires within this long (expired ones included);
@@ -371,10 +461,11 @@ class ListCollectorsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         expiring_within: _duration_pb2.Duration | None = ...,
+        outdated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "site_id", b"site_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within", "outdated", b"outdated", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "site_id", b"site_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -386,7 +477,10 @@ class ListCollectorsResponse(_message.Message):
 
     COLLECTORS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    OUTDATED_COUNT_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    outdated_count: _builtins.int
+    """Collectors matching the other filters that are behind the latest release (all pages)."""
     @_builtins.property
     def collectors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Collector]: ...
     def __init__(
@@ -394,10 +488,11 @@ class ListCollectorsResponse(_message.Message):
         *,
         collectors: _abc.Iterable[Global___Collector] | None = ...,
         next_page_token: _builtins.str = ...,
+        outdated_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collectors", b"collectors", "next_page_token", b"next_page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collectors", b"collectors", "next_page_token", b"next_page_token", "outdated_count", b"outdated_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -874,8 +969,14 @@ class Release(_message.Message):
     SHA256_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
     PUBLISHED_AT_FIELD_NUMBER: _builtins.int
-    MANIFEST_FIELD_NUMBER: _builtins.int
-    SIGNATURE_KID_FIELD_NUMBER: _builtins.int
+    TARGET_NAME_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    PUBLISHED_BY_FIELD_NUMBER: _builtins.int
+    YANKED_FIELD_NUMBER: _builtins.int
+    YANKED_AT_FIELD_NUMBER: _builtins.int
+    YANKED_BY_FIELD_NUMBER: _builtins.int
+    YANK_REASON_FIELD_NUMBER: _builtins.int
+    RUNNING_COUNT_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     channel: Global___Channel.ValueType
     security_fix: _builtins.bool
@@ -883,11 +984,19 @@ class Release(_message.Message):
     arch: _builtins.str
     sha256: _builtins.str
     notes: _builtins.str
-    manifest: _builtins.bytes
-    """Signed manifest as published, and the release key that signed it."""
-    signature_kid: _builtins.str
+    target_name: _builtins.str
+    """Name of the artifact in the update repository (TUF target), and its length in bytes."""
+    length: _builtins.int
+    published_by: _builtins.str
+    yanked: _builtins.bool
+    yanked_by: _builtins.str
+    yank_reason: _builtins.str
+    running_count: _builtins.int
+    """Active collectors on this os and arch that run this version."""
     @_builtins.property
     def published_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def yanked_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -899,19 +1008,27 @@ class Release(_message.Message):
         sha256: _builtins.str = ...,
         notes: _builtins.str = ...,
         published_at: _timestamp_pb2.Timestamp | None = ...,
-        manifest: _builtins.bytes = ...,
-        signature_kid: _builtins.str = ...,
+        target_name: _builtins.str = ...,
+        length: _builtins.int = ...,
+        published_by: _builtins.str = ...,
+        yanked: _builtins.bool = ...,
+        yanked_at: _timestamp_pb2.Timestamp | None = ...,
+        yanked_by: _builtins.str = ...,
+        yank_reason: _builtins.str = ...,
+        running_count: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["published_at", b"published_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["published_at", b"published_at", "yanked_at", b"yanked_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "manifest", b"manifest", "notes", b"notes", "os", b"os", "published_at", b"published_at", "security_fix", b"security_fix", "sha256", b"sha256", "signature_kid", b"signature_kid", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "length", b"length", "notes", b"notes", "os", b"os", "published_at", b"published_at", "published_by", b"published_by", "running_count", b"running_count", "security_fix", b"security_fix", "sha256", b"sha256", "target_name", b"target_name", "version", b"version", "yank_reason", b"yank_reason", "yanked", b"yanked", "yanked_at", b"yanked_at", "yanked_by", b"yanked_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Release: _TypeAlias = Release  # noqa: Y015
 
 @_typing.final
-class PublishReleaseRequest(_message.Message):
+class ReleaseHeader(_message.Message):
+    """Names the release; sent first, once."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
@@ -919,15 +1036,18 @@ class PublishReleaseRequest(_message.Message):
     SECURITY_FIX_FIELD_NUMBER: _builtins.int
     OS_FIELD_NUMBER: _builtins.int
     ARCH_FIELD_NUMBER: _builtins.int
-    ARTIFACT_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     channel: Global___Channel.ValueType
     security_fix: _builtins.bool
     os: _builtins.str
     arch: _builtins.str
-    artifact: _builtins.bytes
     notes: _builtins.str
+    length: _builtins.int
+    """Length of the artifact in bytes and its SHA-256 (hex), checked when the last chunk arrived."""
+    sha256: _builtins.str
     def __init__(
         self,
         *,
@@ -936,14 +1056,41 @@ class PublishReleaseRequest(_message.Message):
         security_fix: _builtins.bool = ...,
         os: _builtins.str = ...,
         arch: _builtins.str = ...,
-        artifact: _builtins.bytes = ...,
         notes: _builtins.str = ...,
+        length: _builtins.int = ...,
+        sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "artifact", b"artifact", "channel", b"channel", "notes", b"notes", "os", b"os", "security_fix", b"security_fix", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "length", b"length", "notes", b"notes", "os", b"os", "security_fix", b"security_fix", "sha256", b"sha256", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseHeader: _TypeAlias = ReleaseHeader  # noqa: Y015
+
+@_typing.final
+class PublishReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    chunk: _builtins.bytes
+    """The artifact, in order, at most 1 MiB per message."""
+    @_builtins.property
+    def header(self) -> Global___ReleaseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ReleaseHeader | None = ...,
+        chunk: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "header", b"header", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "header", b"header", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "chunk"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
 
 Global___PublishReleaseRequest: _TypeAlias = PublishReleaseRequest  # noqa: Y015
 
@@ -972,15 +1119,19 @@ class ListReleasesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANNEL_FIELD_NUMBER: _builtins.int
+    INCLUDE_YANKED_FIELD_NUMBER: _builtins.int
     channel: Global___Channel.ValueType
+    """Unset: every channel."""
+    include_yanked: _builtins.bool
     def __init__(
         self,
         *,
         channel: Global___Channel.ValueType = ...,
+        include_yanked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel", b"channel", "include_yanked", b"include_yanked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1007,6 +1158,89 @@ class ListReleasesResponse(_message.Message):
 Global___ListReleasesResponse: _TypeAlias = ListReleasesResponse  # noqa: Y015
 
 @_typing.final
+class GetReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReleaseRequest: _TypeAlias = GetReleaseRequest  # noqa: Y015
+
+@_typing.final
+class GetReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def releases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Release]:
+        """One per os and arch."""
+
+    def __init__(
+        self,
+        *,
+        releases: _abc.Iterable[Global___Release] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["releases", b"releases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReleaseResponse: _TypeAlias = GetReleaseResponse  # noqa: Y015
+
+@_typing.final
+class YankReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___YankReleaseRequest: _TypeAlias = YankReleaseRequest  # noqa: Y015
+
+@_typing.final
+class YankReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def releases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Release]: ...
+    def __init__(
+        self,
+        *,
+        releases: _abc.Iterable[Global___Release] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["releases", b"releases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___YankReleaseResponse: _TypeAlias = YankReleaseResponse  # noqa: Y015
+
+@_typing.final
 class ApplyUpdateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1014,6 +1248,7 @@ class ApplyUpdateRequest(_message.Message):
     TARGET_VERSION_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     target_version: _builtins.str
+    """Empty: the latest release on the site's channel."""
     def __init__(
         self,
         *,

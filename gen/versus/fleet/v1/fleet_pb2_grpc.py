@@ -90,7 +90,7 @@ class FleetServiceStub:
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsRequest.SerializeToString,
                 response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsResponse.FromString,
                 _registered_method=True)
-        self.PublishRelease = channel.unary_unary(
+        self.PublishRelease = channel.stream_unary(
                 '/versus.fleet.v1.FleetService/PublishRelease',
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.PublishReleaseRequest.SerializeToString,
                 response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.PublishReleaseResponse.FromString,
@@ -99,6 +99,16 @@ class FleetServiceStub:
                 '/versus.fleet.v1.FleetService/ListReleases',
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListReleasesRequest.SerializeToString,
                 response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListReleasesResponse.FromString,
+                _registered_method=True)
+        self.GetRelease = channel.unary_unary(
+                '/versus.fleet.v1.FleetService/GetRelease',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseResponse.FromString,
+                _registered_method=True)
+        self.YankRelease = channel.unary_unary(
+                '/versus.fleet.v1.FleetService/YankRelease',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseResponse.FromString,
                 _registered_method=True)
         self.ApplyUpdate = channel.unary_unary(
                 '/versus.fleet.v1.FleetService/ApplyUpdate',
@@ -187,14 +197,28 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PublishRelease(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def PublishRelease(self, request_iterator, context):
+        """Register a collector release: the first message names it, the rest carry the artifact in order.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListReleases(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRelease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def YankRelease(self, request, context):
+        """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -271,7 +295,7 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsRequest.FromString,
                     response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListVaultIntegrationsResponse.SerializeToString,
             ),
-            'PublishRelease': grpc.unary_unary_rpc_method_handler(
+            'PublishRelease': grpc.stream_unary_rpc_method_handler(
                     servicer.PublishRelease,
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.PublishReleaseRequest.FromString,
                     response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.PublishReleaseResponse.SerializeToString,
@@ -280,6 +304,16 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.ListReleases,
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListReleasesRequest.FromString,
                     response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListReleasesResponse.SerializeToString,
+            ),
+            'GetRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRelease,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseResponse.SerializeToString,
+            ),
+            'YankRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.YankRelease,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseResponse.SerializeToString,
             ),
             'ApplyUpdate': grpc.unary_unary_rpc_method_handler(
                     servicer.ApplyUpdate,
@@ -601,7 +635,7 @@ class FleetService:
             _registered_method=True)
 
     @staticmethod
-    def PublishRelease(request,
+    def PublishRelease(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -611,8 +645,8 @@ class FleetService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/versus.fleet.v1.FleetService/PublishRelease',
             versus_dot_fleet_dot_v1_dot_fleet__pb2.PublishReleaseRequest.SerializeToString,
@@ -644,6 +678,60 @@ class FleetService:
             '/versus.fleet.v1.FleetService/ListReleases',
             versus_dot_fleet_dot_v1_dot_fleet__pb2.ListReleasesRequest.SerializeToString,
             versus_dot_fleet_dot_v1_dot_fleet__pb2.ListReleasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/GetRelease',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def YankRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/YankRelease',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

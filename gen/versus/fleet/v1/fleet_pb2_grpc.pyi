@@ -49,8 +49,12 @@ class FleetServiceStub:
     CreateVaultIntegration: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.CreateVaultIntegrationRequest, _fleet_pb2.CreateVaultIntegrationResponse]
     """External secret managers that vault mode C can reference."""
     ListVaultIntegrations: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListVaultIntegrationsRequest, _fleet_pb2.ListVaultIntegrationsResponse]
-    PublishRelease: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.PublishReleaseRequest, _fleet_pb2.PublishReleaseResponse]
+    PublishRelease: _grpc.StreamUnaryMultiCallable[_fleet_pb2.PublishReleaseRequest, _fleet_pb2.PublishReleaseResponse]
+    """Register a collector release: the first message names it, the rest carry the artifact in order."""
     ListReleases: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListReleasesRequest, _fleet_pb2.ListReleasesResponse]
+    GetRelease: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetReleaseRequest, _fleet_pb2.GetReleaseResponse]
+    YankRelease: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.YankReleaseRequest, _fleet_pb2.YankReleaseResponse]
+    """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it."""
     ApplyUpdate: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ApplyUpdateRequest, _fleet_pb2.ApplyUpdateResponse]
     """Approve an upgrade of one collector to a target version."""
     CancelUpdate: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.CancelUpdateRequest, _fleet_pb2.CancelUpdateResponse]
@@ -77,8 +81,12 @@ class FleetServiceAsyncStub(FleetServiceStub):
     CreateVaultIntegration: _aio.UnaryUnaryMultiCallable[_fleet_pb2.CreateVaultIntegrationRequest, _fleet_pb2.CreateVaultIntegrationResponse]  # type: ignore[assignment]
     """External secret managers that vault mode C can reference."""
     ListVaultIntegrations: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListVaultIntegrationsRequest, _fleet_pb2.ListVaultIntegrationsResponse]  # type: ignore[assignment]
-    PublishRelease: _aio.UnaryUnaryMultiCallable[_fleet_pb2.PublishReleaseRequest, _fleet_pb2.PublishReleaseResponse]  # type: ignore[assignment]
+    PublishRelease: _aio.StreamUnaryMultiCallable[_fleet_pb2.PublishReleaseRequest, _fleet_pb2.PublishReleaseResponse]  # type: ignore[assignment]
+    """Register a collector release: the first message names it, the rest carry the artifact in order."""
     ListReleases: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListReleasesRequest, _fleet_pb2.ListReleasesResponse]  # type: ignore[assignment]
+    GetRelease: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetReleaseRequest, _fleet_pb2.GetReleaseResponse]  # type: ignore[assignment]
+    YankRelease: _aio.UnaryUnaryMultiCallable[_fleet_pb2.YankReleaseRequest, _fleet_pb2.YankReleaseResponse]  # type: ignore[assignment]
+    """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it."""
     ApplyUpdate: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ApplyUpdateRequest, _fleet_pb2.ApplyUpdateResponse]  # type: ignore[assignment]
     """Approve an upgrade of one collector to a target version."""
     CancelUpdate: _aio.UnaryUnaryMultiCallable[_fleet_pb2.CancelUpdateRequest, _fleet_pb2.CancelUpdateResponse]  # type: ignore[assignment]
@@ -172,9 +180,10 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def PublishRelease(
         self,
-        request: _fleet_pb2.PublishReleaseRequest,
+        request_iterator: _MaybeAsyncIterator[_fleet_pb2.PublishReleaseRequest],
         context: _ServicerContext,
-    ) -> _typing.Union[_fleet_pb2.PublishReleaseResponse, _abc.Awaitable[_fleet_pb2.PublishReleaseResponse]]: ...
+    ) -> _typing.Union[_fleet_pb2.PublishReleaseResponse, _abc.Awaitable[_fleet_pb2.PublishReleaseResponse]]:
+        """Register a collector release: the first message names it, the rest carry the artifact in order."""
 
     @_abc_1.abstractmethod
     def ListReleases(
@@ -182,6 +191,21 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_pb2.ListReleasesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.ListReleasesResponse, _abc.Awaitable[_fleet_pb2.ListReleasesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetRelease(
+        self,
+        request: _fleet_pb2.GetReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.GetReleaseResponse, _abc.Awaitable[_fleet_pb2.GetReleaseResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def YankRelease(
+        self,
+        request: _fleet_pb2.YankReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.YankReleaseResponse, _abc.Awaitable[_fleet_pb2.YankReleaseResponse]]:
+        """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it."""
 
     @_abc_1.abstractmethod
     def ApplyUpdate(

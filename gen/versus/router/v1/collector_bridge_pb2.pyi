@@ -103,6 +103,7 @@ class ClaimRequest(_message.Message):
     MAX_DISPATCHES_FIELD_NUMBER: _builtins.int
     CONFIG_VERSION_FIELD_NUMBER: _builtins.int
     KEY_VERSIONS_FIELD_NUMBER: _builtins.int
+    UPDATE_STATUS_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
@@ -138,6 +139,10 @@ class ClaimRequest(_message.Message):
     def key_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Versions of the key sets the collector holds, by set ("dispatch", "release"); empty: unknown."""
 
+    @_builtins.property
+    def update_status(self) -> Global___UpdateStatus:
+        """What the collector's supervisor last reported about an upgrade; unset: nothing."""
+
     def __init__(
         self,
         *,
@@ -154,14 +159,49 @@ class ClaimRequest(_message.Message):
         max_dispatches: _builtins.int = ...,
         config_version: _builtins.int = ...,
         key_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        update_status: Global___UpdateStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update_status", b"update_status", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "update_status", b"update_status", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimRequest: _TypeAlias = ClaimRequest  # noqa: Y015
+
+@_typing.final
+class UpdateStatus(_message.Message):
+    """An upgrade as the supervisor saw it (docs/upgrades.md)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """"updating", "updated", "rolled_back" or "failed"."""
+    version: _builtins.str
+    """The version the state is about (the target)."""
+    detail: _builtins.str
+    """Why, for rolled_back and failed."""
+    at: _builtins.int
+    """When the supervisor recorded it (Unix seconds, collector clock)."""
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        version: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        at: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "detail", b"detail", "state", b"state", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateStatus: _TypeAlias = UpdateStatus  # noqa: Y015
 
 @_typing.final
 class SignedEnvelope(_message.Message):

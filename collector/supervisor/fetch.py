@@ -1,0 +1,179 @@
+"""Download and verify a release with python-tuf's ``ngclient``, trusting only the pinned release keys.
+
+The update repository's root is held by the release key set
+(router/update_repo.py), which the collector pinned at enrollment and follows
+in-band (collector/key_sets.py). The first time, the supervisor looks for the
+newest root version whose root keys are all pinned - same key ids *and* same
+public key bytes - and signed by them, checks the operator's ``--update-pubkey``
+is one of them, and hands it to ngclient as the trusted root; from then on
+ngclient keeps its own trusted metadata (``<state>/tuf/``) and walks root
+rotations itself. ngclient refuses a bad signature, too few signatures, a
+rollback of any role's version, expired metadata, a snapshot that does not
+match, and a target whose length or hash differs; the fetcher bounds every
+download in time (collector/update_fetcher.py).
+
+The signed config names the target's name, version, length and SHA-256; the
+TUF targets metadata must agree on all four, so neither the gateway nor a stale
+config can swap one release for another.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import ec
+from tuf.api import exceptions
+from tuf.api.metadata import Metadata, Root
+from tuf.ngclient import Updater
+
+from collector.update_fetcher import GatewayFetcher
+from common.keys import PublicKey
+
+MAX_ROOT_BYTES = 512_000
+MAX_ROOT_VERSIONS = 1024
+
+
+class UpdateError(Exception):
+    """A release that cannot be installed; ``code`` is stable and reported to the control plane."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The upgrade target as the signed config names it."""
+
+    version: str
+    name: str
+    sha256: str
+    length: int
+
+    @classmethod
+    def from_config(cls, update: Mapping[str, Any]) -> Target:
+        try:
+            return cls(
+                str(update["version"]), str(update["target"]), str(update["sha256"]), int(update["length"])
+            )
+        except (KeyError, TypeError, ValueError):
+            raise UpdateError("target_malformed", "the config's update target is malformed") from None
+
+
+def _root_keys_pinned(root: Metadata[Root], pinned: Mapping[str, PublicKey]) -> bool:
+    """Every key of the root role is pinned (same id and bytes) and enough of them signed it."""
+    role = root.signed.roles["root"]
+    for keyid in role.keyids:
+        held = pinned.get(keyid)
+        key = root.signed.keys.get(keyid)
+        if held is None or key is None or bytes.fromhex(str(key.keyval.get("public", ""))) != held.public:
+            return False
+    try:
+        root.signed.verify_delegate("root", root.signed_bytes, root.signatures)
+    except exceptions.UnsignedMetadataError:
+        return False
+    return True
+
+
+def anchor_matches(root: Metadata[Root], anchor: str) -> bool:
+    """``anchor`` (a key id, or the base64 or hex of an Ed25519 public key) is a key of the root role."""
+    import base64
+    import binascii
+
+    for keyid in root.signed.roles["root"].keyids:
+        public = str(root.signed.keys[keyid].keyval.get("public", ""))
+        if anchor in (keyid, public):
+            return True
+        try:
+            if base64.b64decode(anchor, validate=True).hex() == public:
+                return True
+        except (binascii.Error, ValueError):
+            continue
+    return False
+
+
+class ReleaseFetcher:
+    def __init__(
+        self,
+        metadata_dir: Path,
+        metadata_url: str,
+        download_dir: Path,
+        context: ssl.SSLContext,
+        key: ec.EllipticCurvePrivateKey,
+        collector_id: str,
+        pinned: Mapping[str, PublicKey],
+        anchor: str,
+    ):
+        if not metadata_url.endswith("/metadata/"):
+            raise UpdateError("manifest_url_invalid", "--manifest-url must end in /updates/metadata/")
+        self.metadata_dir = metadata_dir
+        self.metadata_url = metadata_url
+        self.targets_url = metadata_url[: -len("metadata/")] + "targets/"
+        self.download_dir = download_dir
+        self.fetcher = GatewayFetcher(context, key, collector_id)
+        self.pinned = pinned
+        self.anchor = anchor
+
+    def close(self) -> None:
+        self.fetcher.close()
+
+    def _bootstrap(self) -> bytes | None:
+        """The trusted root for a first run; None when ngclient already keeps one."""
+        if (self.metadata_dir / "root.json").exists():
+            return None
+        best: bytes | None = None
+        for version in range(1, MAX_ROOT_VERSIONS + 1):
+            try:
+                raw = self.fetcher.download_bytes(f"{self.metadata_url}{version}.root.json", MAX_ROOT_BYTES)
+            except exceptions.DownloadHTTPError as exc:
+                if exc.status_code == 404:
+                    break
+                raise
+            root = Metadata[Root].from_bytes(raw)
+            if root.signed.version == version and _root_keys_pinned(root, self.pinned):
+                best = raw
+        if best is None:
+            raise UpdateError(
+                "update_root_not_pinned",
+                "no version of the update repository's root is held by the pinned release keys",
+            )
+        if not anchor_matches(Metadata[Root].from_bytes(best), self.anchor):
+            raise UpdateError(
+                "update_pubkey_not_trusted", "--update-pubkey is not a key of the update repository's root"
+            )
+        return best
+
+    def fetch(self, target: Target) -> Path:
+        """Download and verify ``target``; returns the verified file. Raises :class:`UpdateError`."""
+        self.metadata_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.download_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        try:
+            updater = Updater(
+                str(self.metadata_dir), self.metadata_url, str(self.download_dir), self.targets_url,
+                fetcher=self.fetcher, bootstrap=self._bootstrap(),
+            )  # fmt: skip
+            updater.refresh()
+            info = updater.get_targetinfo(target.name)
+            if info is None:
+                raise UpdateError(
+                    "release_not_listed", f"{target.name} is not in the signed targets (yanked?)"
+                )
+            custom = info.unrecognized_fields.get("custom", {})
+            if (
+                custom.get("version") != target.version
+                or info.hashes.get("sha256") != target.sha256
+                or info.length != target.length
+            ):
+                raise UpdateError(
+                    "release_mismatch", f"the signed targets and the config disagree about {target.name}"
+                )
+            cached = updater.find_cached_target(info)
+            return Path(cached or updater.download_target(info))
+        except exceptions.RepositoryError as exc:
+            raise UpdateError("update_metadata_refused", f"{type(exc).__name__}: {exc}") from None
+        except exceptions.DownloadError as exc:
+            raise UpdateError("update_download_failed", f"{type(exc).__name__}: {exc}") from None

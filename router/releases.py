@@ -1,0 +1,191 @@
+"""Publishing, listing and yanking collector releases.
+
+A release is one artifact (the collector's PEX file, tools/collector_dist.py) for one version,
+os and arch. Publishing streams the artifact to a file beside the update repository, checks
+its length and SHA-256 against what the publisher declared, then, in one transaction, records
+the row and adds the artifact as a TUF target signed with the release key
+(router/update_repo.py). If the transaction fails after the target was written, publishing
+the same artifact again completes it (the repository already holds the same bytes).
+
+Yanking removes a version's targets from the signed metadata - collectors can no longer fetch
+it, and no policy targets it - and keeps the rows for the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import re
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from common.errors import FailedPrecondition, InvalidArgument
+from common.keys import KeySet
+from common.limits import MAX_ARTIFACT_BYTES
+from common.logs import get_logger
+from router import fleet_store, release_store, update_policy
+from router.update_repo import UpdateRepository
+from router.updates import Updates
+
+log = get_logger("versus.router.releases")
+
+_PLATFORM = re.compile(r"^[a-z0-9_]{1,32}$")
+MAX_NOTES_CHARS = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    version: str
+    channel: str
+    security_fix: bool
+    os: str
+    arch: str
+    notes: str
+    length: int
+    sha256: str
+
+
+def target_name(header: Header) -> str:
+    return f"versus-collector-{header.version}-{header.os}-{header.arch}.pex"
+
+
+def check_header(header: Header) -> None:
+    """Everything about a release that can be refused before a byte of the artifact arrives."""
+    update_policy.parse_version(header.version)
+    if header.channel not in update_policy.CHANNELS:
+        raise InvalidArgument("channel must be stable or beta", code="channel_invalid")
+    for name, value in (("os", header.os), ("arch", header.arch)):
+        if not _PLATFORM.match(value):
+            raise InvalidArgument(
+                f"{name} must be 1-32 of a-z, 0-9 and _ (e.g. linux, x86_64)", code=f"{name}_invalid"
+            )
+    if len(header.notes) > MAX_NOTES_CHARS:
+        raise InvalidArgument(f"notes are at most {MAX_NOTES_CHARS} characters", code="notes_too_long")
+    if not 0 < header.length <= MAX_ARTIFACT_BYTES:
+        raise InvalidArgument(f"the artifact must be 1-{MAX_ARTIFACT_BYTES} bytes", code="artifact_too_large")
+    if not re.fullmatch(r"[0-9a-f]{64}", header.sha256):
+        raise InvalidArgument("sha256 must be 64 lowercase hex digits", code="artifact_sha256_invalid")
+
+
+class Releases:
+    def __init__(
+        self, engine: AsyncEngine, repo: UpdateRepository, keys: Callable[[], KeySet], updates: Updates
+    ):
+        self.engine = engine
+        self.repo = repo
+        self.keys = keys
+        self.updates = updates
+
+    async def _receive(self, header: Header, chunks: AsyncIterator[bytes]) -> Path:
+        """Write the artifact to a private file, refusing it the moment it is longer than declared."""
+        incoming = self.repo.directory / "incoming"
+        incoming.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = incoming / f"{secrets.token_hex(8)}.part"
+        digest, size = hashlib.sha256(), 0
+        try:
+            with path.open("wb") as fh:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > header.length:
+                        raise InvalidArgument(
+                            f"the artifact is longer than the declared {header.length} bytes",
+                            code="artifact_length_mismatch",
+                        )
+                    digest.update(chunk)
+                    fh.write(chunk)
+            if size != header.length:
+                raise InvalidArgument(
+                    f"the artifact is {size} bytes, not the declared {header.length}",
+                    code="artifact_length_mismatch",
+                )
+            if digest.hexdigest() != header.sha256:
+                raise InvalidArgument(
+                    "the artifact's SHA-256 differs from the declared one (corrupted upload?)",
+                    code="artifact_sha256_mismatch",
+                )
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path
+
+    async def publish(self, header: Header, chunks: AsyncIterator[bytes], actor: str) -> Sequence[RowMapping]:
+        check_header(header)
+        name = target_name(header)
+        artifact = await self._receive(header, chunks)
+        custom = {
+            "version": header.version, "channel": header.channel, "security_fix": header.security_fix,
+            "os": header.os, "arch": header.arch,
+        }  # fmt: skip
+        try:
+            async with self.engine.begin() as conn:
+                await release_store.insert_release(
+                    conn,
+                    {
+                        "version": header.version, "os": header.os, "arch": header.arch,
+                        "channel": header.channel, "security_fix": header.security_fix, "target_name": name,
+                        "length": header.length, "sha256": header.sha256, "notes": header.notes,
+                        "published_by": actor,
+                    },
+                )  # fmt: skip
+                held = await asyncio.to_thread(self.repo.released)
+                if name in held:
+                    if held[name].sha256 != header.sha256:
+                        raise FailedPrecondition(
+                            f"{name} is already in the update repository with other bytes",
+                            code="release_exists",
+                        )
+                    log.warning("completing a release whose target was written before", target=name)
+                else:
+                    await asyncio.to_thread(
+                        self.repo.publish, self.keys(), artifact, name, custom, dt.datetime.now(dt.UTC)
+                    )
+                await fleet_store.audit(
+                    conn, actor, "release.publish", "release", name,
+                    {"after": {**custom, "sha256": header.sha256, "length": header.length}},
+                )  # fmt: skip
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                artifact.unlink()
+        log.info("release published", target=name, version=header.version, channel=header.channel,
+                 security_fix=header.security_fix)  # fmt: skip
+        await self.updates.reconcile()
+        async with self.engine.connect() as conn:
+            return [
+                r for r in await release_store.get_release(conn, header.version) if r["target_name"] == name
+            ]
+
+    async def list(self, channel: str, include_yanked: bool) -> Sequence[RowMapping]:
+        async with self.engine.connect() as conn:
+            return await release_store.list_releases(conn, channel, include_yanked)
+
+    async def get(self, version: str) -> Sequence[RowMapping]:
+        async with self.engine.connect() as conn:
+            return await release_store.get_release(conn, version)
+
+    async def yank(self, version: str, reason: str, actor: str) -> Sequence[RowMapping]:
+        if not reason.strip() or len(reason) > 500:
+            raise InvalidArgument("say why (a reason of 1-500 characters)", code="reason_required")
+        async with self.engine.begin() as conn:
+            await release_store.get_release(conn, version)  # NotFound for an unknown version
+            rows = await release_store.yank(conn, version, actor, reason.strip())
+            if not rows:
+                raise FailedPrecondition(f"release {version} is already yanked", code="release_yanked")
+            held = await asyncio.to_thread(self.repo.released)
+            keys, now = self.keys(), dt.datetime.now(dt.UTC)
+            for row in rows:
+                if row["target_name"] in held:
+                    await asyncio.to_thread(self.repo.remove, keys, row["target_name"], now)
+                await fleet_store.audit(
+                    conn, actor, "release.yank", "release", row["target_name"],
+                    {"version": version, "reason": reason.strip()},
+                )  # fmt: skip
+        log.warning("release yanked", version=version, reason=reason.strip())
+        await self.updates.reconcile()
+        return await self.get(version)

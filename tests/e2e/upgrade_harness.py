@@ -1,0 +1,98 @@
+"""Releases built from this tree and collectors run under `versus-collector supervise` (issue 20)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tests.e2e.collector_harness import Collector, cli_json
+from tests.e2e.harness import ControlPlane, run_cli
+from tools.collector_dist import build, build_pex
+
+OS, ARCH = platform.system().lower(), platform.machine()
+# Appended to a release that must fail its health window: it starts (`--version` works) but
+# never reaches the control plane.
+NEVER_CONNECTS = """
+
+async def _never_connects(self: Agent) -> None:
+    await asyncio.Event().wait()
+
+
+Agent.run = _never_connects  # type: ignore[method-assign]
+"""
+
+
+def build_release(out: Path, version: str, *, broken: bool = False) -> Path:
+    """This tree's collector as the PEX release artifact of ``version``."""
+
+    def breaking(staged: Path) -> None:
+        agent = staged / "collector" / "agent.py"
+        agent.write_text(agent.read_text() + NEVER_CONNECTS)
+
+    wheel = build(out / version, version, breaking if broken else None)
+    return build_pex(wheel, out / version)
+
+
+def publish(cp: ControlPlane, artifact: Path, version: str, *extra: str) -> dict[str, Any]:
+    done = run_cli(
+        ["releases", "publish", "--version", version, "--channel", "stable", "--artifact", str(artifact),
+         "--os", OS, "--arch", ARCH, "--json", *extra],
+        cp.env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout)["release"])
+
+
+def update_view(cp: ControlPlane, collector_id: str) -> dict[str, Any]:
+    """The collector's Agent Version card as `collectors show --json` gives it."""
+    return dict(cli_json(["collectors", "show", collector_id], cp.env)["collector"]["update"])
+
+
+@dataclass
+class Supervised:
+    """A collector run by its supervisor, with self-update enabled."""
+
+    collector: Collector
+    health_window_s: float = 25.0
+    check_interval_s: float = 1.0
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def install_dir(self) -> Path:
+        return self.collector.state / "versions"
+
+    def start(self) -> None:
+        c = self.collector
+        identity = json.loads((c.state / "identity.json").read_text())
+        release_kid = json.loads((c.state / "keys.json").read_text())["release"][0]["kid"]
+        self._log = open(c.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "collector", "supervise", "--state-dir", str(c.state),
+             "--manifest-url", identity["gateway_url"].rstrip("/") + "/api/collector/v1/updates/metadata/",
+             "--update-pubkey", release_kid, "--health-window", str(self.health_window_s),
+             "--check-interval", str(self.check_interval_s),
+             "--", "--claim-wait", "2", "--grace", "5", "--max-backoff", "1"],
+            env=c._env(), stdout=self._log, stderr=self._log,
+        )  # fmt: skip
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(60)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def status(self) -> dict[str, Any]:
+        path = self.collector.state / "update-status.json"
+        return dict(json.loads(path.read_text())) if path.exists() else {}

@@ -1,0 +1,159 @@
+"""Collector releases (served by the router's FleetService; docs/upgrades.md):
+
+    versus-cp releases publish --version V --channel stable|beta [--security] --artifact FILE
+                               --os linux --arch x86_64 [--notes FILE]
+    versus-cp releases list [--channel stable|beta] [--all]
+    versus-cp releases show VERSION
+    versus-cp releases yank VERSION --reason TEXT
+
+The artifact is the collector's PEX file (``make collector-release``). It is
+streamed to the router in 1 MiB messages with its length and SHA-256, which
+the router checks before it signs the release into the update repository.
+Every command takes ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from versus.fleet.v1 import fleet_pb2 as pb
+from versus.fleet.v1 import fleet_pb2_grpc
+
+from common.errors import InvalidArgument
+from common.limits import MAX_ARTIFACT_BYTES
+from common.settings import Settings
+from versus_cp import rpc
+from versus_cp.output import fields, print_json, print_table, when
+
+CHANNELS = {"stable": pb.CHANNEL_STABLE, "beta": pb.CHANNEL_BETA}
+_CHANNEL_NAMES = {v: k for k, v in CHANNELS.items()}
+CHUNK_BYTES = 1 << 20
+MAX_NOTES_BYTES = 20_000
+
+
+def _call(settings: Settings, method: str, request: Any) -> Any:
+    return rpc.call(settings, settings.router_address, fleet_pb2_grpc.FleetServiceStub, method, request)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    publish = sub.add_parser("publish", help="Register a release and sign it into the update repository.")
+    publish.add_argument("--version", required=True, help="PEP 440 version, e.g. 0.4.15")
+    publish.add_argument("--channel", choices=list(CHANNELS), required=True)
+    publish.add_argument("--security", action="store_true", help="a security fix: auto sites take it at once")
+    publish.add_argument("--artifact", type=Path, required=True, help="the PEX file (make collector-release)")
+    publish.add_argument("--os", required=True, help="e.g. linux")
+    publish.add_argument("--arch", required=True, help="e.g. x86_64")
+    publish.add_argument("--notes", type=Path, help="file with the release notes")
+    listing = sub.add_parser("list", help="List releases, newest first.")
+    listing.add_argument("--channel", choices=list(CHANNELS))
+    listing.add_argument("--all", action="store_true", help="include yanked releases")
+    show = sub.add_parser("show", help="One version: its artifacts, hashes, notes and who runs it.")
+    show.add_argument("version")
+    yank = sub.add_parser("yank", help="Withdraw a version: no collector fetches or is sent to it again.")
+    yank.add_argument("version")
+    yank.add_argument("--reason", required=True)
+    for p in (publish, listing, show, yank):
+        p.add_argument("--json", action="store_true")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def publish_messages(header: pb.ReleaseHeader, artifact: Path) -> Iterator[pb.PublishReleaseRequest]:
+    """The header, then the artifact in chunks (what PublishRelease streams)."""
+    yield pb.PublishReleaseRequest(header=header)
+    with artifact.open("rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            yield pb.PublishReleaseRequest(chunk=block)
+
+
+def _header(args: argparse.Namespace) -> pb.ReleaseHeader:
+    artifact: Path = args.artifact
+    if not artifact.is_file():
+        raise InvalidArgument(f"{artifact} is not a file", code="artifact_not_found")
+    size = artifact.stat().st_size
+    if size > MAX_ARTIFACT_BYTES:
+        raise InvalidArgument(f"the artifact is over {MAX_ARTIFACT_BYTES} bytes", code="artifact_too_large")
+    notes = ""
+    if args.notes is not None:
+        raw = args.notes.read_bytes()
+        if len(raw) > MAX_NOTES_BYTES:
+            raise InvalidArgument(f"notes are at most {MAX_NOTES_BYTES} bytes", code="notes_too_long")
+        notes = raw.decode("utf-8", errors="replace")
+    return pb.ReleaseHeader(
+        version=args.version, channel=CHANNELS[args.channel], security_fix=args.security, os=args.os,
+        arch=args.arch, notes=notes, length=size, sha256=_sha256(artifact),
+    )  # fmt: skip
+
+
+def print_releases(releases: list[pb.Release]) -> None:
+    rows = [
+        (
+            r.version,
+            _CHANNEL_NAMES.get(r.channel, "?") + (" security" if r.security_fix else ""),
+            f"{r.os}/{r.arch}",
+            f"{r.length / 1048576:.1f} MiB",
+            when(r.published_at),
+            "yanked" if r.yanked else r.running_count,
+        )
+        for r in releases
+    ]
+    print_table(["VERSION", "CHANNEL", "PLATFORM", "SIZE", "PUBLISHED", "RUNNING"], rows)
+
+
+def print_release(releases: list[pb.Release]) -> None:
+    for r in releases:
+        facts = [
+            ("channel", _CHANNEL_NAMES.get(r.channel, "?")),
+            ("security fix", "yes" if r.security_fix else "no"),
+            ("platform", f"{r.os}/{r.arch}"),
+            ("artifact", r.target_name),
+            ("length", r.length),
+            ("sha256", r.sha256),
+            ("published", f"{when(r.published_at)} by {r.published_by}"),
+            ("running on", f"{r.running_count} active collector(s)"),
+        ]
+        if r.yanked:
+            facts.append(("yanked", f"{when(r.yanked_at)} by {r.yanked_by}: {r.yank_reason}"))
+        print(f"Release {r.version} ({r.os}/{r.arch})\n" + fields(facts))
+        if r.notes:
+            print("\nNotes\n" + "\n".join("  " + line for line in r.notes.splitlines()))
+        print()
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action == "publish":
+        reply = _call(settings, "PublishRelease", publish_messages(_header(args), args.artifact))
+        if args.json:
+            print_json(reply)
+        else:
+            print_release([reply.release])
+            print(
+                "Published: collectors on older versions show an update; "
+                "site policies decide who installs it."
+            )
+        return 0
+    if args.action == "list":
+        request = pb.ListReleasesRequest(
+            channel=CHANNELS.get(args.channel or "", pb.CHANNEL_UNSPECIFIED), include_yanked=args.all
+        )
+        listed = _call(settings, "ListReleases", request)
+        print_json(listed) if args.json else print_releases(list(listed.releases))
+        return 0
+    if args.action == "show":
+        shown = _call(settings, "GetRelease", pb.GetReleaseRequest(version=args.version))
+        print_json(shown) if args.json else print_release(list(shown.releases))
+        return 0
+    yanked = _call(settings, "YankRelease", pb.YankReleaseRequest(version=args.version, reason=args.reason))
+    print_json(yanked) if args.json else print_release(list(yanked.releases))
+    return 0
