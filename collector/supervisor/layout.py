@@ -82,7 +82,8 @@ class Layout:
         # kept beside the artifact so that removing a version removes everything of it.
         interpreter = getattr(sys, "_base_executable", sys.executable) or sys.executable
         # PYTHONPATH is cleared: the release runs its own code, never a tree the host has on the path.
-        return [interpreter, str(artifact), *args], {"PEX_ROOT": str(artifact.parent / ".pex"), "PYTHONPATH": ""}
+        env = {"PEX_ROOT": str(artifact.parent / ".pex"), "PYTHONPATH": ""}
+        return [interpreter, str(artifact), *args], env
 
     # --- staging and switching -------------------------------------------------------------------
     def stage(self, version: str, artifact: Path) -> Path:

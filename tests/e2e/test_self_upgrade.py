@@ -51,7 +51,8 @@ def test_manual_approve_cancel_install_and_roll_back(
         card = update_view(cp, cid)
         assert card["latest_version"] == VERSION_B and card["badge"] == "UPDATE_BADGE_UPDATE_AVAILABLE", card
         outdated = cli_json(["collectors", "list", "--outdated"], cp.env)
-        assert [c["collector_id"] for c in outdated["collectors"]] == [cid] and outdated["outdated_count"] == 1
+        assert [c["collector_id"] for c in outdated["collectors"]] == [cid]
+        assert outdated["outdated_count"] == 1
 
         # Cancelled before the collector picked it up: nothing is installed.
         assert supervised.stop() == 0
