@@ -57,7 +57,7 @@ check: lint proto-lint protos-check
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
 # start in a network namespace), iproute2 (the namespaces) and squid (the forward proxy a
 # collector is tested behind). Installed once, as root, with apt.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment, as Salt does for the benchmarks.

@@ -97,7 +97,9 @@ class UpdateRepository:
         return (self.metadata / f"{version}.root.json").read_bytes()
 
     def released(self) -> dict[str, PublishedTarget]:
-        """The targets the newest targets metadata lists, by name."""
+        """The targets the newest targets metadata lists, by name (none before the repository exists)."""
+        if not self.exists():
+            return {}
         targets: Metadata[Targets] = self._latest("targets")
         return {
             name: PublishedTarget(

@@ -19,6 +19,8 @@ config can swap one release for another.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from tuf.api import exceptions
 from tuf.api.metadata import Metadata, Root
 from tuf.ngclient import Updater
+from tuf.ngclient.fetcher import FetcherInterface
 
 from collector.update_fetcher import GatewayFetcher
 from common.keys import PublicKey
@@ -81,9 +84,6 @@ def _root_keys_pinned(root: Metadata[Root], pinned: Mapping[str, PublicKey]) -> 
 
 def anchor_matches(root: Metadata[Root], anchor: str) -> bool:
     """``anchor`` (a key id, or the base64 or hex of an Ed25519 public key) is a key of the root role."""
-    import base64
-    import binascii
-
     for keyid in root.signed.roles["root"].keyids:
         public = str(root.signed.keys[keyid].keyval.get("public", ""))
         if anchor in (keyid, public):
@@ -107,6 +107,7 @@ class ReleaseFetcher:
         collector_id: str,
         pinned: Mapping[str, PublicKey],
         anchor: str,
+        fetcher: FetcherInterface | None = None,
     ):
         if not metadata_url.endswith("/metadata/"):
             raise UpdateError("manifest_url_invalid", "--manifest-url must end in /updates/metadata/")
@@ -114,12 +115,13 @@ class ReleaseFetcher:
         self.metadata_url = metadata_url
         self.targets_url = metadata_url[: -len("metadata/")] + "targets/"
         self.download_dir = download_dir
-        self.fetcher = GatewayFetcher(context, key, collector_id)
+        self.fetcher = fetcher or GatewayFetcher(context, key, collector_id)
         self.pinned = pinned
         self.anchor = anchor
 
     def close(self) -> None:
-        self.fetcher.close()
+        if isinstance(self.fetcher, GatewayFetcher):
+            self.fetcher.close()
 
     def _bootstrap(self) -> bytes | None:
         """The trusted root for a first run; None when ngclient already keeps one."""

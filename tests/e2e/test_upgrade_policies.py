@@ -45,8 +45,10 @@ def test_auto_takes_a_security_release_and_pinned_stays_until_the_pin_moves(
         s.start()
     platform = Platform(cp)
     try:
-        for cid in (auto_id, pinned_id):
-            wait_for(lambda cid=cid: update_view(cp, cid).get("running_version") == VERSION_A, timeout=60)
+        wait_for(
+            lambda: all(update_view(cp, c).get("running_version") == VERSION_A for c in (auto_id, pinned_id)),
+            timeout=60,
+        )
         publish(cp, artifact, VERSION_B, "--security")
 
         # Auto: installed without anyone approving it; work goes on.
