@@ -1,5 +1,7 @@
 """The collector ships on its own: its wheel installs into a clean virtual environment, carries
-nothing of the control plane, and the installed collector enrolls and runs work (issue 20, item 0)."""
+nothing of the control plane, and the installed collector runs work (issue 20, item 0). Installing
+it over a running collector's programs is the manual upgrade (docs/upgrades.md): same state
+directory, same identity, no new token, and the fleet view shows the new version."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.collector_harness import Collector, Platform
+from tests.e2e.collector_harness import Collector, Platform, cli_json
 from tests.e2e.harness import ControlPlane
 from tools.collector_dist import build, clean_env, install_clean, installed_bytes, site_packages
 
@@ -24,11 +26,14 @@ CONTROL_PLANE_ONLY = {
 MAX_INSTALLED_BYTES = 40 * 1024 * 1024
 
 
-def test_the_collector_installs_alone_and_the_installed_one_runs_work(
+NEW_VERSION = "0.1.1"
+
+
+def test_the_collector_installs_alone_and_upgrades_a_collector_by_hand(
     start_control_plane: Callable[..., ControlPlane], tmp_path: Path
 ) -> None:
     venv = tmp_path / "venv"
-    install_clean(build(tmp_path / "dist"), venv)
+    install_clean(build(tmp_path / "dist", NEW_VERSION), venv)
     python = str(venv / "bin" / "python")
     clean = clean_env()
 
@@ -48,15 +53,27 @@ def test_the_collector_installs_alone_and_the_installed_one_runs_work(
     exe = str(venv / "bin" / "versus-collector")
 
     cp = start_control_plane()
-    collector = Collector(
-        cp, tmp_path / "state", tmp_path / "collector.log", command=(exe,), env={"PYTHONPATH": ""}
-    )
-    collector.enroll()
-    collector.start()
+    # Version A from this tree enrolls and works...
+    old = Collector(cp, tmp_path / "state", tmp_path / "collector.log")
+    collector_id = old.enroll()
+    old.start()
     platform = Platform(cp)
     try:
-        task_id = platform.submit(collector.site_id, "echo", "read", "dev-1", {"n": 1}, "dist-1")
+        task_id = platform.submit(old.site_id, "echo", "read", "dev-1", {"n": 1}, "dist-1")
         assert platform.wait_state(task_id, {"success", "failed", "expired"}, timeout=60).error_code == ""
+        assert old.stop() == 0
+        # ...then the installed collector runs on the same state directory: no enrollment.
+        new = Collector(cp, old.state, tmp_path / "collector.log", site_id=old.site_id, command=(exe,),
+                        env={"PYTHONPATH": ""})  # fmt: skip
+        new.start()
+        try:
+            task_id = platform.submit(new.site_id, "echo", "read", "dev-1", {"n": 2}, "dist-2")
+            assert platform.wait_state(task_id, {"success", "failed", "expired"}, timeout=60).error_code == ""
+            fleet = cli_json(["collectors", "list"], cp.env)["collectors"]
+            assert [(c["collector_id"], c["agent_version"]) for c in fleet] == [(collector_id, NEW_VERSION)]
+            tokens = cli_json(["tokens", "list", "--site", old.site_id], cp.env)["tokens"]
+            assert [t["uses"] for t in tokens] == [1]
+        finally:
+            new.stop()
     finally:
         platform.close()
-        collector.stop()
