@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
 from collector.credentials import Credentials, LocalCredentials, no_credentials
@@ -290,11 +290,13 @@ class Agent:
                     attempt += 1
                 continue
             if reply.config is not None:
-                if self._apply_config(reply.config):
+                outcome = self._apply_config(reply.config)
+                if outcome == "restart":
                     return
-                # Refused: keep running on the last good config, and do not ask again at once.
-                await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), "config refused")
-                attempt += 1
+                if outcome == "refused":
+                    # Keep running on the last good config, and do not ask again at once.
+                    await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), "config refused")
+                    attempt += 1
                 continue
             for offered in reply.offers:
                 try:
@@ -340,20 +342,21 @@ class Agent:
             freed.cancel()
             stop.cancel()
 
-    def _apply_config(self, document: Mapping[str, Any]) -> bool:
-        """Accept a newer signed config; True when the process restarts to apply it.
+    def _apply_config(self, document: Mapping[str, Any]) -> Literal["restart", "applied", "refused"]:
+        """Accept a newer signed config: ``restart`` when the process restarts to apply it,
+        ``applied`` when nothing running changes (e.g. only the upgrade target did), ``refused``.
 
         A document that does not verify, is expired, or is not newer is refused (logged
         with its code) and the collector keeps its last good config. Vault settings apply
         on restart: in-flight work drains first, as a credential resolver is never swapped
-        under a running task.
+        under a running task. An upgrade target is the supervisor's to act on.
         """
         try:
             payload = self.config.accept(document, int(self._now()))
         except DocumentError as exc:
             log.error("config refused; keeping the last good one", code=exc.code, reason=str(exc),
                       held_version=self.config.version)  # fmt: skip
-            return False
+            return "refused"
         log.info("config accepted", version=payload["version"])
         target = payload.get("update")
         if isinstance(target, dict) and target.get("version") != _version():
@@ -361,11 +364,11 @@ class Agent:
             log.info("upgrade target received", target=target.get("version"),
                      supervised=bool(os.environ.get(SUPERVISED_ENV)))  # fmt: skip
         if payload["vault_mode"] == self.vault_mode and payload["vault"] == self.vault:
-            return False
+            return "applied"
         log.warning("vault settings changed by an operator; restarting to apply them",
                     running=self.vault_mode, recorded=payload["vault_mode"])  # fmt: skip
         self.restart_requested = True
-        return True
+        return "restart"
 
     def _apply_trust(self, document: Mapping[str, Any]) -> bool | None:
         """Take a newer signed trust bundle: True when applied in place, False when refused (the

@@ -91,9 +91,10 @@ async def live_releases(conn: AsyncConnection) -> Sequence[RowMapping]:
 
 
 async def policy_rows(
-    conn: AsyncConnection, collector_ids: Sequence[str] | None = None
+    conn: AsyncConnection, collector_ids: Sequence[str] | None = None, *, targeted_only: bool = False
 ) -> Sequence[RowMapping]:
-    """What a target is computed from, for every active collector (or those named)."""
+    """What a target is computed from, for every active collector (or those named; or, with
+    ``targeted_only``, those that have a target now)."""
     stmt = (
         select(
             collectors.c.collector_id,
@@ -117,6 +118,8 @@ async def policy_rows(
     )
     if collector_ids is not None:
         stmt = stmt.where(collectors.c.collector_id.in_(collector_ids))
+    if targeted_only:
+        stmt = stmt.where(collector_updates.c.target_version.is_not(None))
     return (await conn.execute(stmt)).mappings().all()
 
 

@@ -97,7 +97,8 @@ class Updates:
         async with self._lock, self.engine.begin() as conn:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
             releases = await release_store.live_releases(conn)
-            rows = await release_store.policy_rows(conn, collector_ids)
+            # With nothing published no collector has a target: only stale ones need clearing.
+            rows = await release_store.policy_rows(conn, collector_ids, targeted_only=not releases)
             now = self._now()
             changes: dict[str, str | None] = {}
             for row in rows:

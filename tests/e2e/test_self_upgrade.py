@@ -88,6 +88,8 @@ def test_manual_approve_cancel_install_and_roll_back(
         actions = [e["action"] for e in audit["events"]]
         assert "collector.update_rolled_back" in actions and "collector.update_updated" in actions, actions
         _task_succeeds(platform, collector, "after-rollback")
+        # A config that only moved the target was taken in stride, not treated as refused.
+        assert "config refused" not in collector.log()
     finally:
         platform.close()
         supervised.stop()
