@@ -62,13 +62,19 @@ _OP_CLASSES = {
 }
 
 
+# Year 2100: any later "when" is a broken clock, refused rather than stored.
+MAX_REPORT_TIME_S = 4_102_444_800
+
+
 class UpdateStatusBody(BaseModel):
     """What the collector's supervisor last recorded about an upgrade (docs/upgrades.md)."""
 
     state: Literal["updating", "updated", "rolled_back", "failed"]
     version: Name = Field(max_length=64)
     detail: FreeText = Field(default="", max_length=500)
-    at: Int64 = Field(default=0, ge=0, description="when, Unix seconds on the collector's clock")
+    at: int = Field(
+        default=0, ge=0, le=MAX_REPORT_TIME_S, description="when, Unix seconds on the collector's clock"
+    )
 
 
 def _update_status(body: UpdateStatusBody | None) -> bpb.UpdateStatus | None:

@@ -206,7 +206,10 @@ class Updates:
                 f"update_status.state must be one of {', '.join(UPDATE_STATES)}", code="update_status_invalid"
             )
         detail = report.detail[:MAX_DETAIL_CHARS]
-        at = dt.datetime.fromtimestamp(report.at, dt.UTC) if report.at > 0 else self._now()
+        try:
+            at = dt.datetime.fromtimestamp(report.at, dt.UTC) if report.at > 0 else self._now()
+        except (OverflowError, OSError, ValueError):  # a clock far off: the router's time instead
+            at = self._now()
         async with self.engine.begin() as conn:
             before = await release_store.record_state(
                 conn, collector_id, report.state, report.version[:64], detail, at

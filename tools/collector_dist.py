@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,6 +47,11 @@ def _module_file(module: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+# CPython 3.11's parser is not safe to call from several threads at once (it can fail with
+# "SystemError: AST constructor recursion depth mismatch"); builds may run in parallel threads.
+_PARSE = threading.Lock()
 
 
 def closure() -> tuple[list[Path], set[str]]:
@@ -72,7 +78,9 @@ def closure() -> tuple[list[Path], set[str]]:
             parent = _module_file(".".join(parts[:i]))
             if parent is not None:
                 files.add(parent)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        with _PARSE:
+            tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

@@ -35,8 +35,15 @@ CHUNK_BYTES = 1 << 20
 MAX_NOTES_BYTES = 20_000
 
 
-def _call(settings: Settings, method: str, request: Any) -> Any:
-    return rpc.call(settings, settings.router_address, fleet_pb2_grpc.FleetServiceStub, method, request)
+def _call(settings: Settings, method: str, request: Any, timeout_s: float = rpc.TIMEOUT_S) -> Any:
+    return rpc.call(
+        settings, settings.router_address, fleet_pb2_grpc.FleetServiceStub, method, request, timeout_s
+    )
+
+
+def upload_timeout_s(length: int) -> float:
+    """A minute, plus a second per MiB (an upload at 1 MiB/s still finishes)."""
+    return 60.0 + length / CHUNK_BYTES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +140,13 @@ def print_release(releases: list[pb.Release]) -> None:
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "publish":
-        reply = _call(settings, "PublishRelease", publish_messages(_header(args), args.artifact))
+        header = _header(args)
+        reply = _call(
+            settings,
+            "PublishRelease",
+            publish_messages(header, args.artifact),
+            upload_timeout_s(header.length),
+        )
         if args.json:
             print_json(reply)
         else:

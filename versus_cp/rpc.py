@@ -26,12 +26,17 @@ def error_from(exc: grpc.RpcError, address: str) -> VersusError:
 
 
 def call(
-    settings: Settings, address: str, stub_class: Callable[[grpc.Channel], Any], method: str, request: Any
+    settings: Settings,
+    address: str,
+    stub_class: Callable[[grpc.Channel], Any],
+    method: str,
+    request: Any,
+    timeout_s: float = TIMEOUT_S,
 ) -> Any:
     """Call ``method`` on the service at ``address``; raise the service's domain error on failure."""
     with sync_channel(address, token_files.operator_token(settings)) as channel:
         try:
-            return getattr(stub_class(channel), method)(request, timeout=TIMEOUT_S)
+            return getattr(stub_class(channel), method)(request, timeout=timeout_s)
         except grpc.RpcError as exc:
             raise error_from(exc, address) from None
 

@@ -3,10 +3,16 @@ those import - nothing of the control plane (tools/collector_dist.py)."""
 
 from __future__ import annotations
 
+import ast
 import re
+import threading
+import time
 import tomllib
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from tools.collector_dist import DISTRIBUTION_OF, ROOT, TEMPLATE, build, closure
 
@@ -61,3 +67,30 @@ def test_the_wheel_holds_the_closure_and_its_entry_points(tmp_path: Path) -> Non
     assert {p.relative_to(ROOT).as_posix() for p in files} == {n for n in names if n.endswith(".py")}
     assert "versus-collector = collector.main:main" in entry_points
     assert "ssh = collector.drivers.ssh:SshDriver" in entry_points
+
+
+def test_the_closure_parses_one_file_at_a_time_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Releases are built in parallel threads (the upgrade tests do); CPython 3.11's parser is not
+    thread-safe (a build once died with "SystemError: AST constructor recursion depth mismatch"),
+    so parsing is serialised. A parser that notices company fails this on unguarded code."""
+    inside, most = 0, 0
+    guard = threading.Lock()
+    real_parse = ast.parse
+
+    def watched(source: str, filename: str) -> ast.Module:
+        nonlocal inside, most
+        with guard:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.002)
+        try:
+            return real_parse(source, filename)
+        finally:
+            with guard:
+                inside -= 1
+
+    monkeypatch.setattr(ast, "parse", watched)
+    expected = closure()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: closure(), range(4)))
+    assert all(r == expected for r in results) and most == 1

@@ -10,44 +10,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from securesystemslib.signer import CryptoSigner
-from tuf.api import exceptions
 from tuf.api.metadata import Metadata
 from tuf.api.serialization.json import JSONSerializer
-from tuf.ngclient.fetcher import FetcherInterface
 
 from collector.supervisor.fetch import ReleaseFetcher, Target, UpdateError
 from collector.supervisor.layout import Layout
 from common.keys import KeyPurpose, KeySet
 from router.update_repo import UpdateRepository, tuf_key
+from tests.support.tuf_wire import BASE, Wire
 
 NOW = dt.datetime.now(dt.UTC)
-BASE = "https://gw.test/api/collector/v1/updates/"
 NAME = "versus-collector-1.1.0-linux-x86_64.pex"
-
-
-class Wire(FetcherInterface):
-    """Serves the repository's files; ``replace`` makes a path answer something else."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.replace: dict[str, bytes] = {}
-        self.stall: set[str] = set()
-
-    def _fetch(self, url: str) -> Iterator[bytes]:
-        relative = url.removeprefix(BASE)
-        if relative in self.stall:
-            raise exceptions.SlowRetrievalError(f"{relative}: the download stalled")
-        if relative in self.replace:
-            return iter([self.replace[relative]])
-        path = self.root / relative
-        if not path.is_file():
-            raise exceptions.DownloadHTTPError(f"{relative} not found", 404)
-        return iter([path.read_bytes()])
 
 
 class Setup:

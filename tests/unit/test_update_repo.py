@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,32 +16,14 @@ from tuf.api import exceptions
 from tuf.api.metadata import Metadata
 from tuf.api.serialization.json import JSONSerializer
 from tuf.ngclient import Updater
-from tuf.ngclient.fetcher import FetcherInterface
 
 from common.errors import FailedPrecondition, InvalidArgument
 from common.keys import KeyPurpose, KeySet
 from common.limits import MAX_ARTIFACT_BYTES
 from router.update_repo import UpdateRepository, tuf_key
+from tests.support.tuf_wire import BASE, Wire
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
-BASE = "https://gw.test/api/collector/v1/updates/"
-
-
-class Wire(FetcherInterface):
-    """Serves the repository's files; ``replace`` makes a URL answer something else."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.replace: dict[str, bytes] = {}
-
-    def _fetch(self, url: str) -> Iterator[bytes]:
-        relative = url.removeprefix(BASE)
-        if relative in self.replace:
-            return iter([self.replace[relative]])
-        path = self.root / relative
-        if not path.is_file():
-            raise exceptions.DownloadHTTPError(f"{relative} not found", 404)
-        return iter([path.read_bytes()])
 
 
 def _keys() -> KeySet:
