@@ -1,0 +1,391 @@
+"""Submit and placement: a task is checked, stored and placed on one eligible collector with a lease
+and a signed envelope in one transaction; queued work is placed again when capacity appears."""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from common.envelope import fence
+from common.envelope.canonical import OpClass
+from common.envelope.sign import EnvelopeDraft, sign
+from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from common.logs import get_logger
+from router import placement, store
+from router.core import (
+    FREED_SLOT_BATCH,
+    NO_ELIGIBLE,
+    NO_KEY_HELD,
+    REEVALUATE_BATCH,
+    DeviceLeased,
+    Effect,
+    Effects,
+    RouterCore,
+    _now,
+    _task_values,
+)
+from router.live import WORK
+from router.metrics import DISPATCH_STATES, NO_ELIGIBLE_TOTAL
+from router.placement import Candidate, OperationCap, PlacementRequest
+from router.states import State
+from router.submit import SubmitRequest, fingerprint, validate
+
+S = State
+log = get_logger("versus.router")
+
+
+class Dispatching(RouterCore):
+    """Submit and placement."""
+
+    async def submit(self, req: SubmitRequest) -> tuple[RowMapping, bool]:
+        """Create (or find, by idempotency key) a task and try to place it at once."""
+        now = _now()
+        validate(req, now)
+        digest = fingerprint(req)
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            created = await store.insert_task(conn, _task_values(req, digest))
+            # None: the key exists (a retry, or another submitter a moment ago).
+            existing = (
+                await store.task_by_key(conn, req.tenant_id, req.idempotency_key) if created is None else None
+            )
+            if existing is not None:
+                if existing["request_sha256"] != digest:
+                    raise Conflict(
+                        f"idempotency_key {req.idempotency_key!r} was used for a different request",
+                        code="idempotency_key_reused",
+                    )
+                return existing, True
+            assert created is not None
+            await store.transition(conn, created["task_id"], S.QUEUED, S.QUEUED, "submitted")
+            await self._place(conn, created, effects, refuse=True)
+            task = await store.get_task(conn, created["task_id"])
+        await effects.run()
+        assert task is not None
+        return task, False
+
+    async def _place(
+        self, conn: AsyncConnection, task: RowMapping, effects: Effects, *, refuse: bool
+    ) -> State:
+        """Run the placement pipeline for a locked queued task.
+
+        With ``refuse`` (at submit) a lease conflict or class mismatch raises, so
+        nothing is written; later re-placements fail the task with that code instead.
+        """
+        if task["deadline"] <= _now():
+            await store.release_lease(conn, task["target_ref"], task["task_id"])
+            await store.transition(conn, task["task_id"], S.QUEUED, S.EXPIRED, "deadline passed while queued")
+            return S.EXPIRED
+        req = _placement_request(task)
+        candidates = await self._candidates(conn, req)
+        try:
+            eligible = placement.eligible(req, candidates)
+        except placement.OpClassMismatch as exc:
+            if refuse:
+                raise
+            await store.transition(conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code)
+            return S.FAILED
+        if task["attempts"]:
+            # A collector that refused an envelope of this task as not valid for it is not asked again.
+            refused = await store.refused_by(conn, task["task_id"])
+            eligible = [c for c in eligible if c.collector_id not in refused]
+        condition = NO_ELIGIBLE
+        if eligible:
+            # Only a collector that holds one of the set's live keys can verify what we sign.
+            keys, now_s = self.dispatch_keys(), int(time.time())
+            keyed = [c for c in eligible if keys.signing_key_for(c.dispatch_kids, now_s) is not None]
+            condition = NO_ELIGIBLE if keyed else NO_KEY_HELD
+            eligible = keyed
+        # Try collectors in pick order; the authoritative capacity check is in PostgreSQL under the
+        # collector's lock. Only the first lock may wait (store.lock_collector says why).
+        locked_one = False
+        while eligible:
+            chosen = placement.pick(req, eligible)
+            assert chosen is not None
+            eligible.remove(chosen)
+            if not await store.lock_collector(conn, chosen.collector_id, skip_locked=locked_one):
+                continue
+            locked_one = True
+            cap = chosen.providers[req.provider].max_concurrency
+            if await store.in_flight(conn, chosen.collector_id, req.provider) >= cap:
+                continue
+            return await self._lease_and_sign(
+                conn, task, chosen, placement.operation_cap(chosen, req), effects, refuse
+            )
+        NO_ELIGIBLE_TOTAL.inc()
+        if placement.needs_lease(task["op_class"], _declared_parallel_safe(candidates, req)):
+            # A mutation holds its device from the moment it is accepted, queued or not, so a
+            # second mutation of the same device is refused now rather than queued behind it.
+            acquired = await store.acquire_lease(
+                conn, task["target_ref"], task["task_id"], None, fence.fence_after(task["deadline"])
+            )
+            if isinstance(acquired, store.LeaseHeld):
+                refusal = _lease_refusal(task["target_ref"], acquired)
+                if refuse:
+                    raise refusal
+                await store.transition(
+                    conn, task["task_id"], S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                )
+                return S.FAILED
+        if task["condition"] != condition:
+            await store.transition(conn, task["task_id"], S.QUEUED, S.QUEUED, condition, condition=condition)
+        return S.QUEUED
+
+    async def _lease_and_sign(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        chosen: Candidate,
+        op: OperationCap,
+        effects: Effects,
+        refuse: bool,
+        *,
+        kind: str = "execute",
+        from_state: State = S.QUEUED,
+    ) -> State:
+        task_id = task["task_id"]
+        epoch = 0
+        if kind == "reconcile":
+            holder = await store.lease_holder(conn, task["target_ref"])
+            epoch = int(holder["epoch"]) if holder and holder["holder_task_id"] == task_id else 0
+        elif placement.needs_lease(task["op_class"], op.parallel_safe):
+            # The lease outlives the task's last possible envelope by the fence.
+            acquired = await store.acquire_lease(
+                conn, task["target_ref"], task_id, chosen.collector_id, fence.fence_after(task["deadline"])
+            )
+            if isinstance(acquired, store.LeaseHeld):
+                refusal = _lease_refusal(task["target_ref"], acquired)
+                if refuse:
+                    raise refusal
+                await store.transition(
+                    conn, task_id, S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                )
+                return S.FAILED
+            epoch = acquired
+        now = _now()
+        dispatch_id = f"dsp-{secrets.token_hex(10)}"
+        if kind == "execute" and task["op_class"] != OpClass.READ:
+            # A mutation's envelope fences its device if its holder goes silent: keep it short.
+            expires = fence.mutation_expiry(now, task["deadline"], op.timeout_s, self.dispatch_ttl_s)
+        else:
+            expires = min(task["deadline"], now + dt.timedelta(seconds=self.dispatch_ttl_s))
+        operation = op.reconcile_operation if kind == "reconcile" else task["operation"]
+        op_class = OpClass.READ.value if kind == "reconcile" else task["op_class"]
+        key = self.dispatch_keys().signing_key_for(chosen.dispatch_kids, int(now.timestamp()))
+        assert key is not None, "placement keeps collectors that hold no live key out"
+        envelope = sign(
+            EnvelopeDraft(
+                task_id=dispatch_id,
+                collector_id=chosen.collector_id,
+                provider=task["provider"],
+                operation=operation,
+                op_class=op_class,
+                target_ref=task["target_ref"],
+                idempotency_key=task["idempotency_key"],
+                params=task["params"],
+                not_before=int(now.timestamp()),
+                expires_at=int(expires.timestamp()),
+                lease_epoch=epoch,
+            ),
+            key,
+        )
+        attempt = task["attempts"] + (1 if kind == "execute" else 0)
+        await store.insert_dispatch(
+            conn,
+            {
+                "dispatch_id": dispatch_id,
+                "task_id": task_id,
+                "kind": kind,
+                "attempt": attempt,
+                "collector_id": chosen.collector_id,
+                "site_id": task["site_id"],
+                "target_ref": task["target_ref"],
+                "provider": task["provider"],
+                "operation": operation,
+                "op_class": op_class,
+                "state": S.LEASED.value,
+                "lease_epoch": epoch,
+                "envelope": envelope,
+                "expires_at": expires,
+            },
+        )
+        if epoch and kind == "execute":
+            await store.set_lease_dispatch(conn, task["target_ref"], task_id, dispatch_id)
+        DISPATCH_STATES.labels(S.LEASED.value).inc()
+        if kind == "execute":
+            await store.transitions(
+                conn,
+                task_id,
+                [
+                    (from_state, S.ROUTED, f"collector {chosen.collector_id}"),
+                    (S.ROUTED, S.LEASED, f"lease epoch {epoch}" if epoch else "no lease needed"),
+                ],
+                dispatch_id,
+                attempts=attempt,
+                current_dispatch_id=dispatch_id,
+                condition=None,
+            )
+        else:
+            await store.transition(
+                conn,
+                task_id,
+                S.RECONCILING,
+                S.RECONCILING,
+                "reconcile-read dispatched",
+                dispatch_id,
+                current_dispatch_id=dispatch_id,
+            )
+        provider, collector = task["provider"], chosen.collector_id
+        effects.add(lambda: self.in_flight.add(collector, provider, 1))
+        effects.add(lambda: self.wake.publish(collector, WORK))
+        return S.LEASED
+
+    async def _candidates(self, conn: AsyncConnection, req: PlacementRequest) -> list[Candidate]:
+        """Collectors of the request's site and tenant with their liveness, load and drain state."""
+        return await self.candidates.load(conn, req.site_id, req.tenant_id, req.provider)
+
+    async def pick_tunnel_collector(
+        self, collector_id: str, site_id: str, tenant_id: str, may_see: Callable[[str], bool] = lambda _: True
+    ) -> str:
+        """The live, active collector that will carry a tunnel: the one named, or one of the site's.
+
+        A named collector must belong to the site and tenant the request names (when it names
+        them) and to a tenant the caller may see (``may_see``): a tunnel never crosses into
+        another tenant's network.
+        """
+        now = time.time()
+        if collector_id:
+            async with self.engine.connect() as conn:
+                home = await store.collector_home(conn, collector_id)
+            if home is None:
+                raise NotFound(f"collector {collector_id!r} does not exist", code="collector_not_found")
+            if (
+                (tenant_id and home["tenant_id"] != tenant_id)
+                or (site_id and home["site_id"] != site_id)
+                or not may_see(home["tenant_id"])
+            ):
+                raise PermissionDenied(
+                    f"collector {collector_id!r} does not serve that site and tenant",
+                    code="collector_not_in_tenant",
+                )
+            if not await self.liveness.live([collector_id], now):
+                raise FailedPrecondition(
+                    f"collector {collector_id!r} is not connected", code="collector_not_live"
+                )
+            return collector_id
+        if not site_id or not tenant_id:
+            raise InvalidArgument("name a collector, or a site and tenant", code="tunnel_target_invalid")
+        async with self.engine.connect() as conn:
+            owner = await store.site_tenant(conn, site_id)
+            rows = await store.candidates(conn, site_id, tenant_id)
+        if owner is None or owner != tenant_id:
+            # The same answer for "no such site" and "another tenant's site".
+            raise NotFound(f"tenant {tenant_id!r} has no site {site_id!r}", code="site_not_found")
+        live = sorted(await self.liveness.live([r["collector_id"] for r in rows], now))
+        draining = await self.liveness.self_draining(live)
+        usable = [cid for cid in live if cid not in draining]
+        if not usable:
+            raise FailedPrecondition(
+                f"no live collector serves site {site_id!r}", code="no_eligible_collector"
+            )
+        return usable[0]
+
+    async def fill_slot(self, site_id: str, tenant_id: str, provider: str) -> bool:
+        """Place the oldest queued task of the site, tenant and provider after a slot was freed.
+
+        Scanning the site's queue on every report made a backlog cost O(queue) per report (and
+        most of the router's CPU); one indexed, SKIP LOCKED pick does the job. When that task
+        cannot be placed (it needs a FIPS collector, say) a short general pass follows; the
+        sweeper's pass covers the rest.
+        """
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            task = await store.next_queued(conn, site_id, tenant_id, provider)
+            if task is None:
+                return False
+            state = await self._place(conn, task, effects, refuse=False)
+        await effects.run()
+        if state != S.LEASED:
+            return await self.reevaluate(site_id, FREED_SLOT_BATCH) > 0
+        return True
+
+    def _reevaluate_effect(self, site_id: str, limit: int = REEVALUATE_BATCH) -> Effect:
+        async def run() -> None:
+            await self.reevaluate(site_id, limit)
+
+        return run
+
+    async def reevaluate(self, site_id: str | None = None, limit: int = REEVALUATE_BATCH) -> int:
+        """Try to place queued tasks again (each locked so replicas do not double-place)."""
+        placed = 0
+        async with self.engine.connect() as conn:
+            queued = await store.queued_task_ids(conn, limit, site_id)
+        # Within one pass, a task just like one that found no collector would not find one either:
+        # skip its placement (the expensive part) rather than repeat it for the whole backlog.
+        blocked: set[tuple[Any, ...]] = set()
+        # One task per transaction: each placement holds its locks only briefly.
+        for task_id in queued:
+            effects = Effects()
+            async with self.engine.begin() as conn:
+                task = await store.lock_if_queued(conn, task_id)
+                if task is None:
+                    continue  # another replica has it, or it moved on
+                shape = (task["site_id"], task["tenant_id"], task["provider"], task["operation"],
+                         task["op_class"], task["requires_fips"])  # fmt: skip
+                if shape in blocked:
+                    continue
+                if await self._place(conn, task, effects, refuse=False) == S.LEASED:
+                    placed += 1
+                else:
+                    blocked.add(shape)
+            await effects.run()
+        return placed
+
+    async def _reevaluate_for(self, collector_id: str) -> None:
+        async with self.engine.connect() as conn:
+            site_id = await store.collector_site(conn, collector_id)
+        if site_id is not None:
+            await self.reevaluate(site_id)
+
+
+def _lease_refusal(target_ref: str, held: store.LeaseHeld) -> DeviceLeased:
+    if held.holder_task_id:
+        return DeviceLeased(
+            f"device {target_ref!r} is leased by task {held.holder_task_id}",
+            details={"holder_task_id": held.holder_task_id},
+        )
+    until = held.fenced_until.isoformat() if held.fenced_until else ""
+    return DeviceLeased(
+        f"device {target_ref!r} is fenced until {until}: an envelope of its previous writer was never "
+        "answered and could still run until then",
+        details={"fenced_until": until},
+    )
+
+
+def _placement_request(task: RowMapping) -> PlacementRequest:
+    return PlacementRequest(
+        provider=task["provider"],
+        operation=task["operation"],
+        op_class=task["op_class"],
+        site_id=task["site_id"],
+        tenant_id=task["tenant_id"],
+        target_ref=task["target_ref"],
+        requires_fips=task["requires_fips"],
+    )
+
+
+def _declared_parallel_safe(candidates: Sequence[Candidate], req: PlacementRequest) -> bool:
+    """Whether the drivers that advertise the operation declare it parallel-safe (no driver: not)."""
+    declared = [op for c in candidates if (op := _op(c, req)) is not None]
+    return bool(declared) and all(op.parallel_safe for op in declared)
+
+
+def _op(candidate: Candidate, req: PlacementRequest) -> OperationCap | None:
+    provider = candidate.providers.get(req.provider)
+    return provider.operations.get(req.operation) if provider else None

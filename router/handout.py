@@ -1,0 +1,239 @@
+"""Claims: the collector's heartbeat and the hand-out of leased dispatches, offers and signed
+documents (config, key steps, trust bundles), with the session and standing checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from common.errors import Conflict, PermissionDenied, Unauthenticated
+from common.keys import KeyPurpose
+from common.limits import MAX_CLAIM_BATCH
+from common.logs import get_logger
+from router import collector_docs, fleet_state, ladder, store
+from router.core import MAX_CLAIM_WAIT_S, Claimed, Effects, Offer, SignedDoc, _now
+from router.live import WORK
+from router.metrics import CLAIM_WAIT, DISPATCH_STATES, SUBMIT_TO_CLAIM
+from router.outcomes import Outcomes
+from router.states import State
+
+S = State
+log = get_logger("versus.router")
+
+
+class HandOut(Outcomes):
+    """Claims and what they carry."""
+
+    async def claim(self, collector_id: str, **kwargs: Any) -> Claimed | None:
+        """:meth:`claim_with_offers` for callers that take one dispatch at a time."""
+        claimed, _, _ = await self.claim_with_offers(collector_id, **kwargs)
+        return claimed[0] if claimed else None
+
+    async def _check_standing(
+        self, collector_id: str, session_id: str, config_version: int, *, check_session: bool = True
+    ) -> SignedDoc | None:
+        """Refuse a claim from a collector that is no longer active or from a superseded session;
+        the signed config when PostgreSQL holds a newer one than the collector runs."""
+        async with self.autocommit.connect() as conn:
+            row = await store.collector_standing(conn, collector_id)
+        status = fleet_state.collector_status(row["status"], row["cert_not_after"], _now()) if row else None
+        if status is fleet_state.CollectorStatus.REVOKED:
+            raise Unauthenticated("the collector identity is revoked", code="collector_revoked")
+        if status is fleet_state.CollectorStatus.EXPIRED:
+            raise Unauthenticated("the collector certificate has expired", code="certificate_expired")
+        if row is None or status is not fleet_state.CollectorStatus.ACTIVE:
+            raise PermissionDenied(f"collector is {status or 'unknown'}", code="collector_not_active")
+        if check_session and session_id and await self.liveness.is_superseded(collector_id, session_id):
+            raise _superseded()
+        if row["config_version"] > config_version:
+            now = int(time.time())
+            payload = collector_docs.config_payload(collector_id, row, now)
+            signed = collector_docs.sign_for(self.dispatch_keys(), row["dispatch_kids"], payload, now)
+            if signed is None:
+                log.warning("cannot sign a config the collector could verify", collector_id=collector_id)
+            return signed
+        return None
+
+    async def _record_held_dispatch_keys(self, collector_id: str, version: int) -> None:
+        """Record the dispatch kids of the version the collector says it holds, so its envelopes
+        are signed with them (the claim is authenticated: it speaks only for itself)."""
+        if self._held_dispatch_version.get(collector_id) == version or self.key_chains is None:
+            return
+        kids = self.key_chains.kids(KeyPurpose.DISPATCH, version)
+        if kids is not None:
+            async with self.autocommit.connect() as conn:
+                changed = await store.set_dispatch_kids(conn, collector_id, kids)
+            if changed:
+                log.info("collector holds a new dispatch key set", collector_id=collector_id, version=version)
+                self.candidates.invalidate()
+                # Work that waited for a collector holding a live key may be placeable now.
+                self._spawn(self._reevaluate_for(collector_id))
+        self._held_dispatch_version[collector_id] = version
+
+    async def _signed_offers(self, collector_id: str, offers: Sequence[Offer]) -> tuple[Offer, ...]:
+        """Each offer with its signed document; offers that cannot be signed are dropped (logged)."""
+        if not offers:
+            return ()
+        async with self.autocommit.connect() as conn:
+            held = await store.collector_dispatch_kids(conn, collector_id)
+        now, keys, out = int(time.time()), self.dispatch_keys(), []
+        for offer in offers:
+            signed = collector_docs.sign_for(
+                keys, held, collector_docs.offer_payload(collector_id, offer, now), now
+            )
+            if signed is None:
+                log.warning(
+                    "cannot sign a tunnel offer the collector could verify", collector_id=collector_id
+                )
+                continue
+            out.append({**offer, "signed": signed})
+        return tuple(out)
+
+    async def claim_with_offers(
+        self,
+        collector_id: str,
+        *,
+        claim_seq: int,
+        held_task_ids: frozenset[str],
+        wait_s: float,
+        draining: bool = False,
+        agent_version: str = "",
+        session_id: str = "",
+        transport: str = "",
+        vault_mode: str = "",
+        config_version: int = 0,
+        key_versions: Mapping[str, int] | None = None,
+        max_dispatches: int = 1,
+        free_slots: Mapping[str, int] | None = None,
+    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
+        """Hand the collector its next leased dispatches (up to ``max_dispatches``, capped at
+        :data:`MAX_CLAIM_BATCH`) and any offers, waiting up to ``wait_s`` for either.
+
+        The claim is the collector's heartbeat: it refreshes liveness and the
+        session details (drain state, agent version, session id, transport,
+        running vault mode) in Redis. Capacity and drain ride the claim too: a
+        draining collector is handed no new dispatches, and one that names its
+        ``free_slots`` only dispatches of providers with a free slot, at most as
+        many as it has free (an empty map: the collector did not say).
+
+        It is refused for a collector that is not
+        active and for a superseded session (docs/fleet.md); when PostgreSQL
+        holds a newer config than ``config_version`` (the one the collector
+        runs) it returns at once with the signed config, and no work. Offers
+        come with their signed documents (router/collector_docs.py). When
+        ``key_versions`` (the key set and trust bundle versions the collector
+        holds) are behind the store's it returns at once with no work: the
+        caller attaches the rotation steps (router/key_chains.py) or the
+        bundle (router/trust_delivery.py).
+        """
+        started = time.monotonic()
+        # The session is checked by the heartbeat below (same round trip as recording the claim).
+        restart = await self._check_standing(collector_id, session_id, config_version, check_session=False)
+        session = {
+            "draining": "1" if draining else "0",
+            "agent_version": agent_version,
+            "claim_seq": str(claim_seq),
+            "transport": transport,
+            "vault_mode": vault_mode,
+            # "dispatch=3,release=2": which key set versions the running process holds (keys status).
+            "key_versions": ",".join(f"{k}={int(v)}" for k, v in sorted((key_versions or {}).items())),
+        }
+        adopted, came_back = await self.liveness.heartbeat(collector_id, session_id, time.time(), session)
+        if adopted < 0:
+            raise _superseded()
+        if adopted == 1:
+            # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
+            await self.wake.publish(collector_id)
+        if came_back:
+            self._spawn(self._reevaluate_for(collector_id))
+        if restart is not None:
+            return (), (), restart
+        if key_versions and self.key_chains is not None:
+            await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
+            if self.key_chains.behind(key_versions):
+                return (), (), None
+        if key_versions and self.trust is not None and self.trust.behind(key_versions):
+            return (), (), None
+        await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
+        deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
+        limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)
+        providers: list[str] | None = None
+        if free_slots:
+            providers = sorted(p for p, n in free_slots.items() if n > 0)
+            limit = min(limit, sum(n for n in free_slots.values() if n > 0))
+        taking = not draining and providers != []
+        with self.wake.listener(collector_id) as woken:
+            first = True
+            while True:
+                if not first and woken.payloads != {WORK.decode()}:
+                    # Woken by more than new work: a revoke, a newer session or a vault-mode change.
+                    restart = await self._check_standing(collector_id, session_id, config_version)
+                    if restart is not None:
+                        return (), (), restart
+                first = False
+                woken.clear()
+                taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
+                offers = await self._signed_offers(collector_id, taken)
+                got = await self._take(collector_id, claim_seq, limit, providers) if taking else ()
+                if got or offers:
+                    CLAIM_WAIT.observe(time.monotonic() - started)
+                    return got, offers, None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    CLAIM_WAIT.observe(time.monotonic() - started)
+                    return (), (), None
+                try:
+                    async with asyncio.timeout(remaining):
+                        await woken.wait()
+                except TimeoutError:
+                    pass
+
+    async def _take(
+        self, collector_id: str, claim_seq: int, limit: int, providers: Sequence[str] | None = None
+    ) -> tuple[Claimed, ...]:
+        async with self.autocommit.connect() as conn:
+            rows = await store.take_leased(conn, collector_id, claim_seq, limit, providers)
+        now = _now()
+        for row in rows:
+            DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
+            SUBMIT_TO_CLAIM.observe((now - row["created_at"]).total_seconds())
+        return tuple(Claimed(row["dispatch_id"], bytes(row["envelope"])) for row in rows)
+
+    async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:
+        if claim_seq <= 0:
+            return
+        async with self.autocommit.connect() as conn:
+            if not await store.any_handed_out(conn, collector_id, claim_seq):
+                return
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            for d in await store.handed_out(conn, collector_id, claim_seq):
+                hand_out = ladder.HandOut(int(d["handed_claim_seq"] or 0), d["reported_at"] is not None)
+                if not ladder.never_received(hand_out, claim_seq, held, d["dispatch_id"]):
+                    continue
+                task = await store.get_task(conn, d["task_id"], lock=True)
+                assert task is not None
+                await self._abandon(conn, d, effects, "expired")
+                if d["kind"] == "execute" and task["state"] == S.DISPATCHED.value:
+                    # The task keeps its device lease while it waits to be placed again.
+                    await store.transition(
+                        conn,
+                        task["task_id"],
+                        S.DISPATCHED,
+                        S.QUEUED,
+                        f"collector {collector_id} never received it (claim {claim_seq})",
+                        d["dispatch_id"],
+                    )
+                    effects.add(self._reevaluate_effect(task["site_id"]))
+                elif d["kind"] == "reconcile" and task["state"] == S.RECONCILING.value:
+                    # The reconcile-read was lost on the way: ask again with a new dispatch.
+                    await self._dispatch_reconcile(conn, task["task_id"], effects)
+        await effects.run()
+
+
+def _superseded() -> Conflict:
+    return Conflict(
+        "a newer session of this collector replaced this one; stop this process", code="session_superseded"
+    )

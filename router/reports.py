@@ -1,0 +1,297 @@
+"""Reports from collectors (verified against their signatures), cancel, operator resolution and
+reads of a task with its history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from common import report_signature
+from common.errors import Conflict, FailedPrecondition, NotFound, PermissionDenied
+from common.logs import get_logger
+from common.report_signature import ReportSignatureError, ReportStatement
+from router import ladder, store
+from router.core import MAX_CACHED_REPORT_KEYS, Effects, ReportResult, _now
+from router.metrics import DISPATCH_STATES
+from router.outcomes import Outcomes
+from router.states import State, cancellable, check_transition
+
+S = State
+log = get_logger("versus.router")
+
+
+class Reports(Outcomes):
+    """Reports, cancel, resolve and reads."""
+
+    async def report(
+        self,
+        collector_id: str,
+        dispatch_id: str,
+        outcome: State,
+        result: bytes = b"",
+        error_code: str = "",
+        error_message: str = "",
+        *,
+        refused: bool = False,
+        signature: str | None = None,
+    ) -> ReportResult:
+        """Record a collector's report on a dispatch it was given; see docs/router.md for the rules.
+
+        ``refused``: the collector refused the envelope with ``error_code`` and did not run it
+        (:func:`router.ladder.on_refusal` says what that means for the task).
+        ``signature``: the collector's signature over the report (common/report_signature.py),
+        checked against its key in PostgreSQL before anything is recorded, then kept with the
+        dispatch. Every report from a collector carries one (the bridge passes ``""`` when it is
+        missing, which is refused); ``None`` is for callers inside the router's own process.
+        """
+        statement = ReportStatement(
+            collector_id,
+            dispatch_id,
+            "refused" if refused else outcome.value,
+            result,
+            error_code,
+            error_message,
+        )
+        if refused:
+            outcome = S.FAILED
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            found = await store.get_dispatch(conn, dispatch_id)
+            if found is not None and found["collector_id"] == collector_id and signature is not None:
+                try:
+                    await self._check_report_signature(conn, statement, signature)
+                except ReportSignatureError as exc:
+                    await store.audit(
+                        conn, collector_id, "report.bad_signature", str(found["task_id"]),
+                        {"dispatch_id": dispatch_id, "code": exc.code},
+                    )  # fmt: skip
+                    log.warning("report signature refused", collector_id=collector_id, code=exc.code)
+                    refusal: ReportSignatureError | None = exc
+                else:
+                    refusal = None
+            else:
+                refusal = None
+            if found is not None and found["collector_id"] != collector_id:
+                # Speaking about another collector's work is recorded: it may be an attack.
+                await store.audit(
+                    conn,
+                    collector_id,
+                    "report.foreign_dispatch",
+                    str(found["task_id"]),
+                    {"dispatch_id": dispatch_id},
+                )
+                log.warning("report for another collector's dispatch", collector_id=collector_id)
+        if found is None or found["collector_id"] != collector_id:
+            # The same answer for "unknown" and "someone else's": a collector learns nothing about others.
+            raise PermissionDenied(
+                f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
+            )
+        if refusal is not None:
+            raise refusal
+        async with self.engine.begin() as conn:
+            task = await store.get_task(conn, found["task_id"], lock=True)
+            d = await store.get_dispatch(conn, dispatch_id, lock=True)
+            assert task is not None and d is not None
+            if signature is not None and d["state"] in (S.DISPATCHED, S.RUNNING):
+                await store.update_dispatch(conn, dispatch_id, report_signature=signature)
+            if d["reported_at"] is not None and d["state"] in (S.SUCCESS, S.FAILED, S.UNKNOWN):
+                same = d["state"] == outcome.value and bytes(d["result"] or b"") == result
+                if same:
+                    return ReportResult(True, State(task["state"]))
+                raise Conflict("a different terminal report was already recorded", code="conflicting_report")
+            if d["state"] not in (S.DISPATCHED, S.RUNNING):
+                raise FailedPrecondition(
+                    f"dispatch is {d['state']}; no report expected", code="report_not_expected"
+                )
+            if refused:
+                state = await self._refused(conn, task, d, error_code, error_message, effects)
+            else:
+                state = await self._apply_report(
+                    conn, task, d, outcome, result, error_code, error_message, effects
+                )
+        await effects.run()
+        return ReportResult(False, state)
+
+    async def _check_report_signature(
+        self, conn: AsyncConnection, statement: ReportStatement, signature: str
+    ) -> None:
+        """Verify with the collector's key (cached; read again from PostgreSQL when it refuses)."""
+        cid = statement.collector_id
+        cached = self._report_keys.get(cid)
+        if cached is not None:
+            try:
+                report_signature.verify(signature, cached, statement)
+                return
+            except ReportSignatureError:
+                pass  # the collector may have renewed with a new key: ask PostgreSQL
+        der = await store.collector_public_key(conn, cid)
+        if der is None:
+            raise ReportSignatureError("no key on record for this collector")
+        try:
+            key = serialization.load_der_public_key(der)
+        except ValueError:
+            key = None
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise ReportSignatureError("the key on record for this collector cannot verify reports")
+        report_signature.verify(signature, key, statement)
+        if len(self._report_keys) >= MAX_CACHED_REPORT_KEYS:
+            self._report_keys.clear()
+        self._report_keys[cid] = key
+
+    async def _apply_report(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        outcome: State,
+        result: bytes,
+        error_code: str,
+        error_message: str,
+        effects: Effects,
+    ) -> State:
+        task_id, dispatch_id, current = task["task_id"], d["dispatch_id"], State(task["state"])
+        if outcome == S.RUNNING:
+            await store.update_dispatch(conn, dispatch_id, state=S.RUNNING.value)
+            if d["kind"] == "execute" and current == S.DISPATCHED:
+                await store.transition(
+                    conn, task_id, S.DISPATCHED, S.RUNNING, "collector started it", dispatch_id
+                )
+                return S.RUNNING
+            return current
+        await self._answered(conn, task, d, outcome, result, error_code, error_message, effects)
+        if d["kind"] == "reconcile":
+            return await self._after_reconcile(conn, task, d, outcome, result, effects, error_code=error_code)
+        if current not in (S.DISPATCHED, S.RUNNING):
+            return current  # the task moved on (for instance cancelled or resolved); keep the report only
+        if outcome in (S.SUCCESS, S.FAILED):
+            check_transition(current, outcome)
+            await store.release_lease(conn, task["target_ref"], task_id)
+            await store.transition(
+                conn,
+                task_id,
+                current,
+                outcome,
+                error_code or outcome.value,
+                dispatch_id,
+                result=result,
+                error_code=error_code or None,
+            )
+            return outcome
+        evidence = f"collector {d['collector_id']} reported unknown: {error_code} {error_message}".strip()
+        await store.transition(
+            conn, task_id, current, S.UNKNOWN, "collector reported unknown", dispatch_id, evidence=evidence
+        )
+        return await self._climb(conn, task, evidence, effects)
+
+    async def _answered(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        outcome: State,
+        result: bytes,
+        error_code: str,
+        error_message: str,
+        effects: Effects,
+    ) -> None:
+        """Record the collector's final answer on a dispatch; its slot is free again."""
+        await store.update_dispatch(
+            conn, d["dispatch_id"], state=outcome.value, reported_at=_now(), result=result,
+            error_code=error_code or None, error_message=error_message[:1000] or None,
+        )  # fmt: skip
+        DISPATCH_STATES.labels(outcome.value).inc()
+        collector, provider = d["collector_id"], d["provider"]
+        effects.add(lambda: self.in_flight.add(collector, provider, -1))
+        # One slot of this provider was freed: give it the oldest queued task that could use it.
+        site_id, tenant_id = task["site_id"], task["tenant_id"]
+        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
+
+    async def _refused(
+        self,
+        conn: AsyncConnection,
+        task: RowMapping,
+        d: RowMapping,
+        code: str,
+        message: str,
+        effects: Effects,
+    ) -> State:
+        """A collector refused an envelope: it never ran it there."""
+        current = State(task["state"])
+        verdict = ladder.on_refusal(code)
+        if verdict is ladder.Refusal.ALREADY_HELD:
+            return current  # the collector holds this dispatch already; its real report follows
+        dispatch_id, task_id, collector = d["dispatch_id"], task["task_id"], d["collector_id"]
+        error_code = f"envelope_refused:{code}"
+        await self._answered(conn, task, d, S.FAILED, b"", error_code, message, effects)
+        if d["kind"] == "reconcile":
+            return await self._after_reconcile(conn, task, d, S.FAILED, b"", effects, refused=True)
+        if verdict is ladder.Refusal.REROUTE and current == S.DISPATCHED:
+            # Never run, so safe anywhere else; placement skips every collector that refused it.
+            await store.transition(
+                conn, task_id, S.DISPATCHED, S.QUEUED,
+                f"collector {collector} refused it ({code}); placing it elsewhere", dispatch_id,
+            )  # fmt: skip
+            effects.add(self._reevaluate_effect(task["site_id"]))
+            return S.QUEUED
+        if current not in (S.DISPATCHED, S.RUNNING):
+            return current
+        await store.release_lease(conn, task["target_ref"], task_id)
+        await store.transition(
+            conn, task_id, current, S.FAILED, error_code, dispatch_id, error_code=error_code,
+        )  # fmt: skip
+        return S.FAILED
+
+    async def cancel(self, task_id: str, reason: str) -> RowMapping:
+        effects = Effects()
+        async with self.engine.begin() as conn:
+            task = await store.get_task(conn, task_id, lock=True)
+            if task is None:
+                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            current = State(task["state"])
+            if current == S.CANCELLED:
+                return task
+            if not cancellable(current):
+                raise FailedPrecondition(
+                    f"a {current.value} task cannot be cancelled: it is with a collector or finished",
+                    code="not_cancellable",
+                )
+            if task["current_dispatch_id"] and current == S.LEASED:
+                d = await store.get_dispatch(conn, task["current_dispatch_id"], lock=True)
+                if d is not None and d["state"] == S.LEASED:
+                    await self._abandon(conn, d, effects, S.CANCELLED.value)
+            await store.release_lease(conn, task["target_ref"], task_id)
+            await store.transition(conn, task_id, current, S.CANCELLED, reason or "cancelled by caller")
+            cancelled = await store.get_task(conn, task_id)
+        await effects.run()
+        assert cancelled is not None
+        return cancelled
+
+    async def resolve(self, task_id: str, outcome: State, note: str, actor: str) -> RowMapping:
+        if outcome not in (S.SUCCESS, S.FAILED):
+            raise FailedPrecondition("resolution must be success or failed", code="resolution_invalid")
+        async with self.engine.begin() as conn:
+            task = await store.get_task(conn, task_id, lock=True)
+            if task is None:
+                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            if task["state"] != S.INDETERMINATE:
+                raise FailedPrecondition(
+                    f"task is {task['state']}, not indeterminate", code="not_indeterminate"
+                )
+            await store.transition(
+                conn, task_id, S.INDETERMINATE, outcome, f"resolved by {actor}: {note}", resolved_by=actor
+            )
+            await store.audit(conn, actor, f"task.resolve.{outcome.value}", task_id, {"note": note})
+            resolved = await store.get_task(conn, task_id)
+        assert resolved is not None
+        return resolved
+
+    async def get(self, task_id: str) -> tuple[RowMapping, Sequence[RowMapping]]:
+        async with self.engine.connect() as conn:
+            task = await store.get_task(conn, task_id)
+            if task is None:
+                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            return task, await store.history(conn, task_id)

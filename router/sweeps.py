@@ -1,0 +1,117 @@
+"""Capabilities, collectors leaving, and the sweeper: expired leases, silent holders, stale work."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from common.envelope import fence
+from common.envelope.canonical import OpClass
+from common.logs import get_logger
+from router import store
+from router.core import Effects, _now
+from router.outcomes import Outcomes
+from router.states import State
+
+S = State
+log = get_logger("versus.router")
+
+
+class Sweeps(Outcomes):
+    """Capabilities, collector removal and the sweeper."""
+
+    async def publish_capabilities(
+        self, collector_id: str, epoch: int, manifest: Mapping[str, Any], fips: bool, version: str
+    ) -> int:
+        async with self.engine.begin() as conn:
+            stored = await store.upsert_capabilities(conn, collector_id, epoch, manifest, fips, version)
+        if stored == epoch:
+            self.candidates.invalidate()
+            self._spawn(self._reevaluate_for(collector_id))
+        return stored
+
+    async def _unclaimed(
+        self, conn: AsyncConnection, d: RowMapping, task: RowMapping, effects: Effects, why: str
+    ) -> None:
+        """Retire a leased dispatch that was never handed out and put its task back in the queue."""
+        await self._abandon(conn, d, effects, S.EXPIRED.value)
+        if d["kind"] == "execute" and task["state"] == S.LEASED.value:
+            # Never handed out, so never executed: safe to place again (the lease is kept).
+            await store.transition(conn, task["task_id"], S.LEASED, S.QUEUED, why, d["dispatch_id"])
+        elif d["kind"] == "reconcile" and task["state"] == S.RECONCILING.value:
+            await self._indeterminate(conn, task, S.RECONCILING, f"reconcile-read {why}")
+
+    async def collector_removed(self, collector_id: str) -> int:
+        """After a revoke: re-place the work leased to the collector and stop counting it live.
+
+        Work already handed out is left to the sweeper, which sees a silent holder
+        and climbs the unknown-outcome ladder; a claim still held is woken and refused.
+        """
+        effects = Effects()
+        moved = 0
+        async with self.engine.begin() as conn:
+            for d in await store.leased_to(conn, collector_id):
+                task = await store.get_task(conn, d["task_id"], lock=True)
+                if task is not None:
+                    await self._unclaimed(conn, d, task, effects, f"collector {collector_id} revoked")
+                    effects.add(self._reevaluate_effect(task["site_id"]))
+                    moved += 1
+        await self.liveness.forget(collector_id)
+        await self.wake.publish(collector_id)
+        await effects.run()
+        return moved
+
+    async def sweep(self, batch: int = 200) -> dict[str, int]:
+        """One pass: unclaimed leases, silent holders, blown deadlines, orphan device leases."""
+        counts = {"unclaimed": 0, "unknown": 0, "expired": 0, "leases": 0}
+        effects = Effects()
+        now_s = time.time()
+        async with self.engine.begin() as conn:
+            for d in await store.expired_leased_dispatches(conn, batch):
+                task = await store.get_task(conn, d["task_id"], lock=True, skip_locked=True)
+                if task is None:
+                    continue
+                await self._unclaimed(conn, d, task, effects, "not claimed in time")
+                counts["unclaimed"] += 1
+            in_flight = await store.in_flight_dispatches(conn, batch)
+            # Silent means known to be silent: after Redis lost its data, nobody is until a window passed.
+            silent_ids = await self.liveness.silent({d["collector_id"] for d in in_flight}, now_s)
+            for d in in_flight:
+                silent = d["collector_id"] in silent_ids
+                overdue = d["deadline"] <= _now()
+                if not (silent or overdue):
+                    continue
+                task = await store.get_task(conn, d["task_id"], lock=True, skip_locked=True)
+                if task is None:
+                    continue
+                why = "holder stopped claiming" if silent else "deadline passed while in flight"
+                await self._abandon(conn, d, effects, S.UNKNOWN.value)
+                counts["unknown"] += 1
+                current = State(task["state"])
+                if d["kind"] == "reconcile":
+                    if current == S.RECONCILING:
+                        await self._reconcile_again(conn, task, f"reconcile-read lost: {why}", d, effects)
+                    continue
+                if current in (S.DISPATCHED, S.RUNNING):
+                    await store.transition(
+                        conn, task["task_id"], current, S.UNKNOWN, why, d["dispatch_id"], evidence=why
+                    )
+                    # Its envelope may still run on the silent holder until its fence.
+                    fenced = fence.fence_after(d["expires_at"]) if d["op_class"] != OpClass.READ else None
+                    await self._climb(conn, task, why, effects, fenced)
+            for task in await store.unknown_due(conn, batch):
+                await self._climb(conn, task, task["evidence"] or "outcome unknown", effects)
+                counts["unknown"] += 1
+            for task_id in await store.overdue_queued(conn, batch):
+                await store.transition(conn, task_id, S.QUEUED, S.EXPIRED, "deadline passed while queued")
+                counts["expired"] += 1
+            counts["leases"] = await store.orphan_leases(conn)
+        await effects.run()
+        # Counter updates race with a rebuild after a Redis flush (a change committed before the
+        # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
+        await self.in_flight.rebuild()
+        return counts
