@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-collector-dist chaos fuzz clean
+.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -62,6 +62,9 @@ SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment, as Salt does for the benchmarks.
 MITM_VENV := .venv-mitm
+# SaltStack, the peer of the latency and throughput benchmarks (bench/salt.py), in its own environment.
+SALT_VENV := .venv-salt
+SALT_VERSION := 3008.4
 MITM_VERSION := 11.0.2
 
 mitm-deps: $(MITM_VENV)/.installed-$(MITM_VERSION)
@@ -111,7 +114,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-deps: $(BENCH_STAMP)
 
-bench: bench-envelope bench-latency bench-throughput bench-enroll bench-tunnel bench-idle bench-collector-dist
+bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-collector-dist
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -138,7 +141,7 @@ collector-release: $(STAMP)
 	$(BIN)/python -m tools.collector_dist --out dist --pex
 
 clean:
-	rm -rf $(VENV) $(MITM_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(MITM_VENV) $(SALT_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 bench-collector-dist: $(STAMP)
 	$(BIN)/python -m bench.collector_dist --json bench/results/collector_dist.json
@@ -154,6 +157,17 @@ bench-tunnel: $(BENCH_STAMP)
 
 bench-idle: $(BENCH_STAMP)
 	$(BIN)/python -m bench.idle
+
+salt-deps: $(SALT_VENV)/.installed-$(SALT_VERSION)
+
+$(SALT_VENV)/.installed-$(SALT_VERSION):
+	rm -rf $(SALT_VENV)
+	$(PYTHON) -m venv $(SALT_VENV)
+	$(SALT_VENV)/bin/python -m pip install --quiet salt==$(SALT_VERSION)
+	touch $@
+
+bench-salt: $(STAMP) salt-deps
+	$(BIN)/python -m bench.salt
 
 bench-throughput: $(BENCH_STAMP)
 	$(BIN)/python -m bench.throughput

@@ -8,7 +8,9 @@ Ours: ``--tasks`` read tasks submitted one at a time over gRPC (at most
 (bench/stack.py: real tokens, real envelope verification), each claiming,
 verifying and reporting success. Throughput is tasks per second from the first
 submit to the last success acknowledged by the router; CPU milliseconds per
-task are split by process (router, gateway, PostgreSQL, Redis, load generator).
+task are split by process (router, gateway, PostgreSQL, Redis, load generator). A separate
+untimed pass of ``--count-tasks`` counts the SQL statements per task each service sends, from
+PostgreSQL's own statement log (bench/statements.py).
 
 Two variants. *Single*: each collector runs one task at a time and claims one
 task per claim. *Batched*: each collector declares ``--batch`` slots and claims
@@ -47,6 +49,7 @@ from bench.stack import (
     running_stack,
     save_report,
 )
+from bench.statements import counting
 from common.grpc_client import aio_channel
 
 
@@ -164,6 +167,13 @@ async def _variant(
     ours = [await run_ours(stack, site_id, fleet, token, args, batch) for _ in range(args.runs)]
     for r in ours:
         print(json.dumps({"batch": batch, **r}), flush=True)
+    # A separate, untimed pass: PostgreSQL logs every statement while it runs (bench/statements.py).
+    sample = argparse.Namespace(**{**vars(args), "tasks": args.count_tasks})
+    with counting(stack.database_url, stack.postgres.log_file) as counted:
+        await run_ours(stack, site_id, fleet, token, sample, batch)
+    statements = counted.per_task(args.count_tasks)
+    print(json.dumps({"batch": batch, "statements_per_task": statements}), flush=True)
+    print(json.dumps({"batch": batch, "top_statements": counted.top(args.count_tasks)}, indent=1), flush=True)
     peer = [await run_pgqueuer(pgq_url, args, batch) for _ in range(args.runs)]
     print(json.dumps({"batch": batch, "pgqueuer": peer}), flush=True)
     middle = sorted(ours, key=lambda r: r["tasks_per_s"])[len(ours) // 2]
@@ -172,6 +182,7 @@ async def _variant(
         "ours_tasks_per_s": statistics.median(r["tasks_per_s"] for r in ours),
         "pgqueuer_jobs_per_s": statistics.median(r["jobs_per_s"] for r in peer),
         "cpu_ms_per_task": middle["cpu_ms_per_task"],
+        "statements_per_task": statements,
         "runs": {"ours": ours, "pgqueuer": peer},
     }
 
@@ -192,6 +203,7 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="tasks per claim in the batched variant")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--count-tasks", type=int, default=300, help="tasks in the statement-counting pass")
     parser.add_argument("--json", dest="json_path", default="bench/results/throughput.json")
     args = parser.parse_args()
     pinning = pin_load_generator()
@@ -208,6 +220,8 @@ def main() -> None:
     for name, r in results.items():
         cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms_per_task"].items())
         print(f"CPU ms per task, {name}: {cpu}")
+        sql = ", ".join(f"{k} {v:.1f}" for k, v in r["statements_per_task"].items())
+        print(f"SQL statements per task (from PostgreSQL's log), {name}: {sql}")
 
 
 if __name__ == "__main__":

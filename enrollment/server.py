@@ -70,7 +70,7 @@ def registrations(service: EnrollmentService) -> list[ServiceRegistration]:
 
 async def serve(settings: Settings) -> None:
     database_url, _ = require_backends(settings, "enrollment")
-    engine = db_engine.create_async(database_url)
+    engine = db_engine.create_async(database_url, application_name="versus-enrollment")
     try:
         await serve_grpc_service(
             settings,

@@ -91,7 +91,9 @@ class Connections:
     @classmethod
     def connect(cls, database_url: str, redis_url: str) -> Connections:
         return cls(
-            engine=db_engine.create_async(database_url, pool_size=10, pre_ping=False),
+            engine=db_engine.create_async(
+                database_url, pool_size=10, pre_ping=False, application_name="versus-gateway"
+            ),
             redis=create_redis(redis_url),
         )
 

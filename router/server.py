@@ -158,7 +158,9 @@ async def serve(settings: Settings) -> None:
     state = ensure_writable(settings.state_dir)
     keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))
     # The router's transactions are the hot path: no ping per checkout (see create_async).
-    engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20, pre_ping=False)
+    engine = db_engine.create_async(
+        database_url, pool_size=20, max_overflow=20, pre_ping=False, application_name="versus-router"
+    )
     router = Router(engine, create_redis(redis_url), keys.get)
     router.key_chains = KeyChains(state)
     router.trust = TrustDelivery(BundleSource.from_settings(settings, state), keys.get, engine)

@@ -40,9 +40,15 @@ def describe(url: str) -> str:
 
 
 def create_async(
-    url: str, *, pool_size: int = 10, max_overflow: int = 10, pre_ping: bool = True
+    url: str,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 10,
+    pre_ping: bool = True,
+    application_name: str = "versus-cp",
 ) -> AsyncEngine:
-    """The async engine used by services.
+    """The async engine used by services; ``application_name`` says which one to PostgreSQL
+    (``pg_stat_activity``, server logs, ``pg_stat_statements``).
 
     With ``pre_ping`` every checkout first verifies its connection (one round trip). Without
     it, the first statement on a connection the server dropped fails, and SQLAlchemy then
@@ -54,7 +60,7 @@ def create_async(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "versus-cp"},
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name},
     )
 
 
