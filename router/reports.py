@@ -3,7 +3,7 @@ reads of a task with its history."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -59,60 +59,61 @@ class Reports(Outcomes):
         if refused:
             outcome = S.FAILED
         effects = Effects()
+        # One transaction: the task (locked first, as everywhere), then its dispatch; who speaks and
+        # whether they signed it is checked before anything changes. A refusal is audited, committed,
+        # and raised after the transaction.
+        refusal: Exception | None = None
         async with self.engine.begin() as conn:
-            found = await store.get_dispatch(conn, dispatch_id)
-            if found is not None and found["collector_id"] == collector_id and signature is not None:
-                try:
-                    await self._check_report_signature(conn, statement, signature)
-                except ReportSignatureError as exc:
-                    await store.audit(
-                        conn, collector_id, "report.bad_signature", str(found["task_id"]),
-                        {"dispatch_id": dispatch_id, "code": exc.code},
-                    )  # fmt: skip
-                    log.warning("report signature refused", collector_id=collector_id, code=exc.code)
-                    refusal: ReportSignatureError | None = exc
-                else:
-                    refusal = None
-            else:
-                refusal = None
-            if found is not None and found["collector_id"] != collector_id:
+            task = await store.task_of_dispatch(conn, dispatch_id, lock=True)
+            d = await store.get_dispatch(conn, dispatch_id, lock=True) if task is not None else None
+            if d is not None and d["collector_id"] != collector_id:
                 # Speaking about another collector's work is recorded: it may be an attack.
                 await store.audit(
                     conn,
                     collector_id,
                     "report.foreign_dispatch",
-                    str(found["task_id"]),
+                    str(d["task_id"]),
                     {"dispatch_id": dispatch_id},
                 )
                 log.warning("report for another collector's dispatch", collector_id=collector_id)
-        if found is None or found["collector_id"] != collector_id:
-            # The same answer for "unknown" and "someone else's": a collector learns nothing about others.
-            raise PermissionDenied(
-                f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
-            )
+            if task is None or d is None or d["collector_id"] != collector_id:
+                # The same answer for "unknown" and "someone else's": a collector learns nothing about others.
+                refusal = PermissionDenied(
+                    f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
+                )
+            elif signature is not None:
+                try:
+                    await self._check_report_signature(conn, statement, signature)
+                except ReportSignatureError as exc:
+                    await store.audit(
+                        conn, collector_id, "report.bad_signature", str(d["task_id"]),
+                        {"dispatch_id": dispatch_id, "code": exc.code},
+                    )  # fmt: skip
+                    log.warning("report signature refused", collector_id=collector_id, code=exc.code)
+                    refusal = exc
+            if refusal is None:
+                assert task is not None and d is not None
+                if d["reported_at"] is not None and d["state"] in (S.SUCCESS, S.FAILED, S.UNKNOWN):
+                    same = d["state"] == outcome.value and bytes(d["result"] or b"") == result
+                    if same:
+                        return ReportResult(True, State(task["state"]))
+                    raise Conflict(
+                        "a different terminal report was already recorded", code="conflicting_report"
+                    )
+                if d["state"] not in (S.DISPATCHED, S.RUNNING):
+                    raise FailedPrecondition(
+                        f"dispatch is {d['state']}; no report expected", code="report_not_expected"
+                    )
+                # The report's signature is kept with the dispatch, in the same statement as the report.
+                signed = {"report_signature": signature} if signature is not None else {}
+                if refused:
+                    state = await self._refused(conn, task, d, error_code, error_message, effects, signed)
+                else:
+                    state = await self._apply_report(
+                        conn, task, d, outcome, result, error_code, error_message, effects, signed
+                    )
         if refusal is not None:
             raise refusal
-        async with self.engine.begin() as conn:
-            task = await store.get_task(conn, found["task_id"], lock=True)
-            d = await store.get_dispatch(conn, dispatch_id, lock=True)
-            assert task is not None and d is not None
-            if signature is not None and d["state"] in (S.DISPATCHED, S.RUNNING):
-                await store.update_dispatch(conn, dispatch_id, report_signature=signature)
-            if d["reported_at"] is not None and d["state"] in (S.SUCCESS, S.FAILED, S.UNKNOWN):
-                same = d["state"] == outcome.value and bytes(d["result"] or b"") == result
-                if same:
-                    return ReportResult(True, State(task["state"]))
-                raise Conflict("a different terminal report was already recorded", code="conflicting_report")
-            if d["state"] not in (S.DISPATCHED, S.RUNNING):
-                raise FailedPrecondition(
-                    f"dispatch is {d['state']}; no report expected", code="report_not_expected"
-                )
-            if refused:
-                state = await self._refused(conn, task, d, error_code, error_message, effects)
-            else:
-                state = await self._apply_report(
-                    conn, task, d, outcome, result, error_code, error_message, effects
-                )
         await effects.run()
         return ReportResult(False, state)
 
@@ -152,17 +153,18 @@ class Reports(Outcomes):
         error_code: str,
         error_message: str,
         effects: Effects,
+        signed: Mapping[str, str] | None = None,
     ) -> State:
         task_id, dispatch_id, current = task["task_id"], d["dispatch_id"], State(task["state"])
         if outcome == S.RUNNING:
-            await store.update_dispatch(conn, dispatch_id, state=S.RUNNING.value)
+            await store.update_dispatch(conn, dispatch_id, state=S.RUNNING.value, **(signed or {}))
             if d["kind"] == "execute" and current == S.DISPATCHED:
                 await store.transition(
                     conn, task_id, S.DISPATCHED, S.RUNNING, "collector started it", dispatch_id
                 )
                 return S.RUNNING
             return current
-        await self._answered(conn, task, d, outcome, result, error_code, error_message, effects)
+        await self._answered(conn, task, d, outcome, result, error_code, error_message, effects, signed)
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, outcome, result, effects, error_code=error_code)
         if current not in (S.DISPATCHED, S.RUNNING):
@@ -197,11 +199,13 @@ class Reports(Outcomes):
         error_code: str,
         error_message: str,
         effects: Effects,
+        signed: Mapping[str, str] | None = None,
     ) -> None:
-        """Record the collector's final answer on a dispatch; its slot is free again."""
+        """Record the collector's final answer on a dispatch (and ``signed``: its report
+        signature); its slot is free again."""
         await store.update_dispatch(
             conn, d["dispatch_id"], state=outcome.value, reported_at=_now(), result=result,
-            error_code=error_code or None, error_message=error_message[:1000] or None,
+            error_code=error_code or None, error_message=error_message[:1000] or None, **(signed or {}),
         )  # fmt: skip
         DISPATCH_STATES.labels(outcome.value).inc()
         collector, provider = d["collector_id"], d["provider"]
@@ -218,15 +222,18 @@ class Reports(Outcomes):
         code: str,
         message: str,
         effects: Effects,
+        signed: Mapping[str, str] | None = None,
     ) -> State:
         """A collector refused an envelope: it never ran it there."""
         current = State(task["state"])
         verdict = ladder.on_refusal(code)
         if verdict is ladder.Refusal.ALREADY_HELD:
+            if signed:
+                await store.update_dispatch(conn, d["dispatch_id"], **signed)
             return current  # the collector holds this dispatch already; its real report follows
         dispatch_id, task_id, collector = d["dispatch_id"], task["task_id"], d["collector_id"]
         error_code = f"envelope_refused:{code}"
-        await self._answered(conn, task, d, S.FAILED, b"", error_code, message, effects)
+        await self._answered(conn, task, d, S.FAILED, b"", error_code, message, effects, signed)
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, S.FAILED, b"", effects, refused=True)
         if verdict is ladder.Refusal.REROUTE and current == S.DISPATCHED:

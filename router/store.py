@@ -165,6 +165,18 @@ async def get_task(
     return (await conn.execute(query)).mappings().first()
 
 
+async def task_of_dispatch(
+    conn: AsyncConnection, dispatch_id: str, *, lock: bool = False
+) -> RowMapping | None:
+    """The task a dispatch belongs to (locked: only the task row), in one statement; None when
+    there is no such dispatch."""
+    owner = select(dispatches.c.task_id).where(dispatches.c.dispatch_id == dispatch_id).scalar_subquery()
+    query = select(*tasks.c).where(tasks.c.task_id == owner)
+    if lock:
+        query = query.with_for_update(of=tasks)
+    return (await conn.execute(query)).mappings().first()
+
+
 async def lock_if_queued(conn: AsyncConnection, task_id: str) -> RowMapping | None:
     """The task, locked, if it is still queued and no one else holds it; else None.
 
