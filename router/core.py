@@ -154,6 +154,9 @@ class RouterCore:
         # Set by the server: releases and upgrade targets (router/releases.py, router/updates.py).
         self.releases: Any = None
         self.updates: Any = None
+        # Per claim in progress: whether the collector has dispatches from earlier claims unreported
+        # (read with its standing; router/handout.py).
+        self._unanswered: dict[str, bool] = {}
         # The dispatch key version each collector was last recorded as holding (saves a write per claim).
         self._held_dispatch_version: dict[str, int] = {}
 

@@ -32,12 +32,23 @@ class HandOut(Outcomes):
         return claimed[0] if claimed else None
 
     async def _check_standing(
-        self, collector_id: str, session_id: str, config_version: int, *, check_session: bool = True
+        self,
+        collector_id: str,
+        session_id: str,
+        config_version: int,
+        *,
+        check_session: bool = True,
+        claim_seq: int = 0,
     ) -> SignedDoc | None:
         """Refuse a claim from a collector that is no longer active or from a superseded session;
-        the signed config when PostgreSQL holds a newer one than the collector runs."""
+        the signed config when PostgreSQL holds a newer one than the collector runs.
+
+        With ``claim_seq``, the same read also says whether any dispatch handed out in an earlier
+        claim is still unreported (kept in ``_unanswered`` for :meth:`_requeue_never_received`)."""
         async with self.autocommit.connect() as conn:
-            row = await store.collector_standing(conn, collector_id)
+            row = await store.collector_standing(conn, collector_id, before_claim_seq=claim_seq)
+        if claim_seq > 0 and row is not None:
+            self._unanswered[collector_id] = bool(row["handed_out"])
         status = fleet_state.collector_status(row["status"], row["cert_not_after"], _now()) if row else None
         if status is fleet_state.CollectorStatus.REVOKED:
             raise Unauthenticated("the collector identity is revoked", code="collector_revoked")
@@ -130,7 +141,9 @@ class HandOut(Outcomes):
         """
         started = time.monotonic()
         # The session is checked by the heartbeat below (same round trip as recording the claim).
-        restart = await self._check_standing(collector_id, session_id, config_version, check_session=False)
+        restart = await self._check_standing(
+            collector_id, session_id, config_version, check_session=False, claim_seq=claim_seq
+        )
         session = {
             "draining": "1" if draining else "0",
             "agent_version": agent_version,
@@ -202,11 +215,9 @@ class HandOut(Outcomes):
         return tuple(Claimed(row["dispatch_id"], bytes(row["envelope"])) for row in rows)
 
     async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:
-        if claim_seq <= 0:
+        # Read with the collector's standing at the start of this claim (one statement for both).
+        if claim_seq <= 0 or not self._unanswered.pop(collector_id, True):
             return
-        async with self.autocommit.connect() as conn:
-            if not await store.any_handed_out(conn, collector_id, claim_seq):
-                return
         effects = Effects()
         async with self.engine.begin() as conn:
             for d in await store.handed_out(conn, collector_id, claim_seq):

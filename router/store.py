@@ -28,6 +28,7 @@ from sqlalchemy import (
     RowMapping,
     String,
     and_,
+    exists,
     func,
     insert,
     literal,
@@ -486,12 +487,6 @@ async def leased_to(conn: AsyncConnection, collector_id: str) -> Sequence[RowMap
     return (await conn.execute(query)).mappings().all()
 
 
-async def any_handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq: int) -> bool:
-    """Whether :func:`handed_out` would find anything (an unlocked read; almost always false)."""
-    query = select(dispatches.c.dispatch_id).where(*_handed_out(collector_id, before_claim_seq)).limit(1)
-    return (await conn.execute(query)).first() is not None
-
-
 def _handed_out(collector_id: str, before_claim_seq: int) -> tuple[Any, ...]:
     return (
         dispatches.c.collector_id == collector_id,
@@ -708,9 +703,18 @@ async def upsert_capabilities(
     return int(current.scalar_one())
 
 
-async def collector_standing(conn: AsyncConnection, collector_id: str) -> RowMapping | None:
+async def collector_standing(
+    conn: AsyncConnection, collector_id: str, before_claim_seq: int = 0
+) -> RowMapping | None:
     """Status, certificate end, config version, dispatch kids and recorded vault settings of one
-    collector (checked on every claim)."""
+    collector (checked on every claim), and ``handed_out``: whether a dispatch handed out in a claim
+    before ``before_claim_seq`` is still unreported (an unlocked read: almost always false; when true
+    the claim looks closer with :func:`handed_out`)."""
+    unanswered = (
+        exists(select(dispatches.c.dispatch_id).where(*_handed_out(collector_id, before_claim_seq)))
+        if before_claim_seq > 0
+        else literal(False)
+    )
     query = (
         select(
             collectors.c.status,
@@ -727,6 +731,7 @@ async def collector_standing(conn: AsyncConnection, collector_id: str) -> RowMap
             releases.c.target_name,
             releases.c.sha256.label("target_sha256"),
             releases.c.length.label("target_length"),
+            unanswered.label("handed_out"),
         )
         .outerjoin(
             vault_integrations, vault_integrations.c.integration_id == collectors.c.vault_integration_id
