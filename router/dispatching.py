@@ -62,8 +62,7 @@ class Dispatching(RouterCore):
                         code="idempotency_key_reused",
                     )
                 return existing, True
-            assert created is not None
-            await store.transition(conn, created["task_id"], S.QUEUED, S.QUEUED, "submitted")
+            assert created is not None  # its "submitted" history row was written with it
             await self._place(conn, created, effects, refuse=True)
             task = await store.get_task(conn, created["task_id"])
         await effects.run()

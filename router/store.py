@@ -126,20 +126,30 @@ async def transitions(
     )
 
 
-async def insert_task(conn: AsyncConnection, values: Mapping[str, Any]) -> RowMapping | None:
-    """Insert a new task; None when the tenant already has a task under this idempotency key."""
-    row = (
-        (
-            await conn.execute(
-                pg_insert(tasks)
-                .values(**values)
-                .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-                .returning(*tasks.c)
-            )
-        )
-        .mappings()
-        .first()
+async def insert_task(
+    conn: AsyncConnection, values: Mapping[str, Any], reason: str = "submitted"
+) -> RowMapping | None:
+    """Insert a new task and its first history row (``reason``) in one statement; None when the
+    tenant already has a task under this idempotency key (then nothing is written)."""
+    created = (
+        pg_insert(tasks)
+        .values(**values)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(*tasks.c)
+        .cte("created")
     )
+    state = literal(values["state"], String)
+    history = (
+        insert(task_transitions)
+        .from_select(
+            ["task_id", "dispatch_id", "from_state", "to_state", "reason"],
+            select(created.c.task_id, literal(None, String), state, state, literal(reason, String)),
+        )
+        .cte("history")
+    )
+    row = (await conn.execute(select(*created.c).add_cte(history))).mappings().first()
+    if row is not None:
+        conn.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
     return row
 
 

@@ -44,8 +44,12 @@ async def _settle(env: RouterEnv) -> None:
 
 async def test_read_is_placed_claimed_and_verifies(env: RouterEnv) -> None:
     await env.add_collector("col-a")
-    task, existing = await env.router.submit(env.request("echo"))
+    request = env.request("echo")
+    task, existing = await env.router.submit(request)
     assert not existing and task["state"] == "leased"
+    # The same request again is the same task, and writes nothing (not even history).
+    again_task, again_existing = await env.router.submit(request)
+    assert again_existing and again_task["task_id"] == task["task_id"]
     got = await env.router.claim("col-a", claim_seq=1, held_task_ids=frozenset(), wait_s=0)
     assert got is not None
     envelope = open_envelope(got.envelope, "col-a")
