@@ -410,12 +410,9 @@ class Agent:
     def _update_report(self) -> dict[str, Any] | None:
         """The supervisor's last upgrade report (collector/supervisor), passed on with each claim."""
         try:
-            report = read_json(self.paths.update_status)
+            return update_report(read_json(self.paths.update_status))
         except (OSError, ValueError):
             return None
-        if not isinstance(report, dict) or not isinstance(report.get("state"), str):
-            return None
-        return {k: report[k] for k in ("state", "version", "detail", "at") if k in report}
 
     async def _sleep(self, seconds: float, why: str) -> None:
         log.warning("gateway unavailable; backing off", seconds=round(seconds, 2), reason=why)
@@ -587,6 +584,26 @@ class Agent:
                 attempt += 1
         if journaled:
             self.journal.mark_reported(task_id)
+
+
+UPDATE_STATES = ("updating", "updated", "rolled_back", "failed")
+# The gateway refuses a report dated after this (gateway/collector_api.py): never send one.
+LATEST_REPORT_TIME_S = 4_102_444_800
+
+
+def update_report(raw: object) -> dict[str, Any] | None:
+    """The supervisor's report as the claim carries it, or None when it is not one the gateway
+    would accept: a damaged file must never stop the collector from claiming."""
+    if not isinstance(raw, dict):
+        return None
+    state, version, detail, at = raw.get("state"), raw.get("version"), raw.get("detail", ""), raw.get("at", 0)
+    if state not in UPDATE_STATES or not isinstance(version, str) or not 0 < len(version) <= 64:
+        return None
+    if not version.isprintable() or not isinstance(detail, str):
+        return None
+    if not isinstance(at, int) or isinstance(at, bool) or not 0 <= at <= LATEST_REPORT_TIME_S:
+        at = 0
+    return {"state": state, "version": version, "detail": detail[:500], "at": at}
 
 
 def _limit(own: int, caps: Mapping[str, Any], provider: str) -> int:

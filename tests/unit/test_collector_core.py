@@ -140,3 +140,16 @@ def test_pinned_host_key_matches_on_any_port(port: int) -> None:
     assert known_hosts_line("10.0.0.7", port, key).startswith(
         "10.0.0.7 " if port == 22 else "[10.0.0.7]:2222 "
     )
+
+
+def test_a_damaged_update_report_is_not_sent() -> None:
+    """The supervisor's report rides every claim; one the gateway would refuse (400) must never be
+    sent, or the collector could not claim at all."""
+    from collector.agent import update_report
+
+    good = {"state": "rolled_back", "version": "0.3.0", "detail": "x" * 900, "at": 1_764_000_000}
+    assert update_report(good) == {**good, "detail": "x" * 500}
+    assert update_report({**good, "at": 2**63}) == {**good, "detail": "x" * 500, "at": 0}
+    for bad in ({**good, "state": "exploded"}, {**good, "version": ""}, {**good, "version": 3},
+                {**good, "version": "0.3\n"}, {**good, "detail": None}, ["updated"], None):  # fmt: skip
+        assert update_report(bad) is None, bad
