@@ -417,6 +417,11 @@ class CpuMeter:
         self._psutil = psutil
         self.stack = stack
 
+    def service_pid(self, name: str) -> int:
+        """The process id of one service of the stack (``router``, ``gateway``, ``enrollment``)."""
+        [process] = self._groups()[name]
+        return int(process.pid)
+
     def _groups(self) -> dict[str, list[Any]]:
         psutil = self._psutil
         groups: dict[str, list[Any]] = {

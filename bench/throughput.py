@@ -30,8 +30,11 @@ import asyncio
 import datetime as dt
 import itertools
 import json
+import signal
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -81,6 +84,14 @@ async def run_ours(
     meter = CpuMeter(stack)
     loops = [asyncio.create_task(collector(c)) for c in fleet]
     await asyncio.sleep(1.0)
+    profiler = None
+    if getattr(args, "profile_router", None):
+        # py-spy samples the router from outside (no change to the process); SVG flame graph.
+        profiler = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "py-spy"), "record", "--output", args.profile_router,
+            "--format", "flamegraph", "--pid", str(meter.service_pid("router")), "--rate", "200",
+            "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
     before = meter.snapshot()
     gate = asyncio.Semaphore(args.in_flight)
     run_id = time.monotonic_ns()
@@ -104,6 +115,10 @@ async def run_ours(
         await asyncio.wait_for(done.wait(), 300)
         elapsed = time.perf_counter() - started
     cpu = CpuMeter.delta(before, meter.snapshot())
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes the flame graph when interrupted
+        await asyncio.wait_for(profiler.wait(), 60)
+        args.profile_router = None  # one profile: the first timed run
     stop.set()
     # Loops stay parked in held claims; they end with the fleet (the stack is torn down after).
     for loop in loops:
@@ -204,6 +219,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="tasks per claim in the batched variant")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--count-tasks", type=int, default=300, help="tasks in the statement-counting pass")
+    parser.add_argument(
+        "--profile-router", metavar="SVG", help="flame graph of the router (py-spy) over the first timed run"
+    )
     parser.add_argument("--json", dest="json_path", default="bench/results/throughput.json")
     args = parser.parse_args()
     pinning = pin_load_generator()
