@@ -62,15 +62,31 @@ def _configure(url: str, log_all: bool) -> None:
 
 def tally(lines: Iterable[str], counted: Counted) -> None:
     """Add the statements of PostgreSQL log ``lines`` (``log_line_prefix = '%a|'``) to ``counted``.
-    A statement spanning several lines is counted once, by its first line."""
+    A statement spanning several lines is counted once; its shape is its first non-blank line
+    (a statement text may start with a line break, its SQL on the continuation lines)."""
+    waiting: str | None = None  # the service whose statement's text has not started yet
     for line in lines:
         match = _LINE.match(line.rstrip("\n"))
         if match is None:
+            if waiting is not None and line.strip() and not _ANY_PREFIX.match(line):
+                _add(counted, waiting, line)
+                waiting = None
             continue
-        control = _TRANSACTION.match(match["sql"]) is not None
-        (counted.transaction_control if control else counted.statements)[match["app"]] += 1
-        if not control:
-            counted.shapes[f"{match['app']}: {' '.join(match['sql'].split())[:90]}"] += 1
+        waiting = None
+        if not match["sql"].strip():
+            waiting = match["app"]
+            continue
+        _add(counted, match["app"], match["sql"])
+
+
+_ANY_PREFIX = re.compile(r"^[^\s|]*\|[A-Z]+:  ")
+
+
+def _add(counted: Counted, app: str, sql: str) -> None:
+    control = _TRANSACTION.match(sql) is not None
+    (counted.transaction_control if control else counted.statements)[app] += 1
+    if not control:
+        counted.shapes[f"{app}: {' '.join(sql.split())[:90]}"] += 1
 
 
 @contextmanager

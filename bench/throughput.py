@@ -182,13 +182,16 @@ async def _variant(
     ours = [await run_ours(stack, site_id, fleet, token, args, batch) for _ in range(args.runs)]
     for r in ours:
         print(json.dumps({"batch": batch, **r}), flush=True)
-    # A separate, untimed pass: PostgreSQL logs every statement while it runs (bench/statements.py).
-    sample = argparse.Namespace(**{**vars(args), "tasks": args.count_tasks})
-    with counting(stack.database_url, stack.postgres.log_file) as counted:
-        await run_ours(stack, site_id, fleet, token, sample, batch)
-    statements = counted.per_task(args.count_tasks)
-    print(json.dumps({"batch": batch, "statements_per_task": statements}), flush=True)
-    print(json.dumps({"batch": batch, "top_statements": counted.top(args.count_tasks)}, indent=1), flush=True)
+    statements: dict[str, float] = {}
+    if args.count_tasks > 0:
+        # A separate, untimed pass: PostgreSQL logs every statement while it runs (bench/statements.py).
+        sample = argparse.Namespace(**{**vars(args), "tasks": args.count_tasks})
+        with counting(stack.database_url, stack.postgres.log_file) as counted:
+            await run_ours(stack, site_id, fleet, token, sample, batch)
+        statements = counted.per_task(args.count_tasks)
+        print(json.dumps({"batch": batch, "statements_per_task": statements}), flush=True)
+        top = counted.top(args.count_tasks)
+        print(json.dumps({"batch": batch, "top_statements": top}, indent=1), flush=True)
     peer = [await run_pgqueuer(pgq_url, args, batch) for _ in range(args.runs)]
     print(json.dumps({"batch": batch, "pgqueuer": peer}), flush=True)
     middle = sorted(ours, key=lambda r: r["tasks_per_s"])[len(ours) // 2]
@@ -218,7 +221,9 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16, help="tasks per claim in the batched variant")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--count-tasks", type=int, default=300, help="tasks in the statement-counting pass")
+    parser.add_argument(
+        "--count-tasks", type=int, default=300, help="tasks in the statement-counting pass (0: no such pass)"
+    )
     parser.add_argument(
         "--profile-router", metavar="SVG", help="flame graph of the router (py-spy) over the first timed run"
     )
@@ -238,8 +243,9 @@ def main() -> None:
     for name, r in results.items():
         cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_ms_per_task"].items())
         print(f"CPU ms per task, {name}: {cpu}")
-        sql = ", ".join(f"{k} {v:.1f}" for k, v in r["statements_per_task"].items())
-        print(f"SQL statements per task (from PostgreSQL's log), {name}: {sql}")
+        if r["statements_per_task"]:
+            sql = ", ".join(f"{k} {v:.1f}" for k, v in r["statements_per_task"].items())
+            print(f"SQL statements per task (from PostgreSQL's log), {name}: {sql}")
 
 
 if __name__ == "__main__":

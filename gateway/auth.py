@@ -87,27 +87,55 @@ async def _authenticate(
     scheme, _, token = (headers[0] if headers else "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise BearerError("an Authorization: Bearer token is required", code="bearer_missing")
-    collector_id = collector_jwt.unverified_subject(token.strip())
-    record = await store.collector_auth(collector_id)
-    if record is None:
-        # Same answer as a bad signature: do not confirm which collector ids exist.
-        raise BearerError("bearer token signature does not verify", code="bearer_bad_signature")
+    token = token.strip()
+    collector_id = collector_jwt.unverified_subject(token)
+    record = _known(await store.collector_auth(collector_id))
     now = int(time.time())
-    claims = collector_jwt.verify(token.strip(), record.public_key, now)
+    try:
+        claims = collector_jwt.verify(token, record.public_key, now)
+    except BearerError as exc:
+        # A kept record may hold the key the collector had before it renewed or rotated: ask
+        # PostgreSQL before refusing.
+        if exc.code != "bearer_bad_signature":
+            raise
+        fresh = _known(await store.collector_auth(collector_id, fresh=True))
+        if _same_key(fresh, record):
+            raise
+        record = fresh
+        claims = collector_jwt.verify(token, record.public_key, now)
     method, path = request_target(request)
     claims.check_request(method, path)
     if not body_follows:
         claims.check_body(b"")
+    changes_state = not (request.scope["type"] == "http" and method == "GET")
+    redis = request.app.state.connections.redis
+    standing_changed = await replay.accept_once(redis, claims, now, changes_state=changes_state)
+    if standing_changed or record.cert_not_after <= dt.datetime.now(dt.UTC):
+        # Revoked in the last minute, or the kept certificate ended (perhaps renewed since): the
+        # record in PostgreSQL decides.
+        fresh = _known(await store.collector_auth(collector_id, fresh=True))
+        if not _same_key(fresh, record):
+            raise BearerError("bearer token signature does not verify", code="bearer_bad_signature")
+        record = fresh
     if record.cert_not_after <= dt.datetime.now(dt.UTC):
         raise BearerError("the collector certificate has expired; enroll again", code="certificate_expired")
     if record.status == "revoked":
         raise BearerError("the collector identity is revoked", code="collector_revoked")
     if record.status not in allowed:
         raise PermissionDenied(f"collector is {record.status}", code=f"collector_{record.status}")
-    changes_state = not (request.scope["type"] == "http" and method == "GET")
-    await replay.accept_once(request.app.state.connections.redis, claims, now, changes_state=changes_state)
     edge.mark_authenticated(request.scope)
     return claims, record
+
+
+def _known(record: CollectorAuthRecord | None) -> CollectorAuthRecord:
+    if record is None:
+        # Same answer as a bad signature: do not confirm which collector ids exist.
+        raise BearerError("bearer token signature does not verify", code="bearer_bad_signature")
+    return record
+
+
+def _same_key(a: CollectorAuthRecord, b: CollectorAuthRecord) -> bool:
+    return a.public_key.public_numbers() == b.public_key.public_numbers()
 
 
 class AdmissionGate:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, ValidationError
 from versus.enrollment.v1 import enrollment_pb2 as pb
 
+from common import revocations
 from common.errors import InvalidArgument, NotFound
 from gateway.auth import ANY_ENROLLED, authenticate, check_body
 from gateway.body import read_json_body
@@ -212,6 +213,9 @@ async def renew(request: Request) -> RenewOut:
         pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),
         request.state.request_id,
     )
+    # The key may be new: no gateway may go on accepting the old one from a record it keeps.
+    request.app.state.store.forget(claims.collector_id)
+    await revocations.standing_changed(request.app.state.connections.redis, claims.collector_id)
     return RenewOut(
         collector_id=reply.collector_id,
         cert_chain_pem=reply.cert_chain_pem,

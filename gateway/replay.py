@@ -17,6 +17,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from common import revocations
 from common.collector_jwt import LEEWAY_S, BearerClaims, BearerError
 from common.errors import Unavailable
 from common.logs import get_logger
@@ -31,11 +32,19 @@ def key(claims: BearerClaims) -> str:
     return f"{PREFIX}{claims.collector_id}:{claims.token_id}"
 
 
-async def accept_once(redis: Redis, claims: BearerClaims, now: int, *, changes_state: bool) -> None:
-    """Record ``claims.token_id`` as used; raise ``bearer_replayed`` if it was used before."""
+async def accept_once(redis: Redis, claims: BearerClaims, now: int, *, changes_state: bool) -> bool:
+    """Record ``claims.token_id`` as used; raise ``bearer_replayed`` if it was used before.
+
+    Returns whether the collector's standing changed recently (the revocation flag,
+    common/revocations.py), read in the same round trip: the caller then checks the
+    collector's record in PostgreSQL again rather than trust a kept one.
+    """
     ttl = max(1, claims.expires_at + LEEWAY_S - now + 1)
     try:
-        fresh = await redis.set(key(claims), b"1", nx=True, ex=ttl)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.set(key(claims), b"1", nx=True, ex=ttl)
+            pipe.exists(revocations.flag_key(claims.collector_id))
+            fresh, flagged = await pipe.execute()
     except (RedisError, OSError, TimeoutError) as exc:
         if changes_state:
             REPLAY_CHECKS.labels("unavailable").inc()
@@ -44,9 +53,10 @@ async def accept_once(redis: Redis, claims: BearerClaims, now: int, *, changes_s
             ) from exc
         REPLAY_CHECKS.labels("skipped").inc()
         log.warning("replay cache unavailable; a read goes ahead unchecked", error=type(exc).__name__)
-        return
+        return True  # nothing known about the collector's standing either: check it
     if not fresh:
         REPLAY_CHECKS.labels("replayed").inc()
         log.warning("a bearer token was presented twice", collector_id=claims.collector_id)
         raise BearerError("this bearer token was already used", code="bearer_replayed")
     REPLAY_CHECKS.labels("accepted").inc()
+    return bool(flagged)

@@ -1,12 +1,22 @@
 """What the gateway reads from PostgreSQL: collector keys and status, to authenticate bearer tokens.
 
 The collectors table belongs to the enrollment service; the gateway only reads it.
+
+An active collector's record is kept for :data:`AUTH_CACHE_S`, so a collector's
+requests do not each cost a database read. What could make a kept record wrong
+is covered without waiting for it to lapse: a token that does not verify with
+the kept key, or a kept certificate that has ended, is checked again against
+PostgreSQL (renewal and in-band rotation change both); a revocation is seen on
+the very next request, through the flag the router sets in Redis and the replay
+check reads in the same round trip (gateway/replay.py); and only active records
+are kept, so an approval is seen at once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +29,9 @@ from common.db.schema import collectors
 
 # The periodic standing sweep reads the collectors of open sockets this many at a time.
 SWEEP_CHUNK = 1000
+# How long an active collector's auth record is reused (see the module doc), and how many are kept.
+AUTH_CACHE_S = 5.0
+MAX_CACHED_AUTH = 100_000
 # Parsed public keys kept per process (a P-256 key is a few hundred bytes); more than a gateway's sockets.
 KEY_CACHE_SIZE = 32_768
 
@@ -51,8 +64,29 @@ def _public_key(der: bytes) -> ec.EllipticCurvePublicKey:
 class GatewayStore:
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
+        self._auth: dict[str, tuple[float, CollectorAuthRecord]] = {}
 
-    async def collector_auth(self, collector_id: str) -> CollectorAuthRecord | None:
+    async def collector_auth(self, collector_id: str, *, fresh: bool = False) -> CollectorAuthRecord | None:
+        """The collector's key, site, status and certificate end (kept a few seconds when active,
+        unless ``fresh``); None when there is no such collector."""
+        if not fresh:
+            kept = self._auth.get(collector_id)
+            if kept is not None and kept[0] > time.monotonic():
+                return kept[1]
+        record = await self._read_auth(collector_id)
+        if record is not None and record.status == "active":
+            if len(self._auth) >= MAX_CACHED_AUTH:
+                self._auth.clear()
+            self._auth[collector_id] = (time.monotonic() + AUTH_CACHE_S, record)
+        else:
+            self._auth.pop(collector_id, None)
+        return record
+
+    def forget(self, collector_id: str) -> None:
+        """Drop the kept record of ``collector_id`` (its standing changed)."""
+        self._auth.pop(collector_id, None)
+
+    async def _read_auth(self, collector_id: str) -> CollectorAuthRecord | None:
         query = select(
             collectors.c.collector_id,
             collectors.c.site_id,

@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from router import store
 from router.live import InFlight, placement_view
 from router.placement import DEFAULT_TIMEOUT_S, Candidate, OperationCap, ProviderCap
+from router.sql import Row
 
 Providers = Mapping[str, ProviderCap]
 # More collectors (or sites) than this and the oldest cached entries are dropped.
@@ -58,15 +58,13 @@ class CandidateLoader:
         self.in_flight = in_flight
         self.window_s = liveness_window_s
         self._manifests: dict[str, tuple[tuple[int, dt.datetime], Providers]] = {}
-        self._rows: dict[tuple[str, str], tuple[float, Sequence[RowMapping]]] = {}
+        self._rows: dict[tuple[str, str], tuple[float, Sequence[Row]]] = {}
 
     def invalidate(self) -> None:
         """Forget the cached candidate rows (a collector published capabilities, say)."""
         self._rows.clear()
 
-    async def _candidate_rows(
-        self, conn: AsyncConnection, site_id: str, tenant_id: str
-    ) -> Sequence[RowMapping]:
+    async def _candidate_rows(self, conn: AsyncConnection, site_id: str, tenant_id: str) -> Sequence[Row]:
         # Reused for ROWS_TTL_S: a collector revoked, drained or expired in that time is refused
         # by store.lock_collector, which every placement passes before it leases.
         key = (site_id, tenant_id)
@@ -90,10 +88,13 @@ class CandidateLoader:
             if (cached := self._manifests.get(r["collector_id"])) is None or cached[0] != _version(r)
         ]
         if stale:
-            for cid, manifest, epoch, updated in await store.manifests(conn, stale):
+            for m in await store.manifests(conn, stale):
                 if len(self._manifests) >= MAX_CACHED:
                     self._manifests.pop(next(iter(self._manifests)))
-                self._manifests[cid] = ((int(epoch), updated), parse_providers(manifest))
+                self._manifests[m["collector_id"]] = (
+                    (int(m["epoch"]), m["updated_at"]),
+                    parse_providers(m["manifest"]),
+                )
         ids = [r["collector_id"] for r in rows]
         view = await placement_view(self.redis, self.in_flight, ids, provider, time.time(), self.window_s)
         out = []
@@ -118,5 +119,5 @@ class CandidateLoader:
         return out
 
 
-def _version(row: RowMapping) -> tuple[int, dt.datetime]:
+def _version(row: Row) -> tuple[int, dt.datetime]:
     return int(row["epoch"]), row["updated_at"]

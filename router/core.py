@@ -24,6 +24,7 @@ from router import ladder, store
 from router.candidates import CandidateLoader
 from router.key_chains import KeyChains
 from router.live import InFlight, Liveness, TaskWakes, WakeHub
+from router.sql import Row
 from router.states import State
 from router.submit import SubmitRequest
 from router.trust_delivery import TrustDelivery
@@ -50,12 +51,19 @@ class DeviceLeased(FailedPrecondition):
 
 @dataclass
 class Effects:
-    """Redis updates to run once the transaction has committed."""
+    """What an operation's transaction did besides its writes: Redis updates to run once it has
+    committed, and the task rows as its transitions left them (the caller's answer, not read again)."""
 
     pending: list[Effect] = field(default_factory=list)
+    rows: dict[str, Row] = field(default_factory=dict)
 
     def add(self, effect: Effect) -> None:
         self.pending.append(effect)
+
+    def moved(self, row: Row | None) -> None:
+        """Note a task row a transition returned."""
+        if row is not None:
+            self.rows[row["task_id"]] = row
 
     async def run(self) -> None:
         for effect in self.pending:

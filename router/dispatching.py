@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.envelope import fence
@@ -33,6 +32,7 @@ from router.core import (
 from router.live import WORK
 from router.metrics import DISPATCH_STATES, NO_ELIGIBLE_TOTAL
 from router.placement import Candidate, OperationCap, PlacementRequest
+from router.sql import Row
 from router.states import State
 from router.submit import SubmitRequest, fingerprint, validate
 
@@ -43,7 +43,7 @@ log = get_logger("versus.router")
 class Dispatching(RouterCore):
     """Submit and placement."""
 
-    async def submit(self, req: SubmitRequest) -> tuple[RowMapping, bool]:
+    async def submit(self, req: SubmitRequest) -> tuple[Row, bool]:
         """Create (or find, by idempotency key) a task and try to place it at once."""
         now = _now()
         validate(req, now)
@@ -64,14 +64,11 @@ class Dispatching(RouterCore):
                 return existing, True
             assert created is not None  # its "submitted" history row was written with it
             await self._place(conn, created, effects, refuse=True)
-            task = await store.get_task(conn, created["task_id"])
         await effects.run()
-        assert task is not None
-        return task, False
+        # The row as placement left it (no transition: as it was created).
+        return effects.rows.get(created["task_id"], created), False
 
-    async def _place(
-        self, conn: AsyncConnection, task: RowMapping, effects: Effects, *, refuse: bool
-    ) -> State:
+    async def _place(self, conn: AsyncConnection, task: Row, effects: Effects, *, refuse: bool) -> State:
         """Run the placement pipeline for a locked queued task.
 
         With ``refuse`` (at submit) a lease conflict or class mismatch raises, so
@@ -79,7 +76,11 @@ class Dispatching(RouterCore):
         """
         if task["deadline"] <= _now():
             await store.release_lease(conn, task["target_ref"], task["task_id"])
-            await store.transition(conn, task["task_id"], S.QUEUED, S.EXPIRED, "deadline passed while queued")
+            effects.moved(
+                await store.transition(
+                    conn, task["task_id"], S.QUEUED, S.EXPIRED, "deadline passed while queued"
+                )
+            )
             return S.EXPIRED
         req = _placement_request(task)
         candidates = await self._candidates(conn, req)
@@ -88,7 +89,11 @@ class Dispatching(RouterCore):
         except placement.OpClassMismatch as exc:
             if refuse:
                 raise
-            await store.transition(conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code)
+            effects.moved(
+                await store.transition(
+                    conn, task["task_id"], S.QUEUED, S.FAILED, exc.code, error_code=exc.code
+                )
+            )
             return S.FAILED
         if task["attempts"]:
             # A collector that refused an envelope of this task as not valid for it is not asked again.
@@ -128,18 +133,24 @@ class Dispatching(RouterCore):
                 refusal = _lease_refusal(task["target_ref"], acquired)
                 if refuse:
                     raise refusal
-                await store.transition(
-                    conn, task["task_id"], S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                effects.moved(
+                    await store.transition(
+                        conn, task["task_id"], S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                    )
                 )
                 return S.FAILED
         if task["condition"] != condition:
-            await store.transition(conn, task["task_id"], S.QUEUED, S.QUEUED, condition, condition=condition)
+            effects.moved(
+                await store.transition(
+                    conn, task["task_id"], S.QUEUED, S.QUEUED, condition, condition=condition
+                )
+            )
         return S.QUEUED
 
     async def _lease_and_sign(
         self,
         conn: AsyncConnection,
-        task: RowMapping,
+        task: Row,
         chosen: Candidate,
         op: OperationCap,
         effects: Effects,
@@ -162,8 +173,10 @@ class Dispatching(RouterCore):
                 refusal = _lease_refusal(task["target_ref"], acquired)
                 if refuse:
                     raise refusal
-                await store.transition(
-                    conn, task_id, S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                effects.moved(
+                    await store.transition(
+                        conn, task_id, S.QUEUED, S.FAILED, refusal.message, error_code=refusal.code
+                    )
                 )
                 return S.FAILED
             epoch = acquired
@@ -195,30 +208,26 @@ class Dispatching(RouterCore):
             key,
         )
         attempt = task["attempts"] + (1 if kind == "execute" else 0)
-        await store.insert_dispatch(
-            conn,
-            {
-                "dispatch_id": dispatch_id,
-                "task_id": task_id,
-                "kind": kind,
-                "attempt": attempt,
-                "collector_id": chosen.collector_id,
-                "site_id": task["site_id"],
-                "target_ref": task["target_ref"],
-                "provider": task["provider"],
-                "operation": operation,
-                "op_class": op_class,
-                "state": S.LEASED.value,
-                "lease_epoch": epoch,
-                "envelope": envelope,
-                "expires_at": expires,
-            },
-        )
-        if epoch and kind == "execute":
-            await store.set_lease_dispatch(conn, task["target_ref"], task_id, dispatch_id)
+        dispatch = {
+            "dispatch_id": dispatch_id,
+            "task_id": task_id,
+            "kind": kind,
+            "attempt": attempt,
+            "collector_id": chosen.collector_id,
+            "site_id": task["site_id"],
+            "target_ref": task["target_ref"],
+            "provider": task["provider"],
+            "operation": operation,
+            "op_class": op_class,
+            "state": S.LEASED.value,
+            "lease_epoch": epoch,
+            "envelope": envelope,
+            "expires_at": expires,
+        }
         DISPATCH_STATES.labels(S.LEASED.value).inc()
+        # The dispatch, the lease's note of it and the task's move: one statement.
         if kind == "execute":
-            await store.transitions(
+            moved = await store.transitions(
                 conn,
                 task_id,
                 [
@@ -226,20 +235,21 @@ class Dispatching(RouterCore):
                     (S.ROUTED, S.LEASED, f"lease epoch {epoch}" if epoch else "no lease needed"),
                 ],
                 dispatch_id,
+                new_dispatch=dispatch,
                 attempts=attempt,
                 current_dispatch_id=dispatch_id,
                 condition=None,
             )
         else:
-            await store.transition(
+            moved = await store.transitions(
                 conn,
                 task_id,
-                S.RECONCILING,
-                S.RECONCILING,
-                "reconcile-read dispatched",
+                [(S.RECONCILING, S.RECONCILING, "reconcile-read dispatched")],
                 dispatch_id,
+                new_dispatch=dispatch,
                 current_dispatch_id=dispatch_id,
             )
+        effects.moved(moved)
         provider, collector = task["provider"], chosen.collector_id
         effects.add(lambda: self.in_flight.add(collector, provider, 1))
         effects.add(lambda: self.wake.publish(collector, WORK))
@@ -367,7 +377,7 @@ def _lease_refusal(target_ref: str, held: store.LeaseHeld) -> DeviceLeased:
     )
 
 
-def _placement_request(task: RowMapping) -> PlacementRequest:
+def _placement_request(task: Row) -> PlacementRequest:
     return PlacementRequest(
         provider=task["provider"],
         operation=task["operation"],

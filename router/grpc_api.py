@@ -16,7 +16,6 @@ import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping
 from versus.router.v1 import collector_bridge_pb2 as bridge_pb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
@@ -28,6 +27,7 @@ from common.pb_time import timestamp as ts
 from router import store
 from router.live import task_key
 from router.service import Router
+from router.sql import Row
 from router.states import TERMINAL, State
 from router.submit import SubmitRequest
 from router.updates import Report
@@ -56,7 +56,7 @@ OUTCOME_FROM_PB = {
 }
 
 
-def task_pb(task: RowMapping, history: Sequence[RowMapping] = ()) -> task_pb2.Task:
+def task_pb(task: Row, history: Sequence[Row] = ()) -> task_pb2.Task:
     return task_pb2.Task(
         task_id=task["task_id"],
         provider=task["provider"],
@@ -90,7 +90,7 @@ def task_pb(task: RowMapping, history: Sequence[RowMapping] = ()) -> task_pb2.Ta
     )
 
 
-def dispatch_pb(d: RowMapping) -> task_pb2.Dispatch:
+def dispatch_pb(d: Row) -> task_pb2.Dispatch:
     out = task_pb2.Dispatch(
         dispatch_id=d["dispatch_id"],
         task_id=d["task_id"],
@@ -163,7 +163,7 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
         task, existing = await self.router.submit(submitted)
         return pb.SubmitTaskResponse(task=task_pb(task), existing=existing)
 
-    async def _visible(self, task_id: str) -> tuple[RowMapping, Sequence[RowMapping]]:
+    async def _visible(self, task_id: str) -> tuple[Row, Sequence[Row]]:
         """The task and its history, if the caller's tenant scope covers it.
 
         Another tenant's task is answered exactly as a task that does not exist, so a scoped

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.logs import get_logger
@@ -13,6 +12,7 @@ from router import ladder, placement, store
 from router.core import Effects, _now
 from router.dispatching import Dispatching, _op, _placement_request
 from router.metrics import DISPATCH_STATES
+from router.sql import Row
 from router.states import State
 
 S = State
@@ -22,7 +22,7 @@ log = get_logger("versus.router")
 class Outcomes(Dispatching):
     """What happens to a dispatch whose outcome is unknown, refused or abandoned."""
 
-    async def _abandon(self, conn: AsyncConnection, d: RowMapping, effects: Effects, state: str) -> None:
+    async def _abandon(self, conn: AsyncConnection, d: Row, effects: Effects, state: str) -> None:
         """Retire a dispatch that will never run; it no longer counts against its collector."""
         await store.update_dispatch(conn, d["dispatch_id"], state=state)
         DISPATCH_STATES.labels(state).inc()
@@ -32,7 +32,7 @@ class Outcomes(Dispatching):
     async def _climb(
         self,
         conn: AsyncConnection,
-        task: RowMapping,
+        task: Row,
         evidence: str,
         effects: Effects,
         fenced_until: dt.datetime | None = None,
@@ -74,9 +74,7 @@ class Outcomes(Dispatching):
             return await self._dispatch_reconcile(conn, task_id, effects)
         return await self._indeterminate(conn, fresh, S.UNKNOWN, evidence)
 
-    async def _indeterminate(
-        self, conn: AsyncConnection, task: RowMapping, current: State, evidence: str
-    ) -> State:
+    async def _indeterminate(self, conn: AsyncConnection, task: Row, current: State, evidence: str) -> State:
         await store.release_lease(conn, task["target_ref"], task["task_id"])
         await store.transition(
             conn, task["task_id"], current, S.INDETERMINATE, "waiting for an operator", evidence=evidence
@@ -108,8 +106,8 @@ class Outcomes(Dispatching):
     async def _after_reconcile(
         self,
         conn: AsyncConnection,
-        task: RowMapping,
-        d: RowMapping,
+        task: Row,
+        d: Row,
         outcome: State,
         result: bytes,
         effects: Effects,
@@ -166,7 +164,7 @@ class Outcomes(Dispatching):
         return S.FAILED
 
     async def _reconcile_again(
-        self, conn: AsyncConnection, task: RowMapping, why: str, d: RowMapping, effects: Effects
+        self, conn: AsyncConnection, task: Row, why: str, d: Row, effects: Effects
     ) -> State:
         """The reconcile-read gave no answer (lost, refused, inconclusive): ask again, within bounds."""
         task_id = task["task_id"]

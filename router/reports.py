@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common import report_signature
@@ -18,6 +17,7 @@ from router import ladder, store
 from router.core import MAX_CACHED_REPORT_KEYS, Effects, ReportResult, _now
 from router.metrics import DISPATCH_STATES
 from router.outcomes import Outcomes
+from router.sql import Row
 from router.states import State, cancellable, check_transition
 
 S = State
@@ -146,8 +146,8 @@ class Reports(Outcomes):
     async def _apply_report(
         self,
         conn: AsyncConnection,
-        task: RowMapping,
-        d: RowMapping,
+        task: Row,
+        d: Row,
         outcome: State,
         result: bytes,
         error_code: str,
@@ -164,25 +164,31 @@ class Reports(Outcomes):
                 )
                 return S.RUNNING
             return current
+        if (
+            d["kind"] == "execute"
+            and current in (S.DISPATCHED, S.RUNNING)
+            and outcome in (S.SUCCESS, S.FAILED)
+        ):
+            # The common case, one statement: the answer, the device released, the task finished.
+            check_transition(current, outcome)
+            moved = await store.transitions(
+                conn,
+                task_id,
+                [(current, outcome, error_code or outcome.value)],
+                dispatch_id,
+                answered=_answer(outcome, result, error_code, error_message, signed),
+                release_lease_of=task["target_ref"],
+                result=result,
+                error_code=error_code or None,
+            )
+            assert moved is not None
+            self._slot_freed(task, d, outcome, effects, queue_waiting=bool(moved["queue_waiting"]))
+            return outcome
         await self._answered(conn, task, d, outcome, result, error_code, error_message, effects, signed)
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, outcome, result, effects, error_code=error_code)
         if current not in (S.DISPATCHED, S.RUNNING):
             return current  # the task moved on (for instance cancelled or resolved); keep the report only
-        if outcome in (S.SUCCESS, S.FAILED):
-            check_transition(current, outcome)
-            await store.release_lease(conn, task["target_ref"], task_id)
-            await store.transition(
-                conn,
-                task_id,
-                current,
-                outcome,
-                error_code or outcome.value,
-                dispatch_id,
-                result=result,
-                error_code=error_code or None,
-            )
-            return outcome
         evidence = f"collector {d['collector_id']} reported unknown: {error_code} {error_message}".strip()
         await store.transition(
             conn, task_id, current, S.UNKNOWN, "collector reported unknown", dispatch_id, evidence=evidence
@@ -192,8 +198,8 @@ class Reports(Outcomes):
     async def _answered(
         self,
         conn: AsyncConnection,
-        task: RowMapping,
-        d: RowMapping,
+        task: Row,
+        d: Row,
         outcome: State,
         result: bytes,
         error_code: str,
@@ -203,22 +209,30 @@ class Reports(Outcomes):
     ) -> None:
         """Record the collector's final answer on a dispatch (and ``signed``: its report
         signature); its slot is free again."""
-        await store.update_dispatch(
-            conn, d["dispatch_id"], state=outcome.value, reported_at=_now(), result=result,
-            error_code=error_code or None, error_message=error_message[:1000] or None, **(signed or {}),
-        )  # fmt: skip
+        values = _answer(outcome, result, error_code, error_message, signed)
+        if values["report_signature"] is None:
+            del values["report_signature"]  # a report from inside the router: keep what is recorded
+        await store.update_dispatch(conn, d["dispatch_id"], reported_at=_now(), **values)
+        self._slot_freed(task, d, outcome, effects)
+
+    def _slot_freed(
+        self, task: Row, d: Row, outcome: State, effects: Effects, *, queue_waiting: bool = True
+    ) -> None:
+        """After the commit: one in-flight dispatch fewer and, when a queued task may be waiting
+        (``queue_waiting``; not known: assume so), the freed slot offered to the oldest one."""
         DISPATCH_STATES.labels(outcome.value).inc()
         collector, provider = d["collector_id"], d["provider"]
         effects.add(lambda: self.in_flight.add(collector, provider, -1))
-        # One slot of this provider was freed: give it the oldest queued task that could use it.
-        site_id, tenant_id = task["site_id"], task["tenant_id"]
-        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
+        if queue_waiting:
+            # A task queued after the statement looked is placed by the sweeper's pass.
+            site_id, tenant_id = task["site_id"], task["tenant_id"]
+            effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
 
     async def _refused(
         self,
         conn: AsyncConnection,
-        task: RowMapping,
-        d: RowMapping,
+        task: Row,
+        d: Row,
         code: str,
         message: str,
         effects: Effects,
@@ -252,7 +266,7 @@ class Reports(Outcomes):
         )  # fmt: skip
         return S.FAILED
 
-    async def cancel(self, task_id: str, reason: str) -> RowMapping:
+    async def cancel(self, task_id: str, reason: str) -> Row:
         effects = Effects()
         async with self.engine.begin() as conn:
             task = await store.get_task(conn, task_id, lock=True)
@@ -277,7 +291,7 @@ class Reports(Outcomes):
         assert cancelled is not None
         return cancelled
 
-    async def resolve(self, task_id: str, outcome: State, note: str, actor: str) -> RowMapping:
+    async def resolve(self, task_id: str, outcome: State, note: str, actor: str) -> Row:
         if outcome not in (S.SUCCESS, S.FAILED):
             raise FailedPrecondition("resolution must be success or failed", code="resolution_invalid")
         async with self.engine.begin() as conn:
@@ -296,9 +310,22 @@ class Reports(Outcomes):
         assert resolved is not None
         return resolved
 
-    async def get(self, task_id: str) -> tuple[RowMapping, Sequence[RowMapping]]:
+    async def get(self, task_id: str) -> tuple[Row, Sequence[Row]]:
         async with self.engine.connect() as conn:
             task = await store.get_task(conn, task_id)
             if task is None:
                 raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
             return task, await store.history(conn, task_id)
+
+
+def _answer(
+    outcome: State, result: bytes, error_code: str, error_message: str, signed: Mapping[str, str] | None
+) -> dict[str, object]:
+    """The columns a final answer writes on its dispatch (router/store.py ``ANSWER_COLUMNS``)."""
+    return {
+        "state": outcome.value,
+        "result": result,
+        "error_code": error_code or None,
+        "error_message": error_message[:1000] or None,
+        "report_signature": (signed or {}).get("report_signature"),
+    }

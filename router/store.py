@@ -23,20 +23,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import (
     Interval,
     RowMapping,
-    String,
     and_,
-    exists,
     func,
-    insert,
-    literal,
     literal_column,
     or_,
     select,
-    text,
-    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -45,17 +40,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from common import audit as audit_log
 from common.db.schema import (
     collector_capabilities,
-    collector_updates,
     collectors,
     device_leases,
     dispatches,
-    releases,
     sites,
     task_transitions,
     tasks,
-    vault_integrations,
 )
 from common.envelope.fence import FENCE_S
+from router.sql import Db, sql
 from router.states import IN_FLIGHT, State
 
 _IN_FLIGHT = [s.value for s in IN_FLIGHT]
@@ -71,136 +64,219 @@ class LeaseHeld:
     fenced_until: dt.datetime | None = None
 
 
+_TASK_COLUMNS = frozenset(tasks.c.keys())
+
+
 async def transition(
-    conn: AsyncConnection,
+    conn: Db,
     task_id: str,
     from_state: State,
     to_state: State,
     reason: str = "",
     dispatch_id: str | None = None,
     **values: Any,
-) -> None:
-    """Move a locked task to ``to_state`` (the caller has checked legality) and record it.
+) -> dict[str, Any] | None:
+    """Move a locked task to ``to_state`` (the caller has checked legality) and record it; the
+    task row as it is now.
 
     The task id is noted on the connection; once the transaction commits, watchers of the
     task are woken (router/live.py ``TaskWakes``).
     """
-    await transitions(conn, task_id, [(from_state, to_state, reason)], dispatch_id, **values)
+    return await transitions(conn, task_id, [(from_state, to_state, reason)], dispatch_id, **values)
+
+
+def _transitions_sql(
+    columns: tuple[str, ...], steps: int, with_dispatch: bool, answering: bool, releasing: bool
+) -> str:
+    unknown = set(columns) - _TASK_COLUMNS
+    if unknown:
+        raise ValueError(f"not columns of tasks: {sorted(unknown)}")
+    sets = "".join(f", {c} = %(v_{c})s" for c in columns)
+    history = "\n    UNION ALL ".join(
+        f"SELECT task_id, %(dispatch_id)s, %(f{i})s, %(t{i})s, %(r{i})s FROM moved" for i in range(steps)
+    )
+    before = (
+        (_NEW_DISPATCH if with_dispatch else "")
+        + (_ANSWERED if answering else "")
+        + (_RELEASING if releasing else "")
+    )
+    return f"""
+WITH {before}moved AS (
+    UPDATE tasks SET state = %(state)s, updated_at = now(){sets}
+    WHERE task_id = %(task_id)s RETURNING *
+), recorded AS (
+    INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
+    {history}
+)
+SELECT *{_QUEUE_WAITING if answering else ""} FROM moved"""
+
+
+# The collector's final answer on the dispatch (its slot is free again).
+_ANSWERED = """answered AS (
+    UPDATE dispatches
+    SET updated_at = now(), state = %(a_state)s, reported_at = now(), result = %(a_result)s,
+        error_code = %(a_error_code)s, error_message = %(a_error_message)s,
+        report_signature = coalesce(%(a_report_signature)s, report_signature)
+    WHERE dispatch_id = %(dispatch_id)s
+), """
+
+# The task's device released, as release_lease does. The dispatch answered in the same statement is
+# left out of the fence by name: the statement does not see its own ``answered`` update.
+_RELEASING = f"""released AS (
+    UPDATE device_leases
+    SET holder_task_id = NULL, holder_dispatch_id = NULL, collector_id = NULL, expires_at = NULL,
+        fenced_until = greatest(fenced_until, (
+            SELECT max(d.expires_at) + interval '{FENCE_S} seconds' FROM dispatches d
+            WHERE d.task_id = %(task_id)s AND d.handed_at IS NOT NULL AND d.reported_at IS NULL
+              AND d.state <> 'expired' AND d.op_class <> 'read' AND d.dispatch_id <> %(dispatch_id)s))
+    WHERE target_ref = %(r_target_ref)s AND holder_task_id = %(task_id)s
+), """
+
+# Whether a queued task of the same site, tenant and provider waits for the slot just freed.
+_QUEUE_WAITING = """, EXISTS (
+    SELECT 1 FROM tasks q WHERE q.state = 'queued' AND q.site_id = moved.site_id
+      AND q.tenant_id = moved.tenant_id AND q.provider = moved.provider) AS queue_waiting"""
+
+
+# A new dispatch of the task and, when it is the execution of a leased device's holder, the lease's
+# note of it: written
+# with the task's move to leased (one statement for what placement writes).
+_NEW_DISPATCH = """created_dispatch AS (
+    INSERT INTO dispatches (dispatch_id, task_id, kind, attempt, collector_id, site_id, target_ref, provider,
+                            operation, op_class, state, lease_epoch, envelope, expires_at)
+    VALUES (%(dispatch_id)s, %(task_id)s, %(d_kind)s, %(d_attempt)s, %(d_collector_id)s, %(d_site_id)s,
+            %(d_target_ref)s, %(d_provider)s, %(d_operation)s, %(d_op_class)s, %(d_state)s,
+            %(d_lease_epoch)s, %(d_envelope)s, %(d_expires_at)s)
+), noted_on_lease AS (
+    UPDATE device_leases SET holder_dispatch_id = %(dispatch_id)s
+    WHERE %(d_kind)s = 'execute' AND %(d_lease_epoch)s > 0
+      AND target_ref = %(d_target_ref)s AND holder_task_id = %(task_id)s
+), """
+
+
+# One statement text per (columns set, number of steps, with a new dispatch): psycopg prepares
+# each after a few uses.
+_TRANSITIONS: dict[tuple[tuple[str, ...], int, bool, bool, bool], str] = {}
+
+# The columns an answer writes on its dispatch (``answered`` of :func:`transitions`).
+ANSWER_COLUMNS = ("state", "result", "error_code", "error_message", "report_signature")
 
 
 async def transitions(
-    conn: AsyncConnection,
+    conn: Db,
     task_id: str,
     steps: Sequence[tuple[State, State, str]],
     dispatch_id: str | None = None,
+    *,
+    new_dispatch: Mapping[str, Any] | None = None,
+    answered: Mapping[str, Any] | None = None,
+    release_lease_of: str | None = None,
     **values: Any,
-) -> None:
-    """Move a locked task through ``steps`` (from, to, reason), recording each, in one statement.
+) -> dict[str, Any] | None:
+    """Move a locked task through ``steps`` (from, to, reason), recording each, in one statement;
+    the task row as it is now (None: no such task).
 
     The task row update and the history rows go together (``WITH moved AS (UPDATE ...) INSERT``):
-    one round trip instead of two per step, on the path every task takes several times.
+    one round trip instead of two per step, on the path every task takes several times. With
+    ``new_dispatch`` (the row's values, its id ``dispatch_id``) the same statement inserts the
+    dispatch and, for a leased device, notes it on the lease. With ``answered`` (values of
+    :data:`ANSWER_COLUMNS`) it records the collector's final answer on dispatch ``dispatch_id``,
+    and the row says in ``queue_waiting`` whether a queued task could use the slot that freed;
+    with ``release_lease_of`` (a device) it releases the task's lease as :func:`release_lease`.
     """
-    conn.info.setdefault(CHANGED_TASKS, set()).add(task_id)
-    moved = (
-        update(tasks)
-        .where(tasks.c.task_id == task_id)
-        .values(state=steps[-1][1].value, updated_at=func.now(), **values)
-        .returning(tasks.c.task_id)
-        .cte("moved")
-    )
-    rows = [
-        select(
-            moved.c.task_id,
-            literal(dispatch_id, String),
-            literal(from_state.value, String),
-            literal(to_state.value, String),
-            literal(reason, String),
-        )
-        for from_state, to_state, reason in steps
-    ]
-    history_rows = rows[0] if len(rows) == 1 else union_all(*rows)
-    await conn.execute(
-        insert(task_transitions).from_select(
-            ["task_id", "dispatch_id", "from_state", "to_state", "reason"], history_rows
-        )
-    )
+    db = await sql(conn)
+    db.info.setdefault(CHANGED_TASKS, set()).add(task_id)
+    columns = tuple(sorted(values))
+    key = (columns, len(steps), new_dispatch is not None, answered is not None, release_lease_of is not None)
+    query = _TRANSITIONS.get(key)
+    if query is None:
+        query = _TRANSITIONS[key] = _transitions_sql(*key)
+    params: dict[str, Any] = {"task_id": task_id, "state": steps[-1][1].value, "dispatch_id": dispatch_id}
+    for i, (from_state, to_state, reason) in enumerate(steps):
+        params[f"f{i}"], params[f"t{i}"], params[f"r{i}"] = from_state.value, to_state.value, reason
+    for c in columns:
+        params[f"v_{c}"] = Jsonb(values[c]) if c == "labels" else values[c]
+    if new_dispatch is not None:
+        assert new_dispatch["dispatch_id"] == dispatch_id and new_dispatch["task_id"] == task_id
+        params.update({f"d_{k}": v for k, v in new_dispatch.items()})
+    if answered is not None:
+        assert set(answered) == set(ANSWER_COLUMNS)
+        params.update({f"a_{k}": v for k, v in answered.items()})
+    if release_lease_of is not None:
+        params["r_target_ref"] = release_lease_of
+    return await db.one(query, params)
+
+
+_INSERT_TASK = """
+WITH created AS (
+    INSERT INTO tasks (task_id, idempotency_key, request_sha256, provider, operation, op_class,
+                       target_ref, site_id, tenant_id, params, deadline, requires_fips, labels, state)
+    VALUES (%(task_id)s, %(idempotency_key)s, %(request_sha256)s, %(provider)s, %(operation)s,
+            %(op_class)s, %(target_ref)s, %(site_id)s, %(tenant_id)s, %(params)s, %(deadline)s,
+            %(requires_fips)s, %(labels)s, %(state)s)
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING *
+), history AS (
+    INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
+    SELECT task_id, NULL, state, state, %(reason)s FROM created
+)
+SELECT * FROM created"""
 
 
 async def insert_task(
-    conn: AsyncConnection, values: Mapping[str, Any], reason: str = "submitted"
-) -> RowMapping | None:
+    conn: Db, values: Mapping[str, Any], reason: str = "submitted"
+) -> dict[str, Any] | None:
     """Insert a new task and its first history row (``reason``) in one statement; None when the
     tenant already has a task under this idempotency key (then nothing is written)."""
-    created = (
-        pg_insert(tasks)
-        .values(**values)
-        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-        .returning(*tasks.c)
-        .cte("created")
-    )
-    state = literal(values["state"], String)
-    history = (
-        insert(task_transitions)
-        .from_select(
-            ["task_id", "dispatch_id", "from_state", "to_state", "reason"],
-            select(created.c.task_id, literal(None, String), state, state, literal(reason, String)),
-        )
-        .cte("history")
-    )
-    row = (await conn.execute(select(*created.c).add_cte(history))).mappings().first()
+    db = await sql(conn)
+    row = await db.one(_INSERT_TASK, {**values, "labels": Jsonb(values["labels"]), "reason": reason})
     if row is not None:
-        conn.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
+        db.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
     return row
 
 
-async def task_by_key(conn: AsyncConnection, tenant_id: str, idempotency_key: str) -> RowMapping | None:
-    return (
-        (
-            await conn.execute(
-                select(*tasks.c).where(
-                    tasks.c.tenant_id == tenant_id, tasks.c.idempotency_key == idempotency_key
-                )
-            )
-        )
-        .mappings()
-        .first()
+async def task_by_key(conn: Db, tenant_id: str, idempotency_key: str) -> dict[str, Any] | None:
+    return await (await sql(conn)).one(
+        "SELECT * FROM tasks WHERE tenant_id = %(t)s AND idempotency_key = %(k)s",
+        {"t": tenant_id, "k": idempotency_key},
     )
 
 
+_GET_TASK = {
+    (False, False): "SELECT * FROM tasks WHERE task_id = %(id)s",
+    (True, False): "SELECT * FROM tasks WHERE task_id = %(id)s FOR UPDATE",
+    (True, True): "SELECT * FROM tasks WHERE task_id = %(id)s FOR UPDATE SKIP LOCKED",
+    (False, True): "SELECT * FROM tasks WHERE task_id = %(id)s",
+}
+
+
 async def get_task(
-    conn: AsyncConnection, task_id: str, *, lock: bool = False, skip_locked: bool = False
-) -> RowMapping | None:
-    query = select(*tasks.c).where(tasks.c.task_id == task_id)
-    if lock:
-        query = query.with_for_update(skip_locked=skip_locked)
-    return (await conn.execute(query)).mappings().first()
+    conn: Db, task_id: str, *, lock: bool = False, skip_locked: bool = False
+) -> dict[str, Any] | None:
+    return await (await sql(conn)).one(_GET_TASK[(lock, skip_locked)], {"id": task_id})
 
 
-async def task_of_dispatch(
-    conn: AsyncConnection, dispatch_id: str, *, lock: bool = False
-) -> RowMapping | None:
+async def task_of_dispatch(conn: Db, dispatch_id: str, *, lock: bool = False) -> dict[str, Any] | None:
     """The task a dispatch belongs to (locked: only the task row), in one statement; None when
     there is no such dispatch."""
-    owner = select(dispatches.c.task_id).where(dispatches.c.dispatch_id == dispatch_id).scalar_subquery()
-    query = select(*tasks.c).where(tasks.c.task_id == owner)
-    if lock:
-        query = query.with_for_update(of=tasks)
-    return (await conn.execute(query)).mappings().first()
+    query = (
+        "SELECT * FROM tasks WHERE task_id = (SELECT task_id FROM dispatches WHERE dispatch_id = %(id)s)"
+        + (" FOR UPDATE" if lock else "")
+    )
+    return await (await sql(conn)).one(query, {"id": dispatch_id})
 
 
-async def lock_if_queued(conn: AsyncConnection, task_id: str) -> RowMapping | None:
+async def lock_if_queued(conn: Db, task_id: str) -> dict[str, Any] | None:
     """The task, locked, if it is still queued and no one else holds it; else None.
 
     Only a queued row is locked: locking a task that was leased meanwhile, however briefly,
     would make its collector's claim skip it (SKIP LOCKED) and wait for a wake-up that
     already went out.
     """
-    query = (
-        select(*tasks.c)
-        .where(tasks.c.task_id == task_id, tasks.c.state == State.QUEUED.value)
-        .with_for_update(skip_locked=True)
+    return await (await sql(conn)).one(
+        "SELECT * FROM tasks WHERE task_id = %(id)s AND state = 'queued' FOR UPDATE SKIP LOCKED",
+        {"id": task_id},
     )
-    return (await conn.execute(query)).mappings().first()
 
 
 async def history(conn: AsyncConnection, task_id: str) -> Sequence[RowMapping]:
@@ -212,43 +288,36 @@ async def history(conn: AsyncConnection, task_id: str) -> Sequence[RowMapping]:
     return (await conn.execute(query)).mappings().all()
 
 
-async def candidates(conn: AsyncConnection, site_id: str, tenant_id: str) -> Sequence[RowMapping]:
+_CANDIDATES = """
+SELECT c.collector_id, c.site_id, c.tenant_id, c.status, cc.epoch, cc.updated_at, cc.fips, cc.draining,
+       c.dispatch_kids
+FROM collectors c JOIN collector_capabilities cc ON cc.collector_id = c.collector_id
+WHERE c.site_id = %(site)s AND c.tenant_id = %(tenant)s AND c.status = 'active'
+  AND c.cert_not_after > now()"""
+
+
+async def candidates(conn: Db, site_id: str, tenant_id: str) -> list[dict[str, Any]]:
     """Active, unexpired collectors of the site and tenant that published a manifest (its version only)."""
-    query = (
-        select(
-            collectors.c.collector_id,
-            collectors.c.site_id,
-            collectors.c.tenant_id,
-            collectors.c.status,
-            collector_capabilities.c.epoch,
-            collector_capabilities.c.updated_at,
-            collector_capabilities.c.fips,
-            collector_capabilities.c.draining,
-            collectors.c.dispatch_kids,
-        )
-        .join(collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id)
-        .where(
-            collectors.c.site_id == site_id,
-            collectors.c.tenant_id == tenant_id,
-            collectors.c.status == "active",
-            collectors.c.cert_not_after > func.now(),
-        )
+    return await (await sql(conn)).all(_CANDIDATES, {"site": site_id, "tenant": tenant_id})
+
+
+async def manifests(conn: Db, collector_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """collector_id, manifest, epoch and updated_at of these collectors."""
+    return await (await sql(conn)).all(
+        "SELECT collector_id, manifest, epoch, updated_at FROM collector_capabilities"
+        " WHERE collector_id = ANY(%(ids)s)",
+        {"ids": list(collector_ids)},
     )
-    return (await conn.execute(query)).mappings().all()
 
 
-async def manifests(conn: AsyncConnection, collector_ids: Sequence[str]) -> Sequence[Any]:
-    """(collector id, manifest, epoch, updated_at) of these collectors."""
-    query = select(
-        collector_capabilities.c.collector_id,
-        collector_capabilities.c.manifest,
-        collector_capabilities.c.epoch,
-        collector_capabilities.c.updated_at,
-    ).where(collector_capabilities.c.collector_id.in_(list(collector_ids)))
-    return (await conn.execute(query)).all()
+_LOCK_COLLECTOR = """
+SELECT cc.collector_id
+FROM collector_capabilities cc JOIN collectors c ON c.collector_id = cc.collector_id
+WHERE cc.collector_id = %(id)s AND c.status = 'active' AND c.cert_not_after > now() AND NOT cc.draining
+FOR UPDATE OF cc"""
 
 
-async def lock_collector(conn: AsyncConnection, collector_id: str, *, skip_locked: bool) -> bool:
+async def lock_collector(conn: Db, collector_id: str, *, skip_locked: bool) -> bool:
     """Lock one collector's capabilities row (its capacity) if it may take work now.
 
     False when the collector is no longer active, its certificate ended, an operator drains
@@ -258,31 +327,23 @@ async def lock_collector(conn: AsyncConnection, collector_id: str, *, skip_locke
     A placement waits only for the first collector it tries and skips locked ones after that,
     so two placements never wait on each other while holding a collector lock: no deadlock.
     """
-    result = await conn.execute(
-        select(collector_capabilities.c.collector_id)
-        .join(collectors, collectors.c.collector_id == collector_capabilities.c.collector_id)
-        .where(
-            collector_capabilities.c.collector_id == collector_id,
-            collectors.c.status == "active",
-            collectors.c.cert_not_after > func.now(),
-            collector_capabilities.c.draining.is_(False),
-        )
-        .with_for_update(of=collector_capabilities, skip_locked=skip_locked)
-    )
-    return result.first() is not None
+    query = _LOCK_COLLECTOR + (" SKIP LOCKED" if skip_locked else "")
+    return await (await sql(conn)).one(query, {"id": collector_id}) is not None
 
 
-async def in_flight(conn: AsyncConnection, collector_id: str, provider: str) -> int:
-    result = await conn.execute(
-        select(func.count())
-        .select_from(dispatches)
-        .where(
-            dispatches.c.collector_id == collector_id,
-            dispatches.c.provider == provider,
-            dispatches.c.state.in_(_IN_FLIGHT),
-        )
-    )
-    return int(result.scalar_one())
+_IN_FLIGHT_COUNT = """
+SELECT count(*) FROM dispatches
+WHERE collector_id = %(id)s AND provider = %(provider)s AND state IN ('leased', 'dispatched', 'running')"""
+
+
+async def in_flight(conn: Db, collector_id: str, provider: str) -> int:
+    """The collector's dispatches of ``provider`` in flight.
+
+    A statement of its own, after :func:`lock_collector`: a statement's snapshot is taken when it
+    starts, so a count in the locking statement would miss work committed by the placement it
+    waited for (tests/integration/test_router_concurrency.py).
+    """
+    return int(await (await sql(conn)).scalar(_IN_FLIGHT_COUNT, {"id": collector_id, "provider": provider}))
 
 
 async def all_in_flight(conn: AsyncConnection) -> dict[tuple[str, str], int]:
@@ -294,8 +355,19 @@ async def all_in_flight(conn: AsyncConnection) -> dict[tuple[str, str], int]:
     return {(row[0], row[1]): int(row[2]) for row in result}
 
 
+_ACQUIRE_LEASE = """
+INSERT INTO device_leases AS l (target_ref, epoch, holder_task_id, collector_id, acquired_at, expires_at)
+VALUES (%(target)s, 1, %(task)s, %(collector)s, now(), %(expires)s)
+ON CONFLICT (target_ref) DO UPDATE
+SET epoch = l.epoch + 1, holder_task_id = %(task)s, holder_dispatch_id = NULL, collector_id = %(collector)s,
+    acquired_at = now(), expires_at = %(expires)s
+WHERE (l.holder_task_id IS NULL OR l.holder_task_id = %(task)s OR l.expires_at < now())
+  AND (l.fenced_until IS NULL OR l.fenced_until <= now())
+RETURNING l.epoch"""
+
+
 async def acquire_lease(
-    conn: AsyncConnection, target_ref: str, task_id: str, collector_id: str | None, expires_at: dt.datetime
+    conn: Db, target_ref: str, task_id: str, collector_id: str | None, expires_at: dt.datetime
 ) -> int | LeaseHeld:
     """The new epoch, or why the device is not available. Re-acquiring by the same task keeps working.
 
@@ -303,51 +375,16 @@ async def acquire_lease(
     writer's fence is running (``fenced_until``, set on release: see :func:`release_lease`).
     ``expires_at`` must itself cover the fence of the holder's last envelope.
     """
-    stmt = (
-        pg_insert(device_leases)
-        .values(
-            target_ref=target_ref, epoch=1, holder_task_id=task_id, collector_id=collector_id,
-            acquired_at=func.now(), expires_at=expires_at,
-        )
-        .on_conflict_do_update(
-            index_elements=["target_ref"],
-            set_={
-                "epoch": device_leases.c.epoch + 1,
-                "holder_task_id": task_id,
-                "holder_dispatch_id": None,
-                "collector_id": collector_id,
-                "acquired_at": func.now(),
-                "expires_at": expires_at,
-            },
-            where=and_(
-                or_(
-                    device_leases.c.holder_task_id.is_(None),
-                    device_leases.c.holder_task_id == task_id,
-                    device_leases.c.expires_at < func.now(),
-                ),
-                or_(device_leases.c.fenced_until.is_(None), device_leases.c.fenced_until <= func.now()),
-            ),
-        )
-        .returning(device_leases.c.epoch)
-    )  # fmt: skip
-    epoch = (await conn.execute(stmt)).scalar_one_or_none()
+    db = await sql(conn)
+    params = {"target": target_ref, "task": task_id, "collector": collector_id, "expires": expires_at}
+    epoch = await db.scalar(_ACQUIRE_LEASE, params)
     if epoch is not None:
         return int(epoch)
-    holder = await conn.execute(
-        select(device_leases.c.holder_task_id, device_leases.c.fenced_until).where(
-            device_leases.c.target_ref == target_ref
-        )
+    holder = await db.one(
+        "SELECT holder_task_id, fenced_until FROM device_leases WHERE target_ref = %(t)s", {"t": target_ref}
     )
-    holder_task_id, fenced_until = holder.one()
-    return LeaseHeld(holder_task_id or "", fenced_until)
-
-
-async def set_lease_dispatch(conn: AsyncConnection, target_ref: str, task_id: str, dispatch_id: str) -> None:
-    await conn.execute(
-        update(device_leases)
-        .where(device_leases.c.target_ref == target_ref, device_leases.c.holder_task_id == task_id)
-        .values(holder_dispatch_id=dispatch_id)
-    )
+    assert holder is not None
+    return LeaseHeld(holder["holder_task_id"] or "", holder["fenced_until"])
 
 
 def _fence_of(task_id: Any) -> Any:
@@ -372,26 +409,32 @@ def _fence_of(task_id: Any) -> Any:
 _RELEASED = {"holder_task_id": None, "holder_dispatch_id": None, "collector_id": None, "expires_at": None}
 
 
-async def release_lease(conn: AsyncConnection, target_ref: str, task_id: str) -> None:
+# When the last unanswered envelope handed out for the task can no longer write (or NULL), as in
+# _fence_of; the plain-SQL twin of that expression for the hot path.
+_FENCE_OF_TASK = f"""(SELECT max(d.expires_at) + interval '{FENCE_S} seconds' FROM dispatches d
+    WHERE d.task_id = %(task)s AND d.handed_at IS NOT NULL AND d.reported_at IS NULL
+      AND d.state <> 'expired' AND d.op_class <> 'read')"""
+
+_RELEASE_LEASE = f"""
+UPDATE device_leases
+SET holder_task_id = NULL, holder_dispatch_id = NULL, collector_id = NULL, expires_at = NULL,
+    fenced_until = greatest(fenced_until, {_FENCE_OF_TASK})
+WHERE target_ref = %(target)s AND holder_task_id = %(task)s"""
+
+
+async def release_lease(conn: Db, target_ref: str, task_id: str) -> None:
     """Release the device if this task holds it; the row (and its epoch) stays.
 
     The row keeps a fence: no other writer gets the device before every envelope this
     task had handed out and not heard back from is past ``expires_at`` + FENCE_S.
     """
-    await conn.execute(
-        update(device_leases)
-        .where(device_leases.c.target_ref == target_ref, device_leases.c.holder_task_id == task_id)
-        .values(**_RELEASED, fenced_until=func.greatest(device_leases.c.fenced_until, _fence_of(task_id)))
+    await (await sql(conn)).run(_RELEASE_LEASE, {"target": target_ref, "task": task_id})
+
+
+async def lease_holder(conn: Db, target_ref: str) -> dict[str, Any] | None:
+    return await (await sql(conn)).one(
+        "SELECT * FROM device_leases WHERE target_ref = %(t)s", {"t": target_ref}
     )
-
-
-async def lease_holder(conn: AsyncConnection, target_ref: str) -> RowMapping | None:
-    query = select(*device_leases.c).where(device_leases.c.target_ref == target_ref)
-    return (await conn.execute(query)).mappings().first()
-
-
-async def insert_dispatch(conn: AsyncConnection, values: Mapping[str, Any]) -> None:
-    await conn.execute(insert(dispatches).values(**values))
 
 
 async def collector_dispatch_kids(conn: AsyncConnection, collector_id: str) -> list[str] | None:
@@ -412,26 +455,35 @@ async def set_dispatch_kids(conn: AsyncConnection, collector_id: str, kids: Sequ
     return bool(result.rowcount)
 
 
-async def collector_public_key(conn: AsyncConnection, collector_id: str) -> bytes | None:
+async def collector_public_key(conn: Db, collector_id: str) -> bytes | None:
     """The DER public key on record for ``collector_id`` (it verifies the collector's reports)."""
-    query = select(collectors.c.public_key_der).where(collectors.c.collector_id == collector_id)
-    found = (await conn.execute(query)).scalar_one_or_none()
+    found = await (await sql(conn)).scalar(
+        "SELECT public_key_der FROM collectors WHERE collector_id = %(id)s", {"id": collector_id}
+    )
     return None if found is None else bytes(found)
 
 
-async def get_dispatch(conn: AsyncConnection, dispatch_id: str, *, lock: bool = False) -> RowMapping | None:
-    query = select(*dispatches.c).where(dispatches.c.dispatch_id == dispatch_id)
-    if lock:
-        query = query.with_for_update()
-    return (await conn.execute(query)).mappings().first()
+async def get_dispatch(conn: Db, dispatch_id: str, *, lock: bool = False) -> dict[str, Any] | None:
+    query = "SELECT * FROM dispatches WHERE dispatch_id = %(id)s" + (" FOR UPDATE" if lock else "")
+    return await (await sql(conn)).one(query, {"id": dispatch_id})
 
 
-async def update_dispatch(conn: AsyncConnection, dispatch_id: str, **values: Any) -> None:
-    await conn.execute(
-        update(dispatches)
-        .where(dispatches.c.dispatch_id == dispatch_id)
-        .values(updated_at=func.now(), **values)
-    )
+_DISPATCH_COLUMNS = frozenset(dispatches.c.keys())
+_UPDATE_DISPATCH: dict[tuple[str, ...], str] = {}
+
+
+async def update_dispatch(conn: Db, dispatch_id: str, **values: Any) -> None:
+    columns = tuple(sorted(values))
+    query = _UPDATE_DISPATCH.get(columns)
+    if query is None:
+        unknown = set(columns) - _DISPATCH_COLUMNS
+        if unknown:
+            raise ValueError(f"not columns of dispatches: {sorted(unknown)}")
+        sets = "".join(f", {c} = %(v_{c})s" for c in columns)
+        query = _UPDATE_DISPATCH[columns] = (
+            f"UPDATE dispatches SET updated_at = now(){sets} WHERE dispatch_id = %(dispatch_id)s"
+        )
+    await (await sql(conn)).run(query, {"dispatch_id": dispatch_id, **{f"v_{c}": values[c] for c in columns}})
 
 
 # One statement, one round trip, atomic on its own (it runs outside an explicit transaction):
@@ -439,19 +491,18 @@ async def update_dispatch(conn: AsyncConnection, dispatch_id: str, **values: Any
 # their tasks (SKIP LOCKED on both, so concurrent claims and a concurrent cancel never wait on
 # each other), mark them handed out in this numbered claim, move execute tasks leased ->
 # dispatched and record it.
-_TAKE = text(
-    """
+_TAKE = """
 WITH picked AS (
     SELECT d.dispatch_id, d.task_id, d.kind
     FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
-    WHERE d.collector_id = :collector_id AND d.state = 'leased' AND d.expires_at > now()
-      AND (CAST(:providers AS text[]) IS NULL OR d.provider = ANY(CAST(:providers AS text[])))
+    WHERE d.collector_id = %(collector_id)s AND d.state = 'leased' AND d.expires_at > now()
+      AND (CAST(%(providers)s AS text[]) IS NULL OR d.provider = ANY(CAST(%(providers)s AS text[])))
     ORDER BY d.created_at
-    LIMIT :limit
+    LIMIT %(limit)s
     FOR UPDATE OF d, t SKIP LOCKED
 ), handed AS (
     UPDATE dispatches d
-    SET state = 'dispatched', handed_claim_seq = :claim_seq, handed_at = now(), updated_at = now()
+    SET state = 'dispatched', handed_claim_seq = %(claim_seq)s, handed_at = now(), updated_at = now()
     FROM picked WHERE d.dispatch_id = picked.dispatch_id
     RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at
 ), moved AS (
@@ -464,26 +515,26 @@ WITH picked AS (
 )
 SELECT dispatch_id, task_id, kind, envelope, created_at FROM handed ORDER BY created_at
 """
-)
 
 
 async def take_leased(
-    conn: AsyncConnection,
+    conn: Db,
     collector_id: str,
     claim_seq: int,
     limit: int = 1,
     providers: Sequence[str] | None = None,
-) -> Sequence[RowMapping]:
+) -> list[dict[str, Any]]:
     """Hand out up to ``limit`` of the collector's oldest unexpired leased dispatches (``_TAKE``),
     only of ``providers`` when given (those the collector has a free slot for)."""
     params = {
         "collector_id": collector_id, "claim_seq": claim_seq, "limit": limit,
         "providers": None if providers is None else list(providers),
     }  # fmt: skip
-    rows = (await conn.execute(_TAKE, params)).mappings().all()
+    db = await sql(conn)
+    rows = await db.all(_TAKE, params)
     for row in rows:
         if row["kind"] == "execute":
-            conn.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
+            db.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
     return rows
 
 
@@ -497,43 +548,30 @@ async def leased_to(conn: AsyncConnection, collector_id: str) -> Sequence[RowMap
     return (await conn.execute(query)).mappings().all()
 
 
-def _handed_out(collector_id: str, before_claim_seq: int) -> tuple[Any, ...]:
-    return (
-        dispatches.c.collector_id == collector_id,
-        dispatches.c.state == State.DISPATCHED.value,
-        dispatches.c.reported_at.is_(None),
-        dispatches.c.handed_claim_seq > 0,
-        dispatches.c.handed_claim_seq < before_claim_seq,
-    )
+# Dispatches of the collector handed out in a claim before %(before)s and still unreported.
+_HANDED_OUT = """d.collector_id = %(collector)s AND d.state = 'dispatched' AND d.reported_at IS NULL
+    AND d.handed_claim_seq > 0 AND d.handed_claim_seq < %(before)s"""
 
 
-async def handed_out(conn: AsyncConnection, collector_id: str, before_claim_seq: int) -> Sequence[RowMapping]:
+async def handed_out(conn: Db, collector_id: str, before_claim_seq: int) -> list[dict[str, Any]]:
     """Dispatched, unreported dispatches handed out in an earlier numbered claim, locked (skip locked)."""
-    query = (
-        select(*dispatches.c)
-        .where(*_handed_out(collector_id, before_claim_seq))
-        .with_for_update(skip_locked=True)
+    return await (await sql(conn)).all(
+        f"SELECT * FROM dispatches d WHERE {_HANDED_OUT} FOR UPDATE SKIP LOCKED",
+        {"collector": collector_id, "before": before_claim_seq},
     )
-    return (await conn.execute(query)).mappings().all()
 
 
-async def next_queued(
-    conn: AsyncConnection, site_id: str, tenant_id: str, provider: str
-) -> RowMapping | None:
+_NEXT_QUEUED = """
+SELECT * FROM tasks
+WHERE state = 'queued' AND site_id = %(site)s AND tenant_id = %(tenant)s AND provider = %(provider)s
+ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"""
+
+
+async def next_queued(conn: Db, site_id: str, tenant_id: str, provider: str) -> dict[str, Any] | None:
     """The oldest queued task a freed slot of this site, tenant and provider could take, locked."""
-    query = (
-        select(*tasks.c)
-        .where(
-            tasks.c.state == State.QUEUED.value,
-            tasks.c.site_id == site_id,
-            tasks.c.tenant_id == tenant_id,
-            tasks.c.provider == provider,
-        )
-        .order_by(tasks.c.created_at)
-        .limit(1)
-        .with_for_update(skip_locked=True)
+    return await (await sql(conn)).one(
+        _NEXT_QUEUED, {"site": site_id, "tenant": tenant_id, "provider": provider}
     )
-    return (await conn.execute(query)).mappings().first()
 
 
 async def queued_task_ids(conn: AsyncConnection, limit: int, site_id: str | None = None) -> Sequence[str]:
@@ -622,12 +660,14 @@ async def unknown_due(conn: AsyncConnection, limit: int) -> Sequence[RowMapping]
     return (await conn.execute(query)).mappings().all()
 
 
-async def refused_by(conn: AsyncConnection, task_id: str) -> set[str]:
+async def refused_by(conn: Db, task_id: str) -> set[str]:
     """Collectors that refused an envelope of this task as not valid for them (never again)."""
-    query = select(dispatches.c.collector_id).where(
-        dispatches.c.task_id == task_id, dispatches.c.error_code.like("envelope_refused:%")
+    rows = await (await sql(conn)).all(
+        "SELECT collector_id FROM dispatches"
+        " WHERE task_id = %(id)s AND error_code LIKE 'envelope_refused:%%'",
+        {"id": task_id},
     )
-    return set((await conn.execute(query)).scalars())
+    return {r["collector_id"] for r in rows}
 
 
 async def reconcile_count(conn: AsyncConnection, task_id: str) -> int:
@@ -713,52 +753,26 @@ async def upsert_capabilities(
     return int(current.scalar_one())
 
 
-async def collector_standing(
-    conn: AsyncConnection, collector_id: str, before_claim_seq: int = 0
-) -> RowMapping | None:
+_STANDING = f"""
+SELECT c.status, c.cert_not_after, c.config_version, c.dispatch_kids, c.vault_mode, c.vault_integration_id,
+       v.address, v.role_id, v.kv_mount,
+       r.version AS target_version, r.target_name, r.sha256 AS target_sha256, r.length AS target_length,
+       (%(before)s > 0 AND EXISTS (SELECT 1 FROM dispatches d WHERE {_HANDED_OUT})) AS handed_out
+FROM collectors c
+LEFT JOIN vault_integrations v ON v.integration_id = c.vault_integration_id
+LEFT JOIN collector_updates u ON u.collector_id = c.collector_id
+LEFT JOIN releases r
+    ON r.version = u.target_version AND r.os = c.os AND r.arch = c.arch AND r.yanked_at IS NULL
+WHERE c.collector_id = %(collector)s"""
+
+
+async def collector_standing(conn: Db, collector_id: str, before_claim_seq: int = 0) -> dict[str, Any] | None:
     """Status, certificate end, config version, dispatch kids and recorded vault settings of one
     collector (checked on every claim), and ``handed_out``: whether a dispatch handed out in a claim
     before ``before_claim_seq`` is still unreported (an unlocked read: almost always false; when true
-    the claim looks closer with :func:`handed_out`)."""
-    unanswered = (
-        exists(select(dispatches.c.dispatch_id).where(*_handed_out(collector_id, before_claim_seq)))
-        if before_claim_seq > 0
-        else literal(False)
-    )
-    query = (
-        select(
-            collectors.c.status,
-            collectors.c.cert_not_after,
-            collectors.c.config_version,
-            collectors.c.dispatch_kids,
-            collectors.c.vault_mode,
-            collectors.c.vault_integration_id,
-            vault_integrations.c.address,
-            vault_integrations.c.role_id,
-            vault_integrations.c.kv_mount,
-            # The upgrade target the signed config names (router/updates.py).
-            releases.c.version.label("target_version"),
-            releases.c.target_name,
-            releases.c.sha256.label("target_sha256"),
-            releases.c.length.label("target_length"),
-            unanswered.label("handed_out"),
-        )
-        .outerjoin(
-            vault_integrations, vault_integrations.c.integration_id == collectors.c.vault_integration_id
-        )
-        .outerjoin(collector_updates, collector_updates.c.collector_id == collectors.c.collector_id)
-        .outerjoin(
-            releases,
-            and_(
-                releases.c.version == collector_updates.c.target_version,
-                releases.c.os == collectors.c.os,
-                releases.c.arch == collectors.c.arch,
-                releases.c.yanked_at.is_(None),
-            ),
-        )
-        .where(collectors.c.collector_id == collector_id)
-    )
-    return (await conn.execute(query)).mappings().first()
+    the claim looks closer with :func:`handed_out`). The upgrade target the signed config names
+    comes with it (router/updates.py)."""
+    return await (await sql(conn)).one(_STANDING, {"collector": collector_id, "before": before_claim_seq})
 
 
 async def collector_home(conn: AsyncConnection, collector_id: str) -> RowMapping | None:

@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.envelope import fence
@@ -15,6 +14,7 @@ from common.logs import get_logger
 from router import store
 from router.core import Effects, _now
 from router.outcomes import Outcomes
+from router.sql import Row
 from router.states import State
 
 S = State
@@ -34,9 +34,7 @@ class Sweeps(Outcomes):
             self._spawn(self._reevaluate_for(collector_id))
         return stored
 
-    async def _unclaimed(
-        self, conn: AsyncConnection, d: RowMapping, task: RowMapping, effects: Effects, why: str
-    ) -> None:
+    async def _unclaimed(self, conn: AsyncConnection, d: Row, task: Row, effects: Effects, why: str) -> None:
         """Retire a leased dispatch that was never handed out and put its task back in the queue."""
         await self._abandon(conn, d, effects, S.EXPIRED.value)
         if d["kind"] == "execute" and task["state"] == S.LEASED.value:
@@ -103,8 +101,8 @@ class Sweeps(Outcomes):
                     # Its envelope may still run on the silent holder until its fence.
                     fenced = fence.fence_after(d["expires_at"]) if d["op_class"] != OpClass.READ else None
                     await self._climb(conn, task, why, effects, fenced)
-            for task in await store.unknown_due(conn, batch):
-                await self._climb(conn, task, task["evidence"] or "outcome unknown", effects)
+            for due in await store.unknown_due(conn, batch):
+                await self._climb(conn, due, due["evidence"] or "outcome unknown", effects)
                 counts["unknown"] += 1
             for task_id in await store.overdue_queued(conn, batch):
                 await store.transition(conn, task_id, S.QUEUED, S.EXPIRED, "deadline passed while queued")

@@ -25,6 +25,7 @@ from sqlalchemy import func, select, update
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
+from common import revocations
 from common.api_tokens import TokenAuthenticator
 from common.ca_store import CaStore
 from common.db.schema import audit_events, collectors, dispatches
@@ -463,6 +464,25 @@ def _rs256(claims: dict[str, Any]) -> str:
     import jwt
 
     return jwt.encode(claims, key, algorithm="RS256")
+
+
+async def test_a_record_the_gateway_keeps_does_not_outlive_a_revocation(stack: Stack) -> None:
+    """The gateway keeps an active collector's record for a few seconds; a revocation announced by
+    the router is honoured by the gateway itself on the very next request, on an endpoint the
+    router would not refuse (a report)."""
+    c = await stack.enroll("col-kept")
+    await stack.publish(c)
+    assert (await stack.post("/claim", {"wait_s": 0}, c)).status_code == 204  # the record is kept now
+    async with stack.service.store.engine.begin() as conn:
+        await conn.execute(
+            update(collectors).where(collectors.c.collector_id == "col-kept").values(status="revoked")
+        )
+    # Without the announcement the kept record still says active: the report reaches the router.
+    unannounced = await stack.post("/report", {"task_id": "dsp-nope", "outcome": "success"}, c)
+    assert (unannounced.status_code, unannounced.json()["error"]["code"]) == (403, "not_your_dispatch")
+    await revocations.announce(stack.redis, "col-kept")
+    refused = await stack.post("/report", {"task_id": "dsp-nope", "outcome": "success"}, c)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (401, "collector_revoked")
 
 
 async def test_bad_requests_are_4xx_and_write_nothing(stack: Stack) -> None:

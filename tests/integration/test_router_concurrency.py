@@ -8,9 +8,10 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from common.db.schema import dispatches, tasks
+from router import store
 from router.service import DeviceLeased, Router
 from router.states import State
 from tests.support.router_env import RouterEnv, make_router, open_envelope
@@ -133,3 +134,48 @@ async def test_redis_flushall_mid_run_loses_nothing_and_over_dispatches_nothing(
     await routers[1].sweep()
     counts = await routers[0].in_flight.get(COLLECTORS)
     assert all(n == 0 for providers in counts.values() for n in providers.values())
+
+
+async def test_capacity_counts_work_committed_while_placement_waited_for_the_collector_lock(
+    routers: list[Router],
+) -> None:
+    """A placement that waited for a collector's lock counts what the holder committed meanwhile:
+    the count is read after the lock is granted, never in the statement that waited for it (whose
+    snapshot predates the holder's commit)."""
+    router = routers[0]
+    env = RouterEnv(router)
+    await env.add_collector("col-cap", max_concurrency=1)
+    # The first task fills the collector's only slot. Then, holding the collector's lock as a
+    # placement would, its dispatch is shown finished and, once a second placement waits for the
+    # lock, in flight again: the second placement must count it once the lock is granted.
+    first, _ = await router.submit(env.request("echo", key="first"))
+    assert first["state"] == State.LEASED.value
+    async with router.engine.connect() as conn:
+        first_dispatch = await store.get_dispatch(conn, first["current_dispatch_id"])
+    assert first_dispatch is not None
+    async with router.engine.begin() as holder:
+        assert await store.lock_collector(holder, "col-cap", skip_locked=False)
+        await store.update_dispatch(holder, first_dispatch["dispatch_id"], state=State.SUCCESS.value)
+    # Redis (advisory) agrees the slot is free, so placement goes on to the authoritative check.
+    await router.in_flight.add("col-cap", "stub", -1)
+    async with router.engine.begin() as holder:
+        assert await store.lock_collector(holder, "col-cap", skip_locked=False)
+        second = asyncio.create_task(router.submit(env.request("echo", key="second")))
+        await _until_waiting_for_a_lock(router)
+        await store.update_dispatch(holder, first_dispatch["dispatch_id"], state=State.LEASED.value)
+    task, _ = await second
+    assert task["state"] == State.QUEUED.value, "placed beyond the collector's capacity"
+
+
+async def _until_waiting_for_a_lock(router: Router) -> None:
+    for _ in range(500):
+        async with router.engine.connect() as conn:
+            waiting = (
+                await conn.execute(
+                    text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                )
+            ).scalar_one()
+        if waiting:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the placement never waited for the collector lock")

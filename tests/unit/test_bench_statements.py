@@ -30,3 +30,10 @@ def test_statements_are_counted_per_service_with_transaction_control_apart() -> 
         "versus-router: SELECT tasks.task_id FROM tasks WHERE tasks.task_id = $1",
         1.0,
     )
+
+
+def test_a_statement_starting_on_a_new_line_is_shaped_by_its_first_sql_line() -> None:
+    counted = Counted()
+    tally(LOG.splitlines(keepends=True), counted)
+    assert ("versus-router: WITH moved AS (UPDATE tasks SET state = $1)", 0.5) in counted.top(2, n=5)
+    assert all(not shape.endswith(": ") for shape, _ in counted.top(5, n=5))
