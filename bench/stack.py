@@ -161,7 +161,10 @@ def running_stack(**env: str) -> Iterator[Stack]:
             cp.stop()
         redis.stop()
         postgres.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("VERSUS_BENCH_KEEP"):
+            print(f"kept: {root} (the services' log: up.log)", flush=True)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class _NoJournal:

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
@@ -53,7 +54,11 @@ from bench.stack import (
     save_report,
 )
 from bench.statements import counting
+from common.db.engine import libpq_url
 from common.grpc_client import aio_channel
+
+# No task finished for this long: the watchdog prints where the tasks are.
+STALL_S = 3.0
 
 
 async def run_ours(
@@ -111,8 +116,10 @@ async def run_ours(
                 )  # fmt: skip
 
         started = time.perf_counter()
+        watchdog = asyncio.create_task(_watch_for_stalls(stack, finished, done))
         await asyncio.gather(*(submit(i) for i in range(args.tasks)))
         await asyncio.wait_for(done.wait(), 300)
+        watchdog.cancel()
         elapsed = time.perf_counter() - started
     cpu = CpuMeter.delta(before, meter.snapshot())
     if profiler is not None:
@@ -170,6 +177,36 @@ async def run_pgqueuer(url: str, args: Any, batch: int) -> dict[str, float]:
     await consumer.close()
     await producer.close()
     return {"jobs_per_s": args.tasks / elapsed}
+
+
+async def _watch_for_stalls(stack: Stack, finished: list[float], done: asyncio.Event) -> None:
+    """Print where the tasks are when none has finished for STALL_S (a stall is a defect to find)."""
+    reported = 0.0
+    while not done.is_set():
+        await asyncio.sleep(1.0)
+        last = finished[-1] if finished else 0.0
+        if not finished or time.perf_counter() - last < STALL_S or last == reported:
+            continue
+        reported = last
+        async with await psycopg.AsyncConnection.connect(libpq_url(stack.database_url)) as conn:
+            tasks = await (
+                await conn.execute("SELECT state, condition, count(*) FROM tasks GROUP BY 1, 2 ORDER BY 1")
+            ).fetchall()
+            held = await (
+                await conn.execute(
+                    "SELECT collector_id, state, count(*) FROM dispatches"
+                    " WHERE state IN ('leased', 'dispatched', 'running') GROUP BY 1, 2"
+                )
+            ).fetchall()
+            history = await (
+                await conn.execute(
+                    "SELECT h.task_id, h.from_state, h.to_state, h.reason, now() - h.at"
+                    " FROM task_transitions h JOIN tasks t ON t.task_id = h.task_id"
+                    " WHERE t.state NOT IN ('success', 'failed') ORDER BY h.id"
+                )
+            ).fetchall()
+        stall = {"stall_s": round(time.perf_counter() - last, 1), "tasks": tasks, "in_flight": held}
+        print(json.dumps({**stall, "history": history}, default=str), flush=True)
 
 
 async def _variant(

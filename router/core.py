@@ -167,6 +167,9 @@ class RouterCore:
         self._unanswered: dict[str, bool] = {}
         # The dispatch key version each collector was last recorded as holding (saves a write per claim).
         self._held_dispatch_version: dict[str, int] = {}
+        # The numbered claim of each collector that arrived last in this process (router/handout.py
+        # ``_claim_in_progress``): another one still held here was abandoned and takes no work.
+        self._live_claim: dict[str, object] = {}
 
     async def _load_in_flight(self) -> Mapping[tuple[str, str], int]:
         async with self.engine.connect() as conn:

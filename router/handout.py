@@ -4,8 +4,9 @@ documents (config, key steps, trust bundles), with the session and standing chec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from common.errors import Conflict, PermissionDenied, Unauthenticated
@@ -21,6 +22,9 @@ from router.states import State
 
 S = State
 log = get_logger("versus.router")
+
+# Local wake-up payload: a newer claim of the collector arrived (older held claims end).
+NEWER_CLAIM = "newer-claim"
 
 
 class HandOut(Outcomes):
@@ -169,6 +173,50 @@ class HandOut(Outcomes):
                 return (), (), None
         if key_versions and self.trust is not None and self.trust.behind(key_versions):
             return (), (), None
+        with self._claim_in_progress(collector_id, claim_seq) as still_live:
+            return await self._hand_out(
+                collector_id, claim_seq, held_task_ids, started, wait_s, draining, session_id,
+                config_version, max_dispatches, free_slots, still_live,
+            )  # fmt: skip
+
+    @contextlib.contextmanager
+    def _claim_in_progress(self, collector_id: str, claim_seq: int) -> Iterator[Callable[[], bool]]:
+        """Mark a numbered claim as the collector's live one while it runs; yields whether it still is.
+
+        Collectors send numbered claims one at a time (router/ladder.py ``never_received``), so
+        when a newer one arrives, an older one still held here was abandoned (its collector hung
+        up): it is woken and returns without work instead of handing out a dispatch nobody reads,
+        which would wait for the collector's next claim to be found and placed again. Across
+        router replicas an abandoned claim held by another process is covered by that ladder.
+        """
+        if claim_seq <= 0:
+            yield lambda: True
+            return
+        token = object()
+        previous = self._live_claim.get(collector_id)
+        self._live_claim[collector_id] = token
+        if previous is not None:
+            self.wake.wake(collector_id, NEWER_CLAIM)
+        try:
+            yield lambda: self._live_claim.get(collector_id) is token
+        finally:
+            if self._live_claim.get(collector_id) is token:
+                del self._live_claim[collector_id]
+
+    async def _hand_out(
+        self,
+        collector_id: str,
+        claim_seq: int,
+        held_task_ids: frozenset[str],
+        started: float,
+        wait_s: float,
+        draining: bool,
+        session_id: str,
+        config_version: int,
+        max_dispatches: int,
+        free_slots: Mapping[str, int] | None,
+        still_live: Callable[[], bool],
+    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
         limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)
@@ -180,6 +228,8 @@ class HandOut(Outcomes):
         with self.wake.listener(collector_id) as woken:
             first = True
             while True:
+                if not still_live():
+                    return (), (), None  # a newer claim of the collector arrived: this one is abandoned
                 if not first and woken.payloads != {WORK.decode()}:
                     # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, config_version)

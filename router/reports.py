@@ -182,7 +182,7 @@ class Reports(Outcomes):
                 error_code=error_code or None,
             )
             assert moved is not None
-            self._slot_freed(task, d, outcome, effects, queue_waiting=bool(moved["queue_waiting"]))
+            self._slot_freed(task, d, outcome, effects)
             return outcome
         await self._answered(conn, task, d, outcome, result, error_code, error_message, effects, signed)
         if d["kind"] == "reconcile":
@@ -215,18 +215,14 @@ class Reports(Outcomes):
         await store.update_dispatch(conn, d["dispatch_id"], reported_at=_now(), **values)
         self._slot_freed(task, d, outcome, effects)
 
-    def _slot_freed(
-        self, task: Row, d: Row, outcome: State, effects: Effects, *, queue_waiting: bool = True
-    ) -> None:
-        """After the commit: one in-flight dispatch fewer and, when a queued task may be waiting
-        (``queue_waiting``; not known: assume so), the freed slot offered to the oldest one."""
+    def _slot_freed(self, task: Row, d: Row, outcome: State, effects: Effects) -> None:
+        """After the commit: one in-flight dispatch fewer, and the freed slot offered to the oldest
+        queued task that could use it."""
         DISPATCH_STATES.labels(outcome.value).inc()
         collector, provider = d["collector_id"], d["provider"]
         effects.add(lambda: self.in_flight.add(collector, provider, -1))
-        if queue_waiting:
-            # A task queued after the statement looked is placed by the sweeper's pass.
-            site_id, tenant_id = task["site_id"], task["tenant_id"]
-            effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
+        site_id, tenant_id = task["site_id"], task["tenant_id"]
+        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
 
     async def _refused(
         self,

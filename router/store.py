@@ -108,7 +108,7 @@ WITH {before}moved AS (
     INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
     {history}
 )
-SELECT *{_QUEUE_WAITING if answering else ""} FROM moved"""
+SELECT * FROM moved"""
 
 
 # The collector's final answer on the dispatch (its slot is free again).
@@ -131,11 +131,6 @@ _RELEASING = f"""released AS (
               AND d.state <> 'expired' AND d.op_class <> 'read' AND d.dispatch_id <> %(dispatch_id)s))
     WHERE target_ref = %(r_target_ref)s AND holder_task_id = %(task_id)s
 ), """
-
-# Whether a queued task of the same site, tenant and provider waits for the slot just freed.
-_QUEUE_WAITING = """, EXISTS (
-    SELECT 1 FROM tasks q WHERE q.state = 'queued' AND q.site_id = moved.site_id
-      AND q.tenant_id = moved.tenant_id AND q.provider = moved.provider) AS queue_waiting"""
 
 
 # A new dispatch of the task and, when it is the execution of a leased device's holder, the lease's
@@ -180,8 +175,7 @@ async def transitions(
     one round trip instead of two per step, on the path every task takes several times. With
     ``new_dispatch`` (the row's values, its id ``dispatch_id``) the same statement inserts the
     dispatch and, for a leased device, notes it on the lease. With ``answered`` (values of
-    :data:`ANSWER_COLUMNS`) it records the collector's final answer on dispatch ``dispatch_id``,
-    and the row says in ``queue_waiting`` whether a queued task could use the slot that freed;
+    :data:`ANSWER_COLUMNS`) it records the collector's final answer on dispatch ``dispatch_id``;
     with ``release_lease_of`` (a device) it releases the task's lease as :func:`release_lease`.
     """
     db = await sql(conn)

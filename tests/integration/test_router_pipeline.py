@@ -182,6 +182,23 @@ async def test_a_batch_member_missing_from_the_next_claim_is_placed_again(env: R
     assert ("dispatched", "queued") in await env.history(tasks[2]["task_id"])
 
 
+async def test_a_newer_claim_ends_an_abandoned_one_so_work_goes_to_the_live_claim(env: RouterEnv) -> None:
+    # A collector that hung up while its claim was held sends the next numbered claim; the one still
+    # held here used to take the next task and hand it to nobody, and the task waited a whole hold
+    # for the collector's following claim to prove it never arrived.
+    await env.add_collector("col-1")
+    abandoned = asyncio.create_task(
+        env.router.claim("col-1", claim_seq=7, held_task_ids=frozenset(), wait_s=10)
+    )
+    await asyncio.sleep(0.3)
+    live = asyncio.create_task(env.router.claim("col-1", claim_seq=8, held_task_ids=frozenset(), wait_s=10))
+    assert await asyncio.wait_for(abandoned, 2) is None
+    task, _ = await env.router.submit(env.request("echo"))
+    got = await asyncio.wait_for(live, 5)
+    assert got is not None
+    assert open_envelope(got.envelope, "col-1")["task_id"] == task["current_dispatch_id"]
+
+
 async def test_a_queue_pass_never_locks_a_leased_task_against_its_claim(env: RouterEnv) -> None:
     # A re-evaluation pass looks at task ids read a moment earlier; one may have been leased since.
     # Locking it then, however briefly, made the collector's claim skip it (SKIP LOCKED) and wait

@@ -31,7 +31,6 @@ def test_every_transition_text_has_its_parts_once_and_bound_values_only(
     assert text.count("UNION ALL") == 1
     assert ("INSERT INTO dispatches" in text) is with_dispatch
     assert ("answered AS" in text) is answering
-    assert ("queue_waiting" in text) is answering
     assert ("released AS" in text) is releasing
     # Values arrive as parameters: the only quoted literals are the fixed states the text names.
     assert "condition = %(v_condition)s" in text and "error_code = %(v_error_code)s" in text
