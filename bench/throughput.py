@@ -39,6 +39,7 @@ from typing import Any
 
 import psycopg
 from google.protobuf.timestamp_pb2 import Timestamp
+from redis.asyncio import Redis
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
@@ -205,8 +206,32 @@ async def _watch_for_stalls(stack: Stack, finished: list[float], done: asyncio.E
                     " WHERE t.state NOT IN ('success', 'failed') ORDER BY h.id"
                 )
             ).fetchall()
+            dispatches = await (
+                await conn.execute(
+                    "SELECT dispatch_id, collector_id, state, handed_claim_seq, now() - created_at"
+                    " FROM dispatches WHERE state IN ('leased', 'dispatched')"
+                )
+            ).fetchall()
+        # What Redis says about the collectors holding them: last claim (seconds ago), session, load.
+        redis = Redis.from_url(stack.redis.url, decode_responses=True)
+        sessions = {}
+        try:
+            for _, cid, *_rest in dispatches:
+                score = await redis.zscore("versus:live", cid)
+                sessions[cid] = {
+                    "last_claim_s_ago": None if score is None else round(time.time() - score, 1),
+                    "session": await redis.hgetall(f"versus:session:{cid}"),
+                    "inflight": await redis.hgetall(f"versus:inflight:{cid}"),
+                }
+        finally:
+            await redis.aclose()
         stall = {"stall_s": round(time.perf_counter() - last, 1), "tasks": tasks, "in_flight": held}
-        print(json.dumps({**stall, "history": history}, default=str), flush=True)
+        print(
+            json.dumps(
+                {**stall, "history": history, "dispatches": dispatches, "redis": sessions}, default=str
+            ),
+            flush=True,
+        )
 
 
 async def _variant(

@@ -23,6 +23,8 @@ from router.states import State
 S = State
 log = get_logger("versus.router")
 
+# After a wake-up for work that finds none, the take is tried again after these pauses (seconds).
+RETAKE_AFTER_S = (0.02, 0.1, 0.5, 2.0)
 # Local wake-up payload: a newer claim of the collector arrived (older held claims end).
 NEWER_CLAIM = "newer-claim"
 
@@ -225,16 +227,21 @@ class HandOut(Outcomes):
             providers = sorted(p for p, n in free_slots.items() if n > 0)
             limit = min(limit, sum(n for n in free_slots.values() if n > 0))
         taking = not draining and providers != []
+        # Work announced just before this claim (its wake-up found no listener) may be locked in
+        # passing at the first take, like work a wake-up announces: look again shortly then too.
+        retakes = list(RETAKE_AFTER_S) if self.wake.work_announced_since(collector_id, started - 1.0) else []
         with self.wake.listener(collector_id) as woken:
             first = True
             while True:
                 if not still_live():
                     return (), (), None  # a newer claim of the collector arrived: this one is abandoned
-                if not first and woken.payloads != {WORK.decode()}:
+                if not first and woken.payloads - {WORK.decode()}:
                     # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, config_version)
                     if restart is not None:
                         return (), (), restart
+                if WORK.decode() in woken.payloads:
+                    retakes = list(RETAKE_AFTER_S)
                 first = False
                 woken.clear()
                 taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
@@ -247,8 +254,12 @@ class HandOut(Outcomes):
                 if remaining <= 0:
                     CLAIM_WAIT.observe(time.monotonic() - started)
                     return (), (), None
+                # Woken for work and found none: the row may be locked in passing (a queue pass
+                # that read the task as queued locks the version that is leased now, and holds it
+                # until it commits; the take skips locked rows). Look again shortly, a few times.
+                pause = min(retakes.pop(0), remaining) if retakes else remaining
                 try:
-                    async with asyncio.timeout(remaining):
+                    async with asyncio.timeout(pause):
                         await woken.wait()
                 except TimeoutError:
                     pass

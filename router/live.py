@@ -12,6 +12,7 @@ its collector, without polling the database.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -285,6 +286,9 @@ async def placement_view(
 
 # Payload of a wake-up that only announces work: a woken claim skips its standing re-check.
 WORK = b"w"
+WORK_TEXT = WORK.decode()
+# Collectors whose last work announcement this process remembers; past it the notes start over.
+MAX_WORK_NOTES = 1_000_000
 
 
 def wake_channel(key: str) -> str:
@@ -297,6 +301,19 @@ class WakeHub(Fanout):
 
     def __init__(self, redis: Redis):
         super().__init__(redis, pattern=_WAKE + "*", key_of=lambda m: text(m["channel"]).removeprefix(_WAKE))
+        # When work was last announced for each collector (monotonic seconds), listened for or not.
+        self._work_at: dict[str, float] = {}
+
+    def wake(self, key: str, payload: str = "") -> None:
+        if payload == WORK_TEXT:
+            if len(self._work_at) >= MAX_WORK_NOTES:
+                self._work_at.clear()
+            self._work_at[key] = time.monotonic()
+        super().wake(key, payload)
+
+    def work_announced_since(self, collector_id: str, since: float) -> bool:
+        """Whether work was announced for the collector at or after ``since`` (``time.monotonic()``)."""
+        return self._work_at.get(collector_id, -1.0) >= since
 
     async def publish(self, collector_id: str, payload: bytes = b"1") -> None:
         """Wake the collector's waiting claim. ``WORK`` says only that work was routed to it;
