@@ -212,31 +212,9 @@ async def test_a_queue_pass_never_locks_a_leased_task_against_its_claim(env: Rou
     assert got is not None
 
 
-async def test_a_claim_woken_for_work_looks_again_when_the_task_was_locked_in_passing(env: RouterEnv) -> None:
-    # A queue pass whose snapshot still saw the task queued locks the version that is leased now
-    # (PostgreSQL locks the newest version before it re-checks the condition, and keeps the lock)
-    # until it commits; the take skips locked rows. The woken claim used to wait out its hold.
-    await env.add_collector("col-1")
-    task, _ = await env.router.submit(env.request("echo", target="a"))
-    assert task["state"] == "leased"
-    async with env.router.engine.begin() as blocker:
-        await blocker.execute(
-            text("SELECT 1 FROM tasks WHERE task_id = :t FOR UPDATE"), {"t": task["task_id"]}
-        )
-        held = asyncio.create_task(
-            env.router.claim("col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=20)
-        )
-        await asyncio.sleep(0.2)
-        await env.router.wake.publish("col-1", WORK)
-        await asyncio.sleep(0.1)
-        assert not held.done()
-    got = await asyncio.wait_for(held, 3)
-    assert got is not None and got.dispatch_id == task["current_dispatch_id"]
-
-
-async def test_a_claim_arriving_just_after_its_work_was_announced_looks_again_too(env: RouterEnv) -> None:
-    # The same lock in passing, met by a claim that arrives just after the wake-up for its work went
-    # out (no claim was listening): it has no wake-up to come, so it also looks again shortly.
+async def _claim_meeting_a_lock_in_passing(env: RouterEnv, *, announce_while_held: bool) -> None:
+    """A leased task's row is locked by another transaction while the collector claims; once the
+    lock goes, the claim must take the task within a second or two, not wait out its hold."""
     await env.add_collector("col-1")
     task, _ = await env.router.submit(env.request("echo", target="a"))
     assert task["state"] == "leased"
@@ -248,10 +226,26 @@ async def test_a_claim_arriving_just_after_its_work_was_announced_looks_again_to
         held = asyncio.create_task(
             env.router.claim("col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=20)
         )
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
+        if announce_while_held:
+            await env.router.wake.publish("col-1", WORK)
+            await asyncio.sleep(0.1)
         assert not held.done()
     got = await asyncio.wait_for(held, 3)
     assert got is not None and got.dispatch_id == task["current_dispatch_id"]
+
+
+async def test_a_claim_woken_for_work_looks_again_when_the_task_was_locked_in_passing(env: RouterEnv) -> None:
+    # A queue pass whose snapshot still saw the task queued locks the version that is leased now
+    # (PostgreSQL locks the newest version before it re-checks the condition, and keeps the lock)
+    # until it commits; the take skips locked rows. The woken claim used to wait out its hold.
+    await _claim_meeting_a_lock_in_passing(env, announce_while_held=True)
+
+
+async def test_a_claim_arriving_just_after_its_work_was_announced_looks_again_too(env: RouterEnv) -> None:
+    # The same lock, met by a claim that arrives just after the wake-up for its work went out (no
+    # claim was listening): it has no wake-up to come, so it also looks again shortly.
+    await _claim_meeting_a_lock_in_passing(env, announce_while_held=False)
 
 
 async def test_a_work_wake_skips_the_standing_check_and_any_other_wake_runs_it(env: RouterEnv) -> None:
