@@ -150,6 +150,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             bound = rbac.bind(None)
             started = time.perf_counter()
             code = grpc.StatusCode.OK
+            observed = False
             try:
                 rbac.bind(await self._authorize(call))
                 result = inner(request, context)
@@ -159,10 +160,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 return result
             except BaseException as exc:
                 code = _code_for(exc, context)
+                # Counted before the status goes out: a caller that sees the error sees it counted.
+                _observe(service, method, code, started)
+                observed = True
                 await _abort_for(exc, code, context, service, method)
                 raise
             finally:
-                _observe(service, method, code, started)
+                if not observed:
+                    _observe(service, method, code, started)
                 rbac.unbind(bound)
                 unbind_request_id()
 
@@ -176,6 +181,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             bound = rbac.bind(None)
             started = time.perf_counter()
             code = grpc.StatusCode.OK
+            observed = False
             result: Any = None
             try:
                 rbac.bind(await self._authorize(call))
@@ -189,10 +195,13 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 code = _context_code(context)
             except BaseException as exc:
                 code = _code_for(exc, context)
+                _observe(service, method, code, started)
+                observed = True
                 await _abort_for(exc, code, context, service, method)
                 raise
             finally:
-                _observe(service, method, code, started)
+                if not observed:
+                    _observe(service, method, code, started)
                 if inspect.isasyncgen(result):
                     # Close the handler's own generator now (its cleanup runs here), rather than
                     # leave it to garbage collection, where it would run in a stray task.
