@@ -269,6 +269,8 @@ class HandOut(Outcomes):
     ) -> tuple[Claimed, ...]:
         async with self.autocommit.connect() as conn:
             rows = await store.take_leased(conn, collector_id, claim_seq, limit, providers)
+        if rows:
+            self.wake.taken(collector_id)
         now = _now()
         for row in rows:
             DISPATCH_STATES.labels(S.DISPATCHED.value).inc()

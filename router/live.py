@@ -301,8 +301,10 @@ class WakeHub(Fanout):
 
     def __init__(self, redis: Redis):
         super().__init__(redis, pattern=_WAKE + "*", key_of=lambda m: text(m["channel"]).removeprefix(_WAKE))
-        # When work was last announced for each collector (monotonic seconds), listened for or not.
+        # When work was last announced for each collector (monotonic seconds), listened for or not,
+        # and when a claim of it last took something.
         self._work_at: dict[str, float] = {}
+        self._taken_at: dict[str, float] = {}
 
     def wake(self, key: str, payload: str = "") -> None:
         if payload == WORK_TEXT:
@@ -312,8 +314,16 @@ class WakeHub(Fanout):
         super().wake(key, payload)
 
     def work_announced_since(self, collector_id: str, since: float) -> bool:
-        """Whether work was announced for the collector at or after ``since`` (``time.monotonic()``)."""
-        return self._work_at.get(collector_id, -1.0) >= since
+        """Whether work was announced for the collector at or after ``since`` (``time.monotonic()``)
+        and after its claims last took anything (that work may still be waiting)."""
+        announced = self._work_at.get(collector_id, -1.0)
+        return announced >= since and announced > self._taken_at.get(collector_id, -1.0)
+
+    def taken(self, collector_id: str) -> None:
+        """Note that a claim of the collector just took work."""
+        if len(self._taken_at) >= MAX_WORK_NOTES:
+            self._taken_at.clear()
+        self._taken_at[collector_id] = time.monotonic()
 
     async def publish(self, collector_id: str, payload: bytes = b"1") -> None:
         """Wake the collector's waiting claim. ``WORK`` says only that work was routed to it;
