@@ -15,7 +15,7 @@ from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from router import collector_docs, fleet_state, ladder, store
 from router.core import MAX_CLAIM_WAIT_S, Claimed, Effects, Offer, SignedDoc, _now
-from router.live import WORK
+from router.live import WORK_TEXT
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, SUBMIT_TO_CLAIM
 from router.outcomes import Outcomes
 from router.states import State
@@ -235,12 +235,12 @@ class HandOut(Outcomes):
             while True:
                 if not still_live():
                     return (), (), None  # a newer claim of the collector arrived: this one is abandoned
-                if not first and woken.payloads - {WORK.decode()}:
+                if not first and woken.payloads - {WORK_TEXT}:
                     # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, config_version)
                     if restart is not None:
                         return (), (), restart
-                if WORK.decode() in woken.payloads:
+                if WORK_TEXT in woken.payloads:
                     retakes = list(RETAKE_AFTER_S)
                 first = False
                 woken.clear()

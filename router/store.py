@@ -120,22 +120,31 @@ _ANSWERED = """answered AS (
     WHERE dispatch_id = %(dispatch_id)s
 ), """
 
-# The task's device released, as release_lease does. The dispatch answered in the same statement is
-# left out of the fence by name: the statement does not see its own ``answered`` update.
-_RELEASING = f"""released AS (
+
+def _release_sql(target_param: str, *, skip_answered: bool) -> str:
+    """Release ``%(task_id)s``'s lease of the device ``%(<target_param>)s``, keeping the fence of its
+    unanswered envelopes: the plain-SQL twin of :func:`_fence_of`. With ``skip_answered`` the
+    dispatch ``%(dispatch_id)s``, answered in the same statement (which does not see its own
+    update), is left out of the fence by name."""
+    skip = " AND d.dispatch_id <> %(dispatch_id)s" if skip_answered else ""
+    return f"""
     UPDATE device_leases
     SET holder_task_id = NULL, holder_dispatch_id = NULL, collector_id = NULL, expires_at = NULL,
         fenced_until = greatest(fenced_until, (
             SELECT max(d.expires_at) + interval '{FENCE_S} seconds' FROM dispatches d
             WHERE d.task_id = %(task_id)s AND d.handed_at IS NOT NULL AND d.reported_at IS NULL
-              AND d.state <> 'expired' AND d.op_class <> 'read' AND d.dispatch_id <> %(dispatch_id)s))
-    WHERE target_ref = %(r_target_ref)s AND holder_task_id = %(task_id)s
+              AND d.state <> 'expired' AND d.op_class <> 'read'{skip}))
+    WHERE target_ref = %({target_param})s AND holder_task_id = %(task_id)s"""
+
+
+# The task's device released, as release_lease does. The dispatch answered in the same statement is
+# left out of the fence by name: the statement does not see its own ``answered`` update.
+_RELEASING = f"""released AS ({_release_sql("r_target_ref", skip_answered=True)}
 ), """
 
 
 # A new dispatch of the task and, when it is the execution of a leased device's holder, the lease's
-# note of it: written
-# with the task's move to leased (one statement for what placement writes).
+# note of it: written with the task's move to leased (one statement for what placement writes).
 _NEW_DISPATCH = """created_dispatch AS (
     INSERT INTO dispatches (dispatch_id, task_id, kind, attempt, collector_id, site_id, target_ref, provider,
                             operation, op_class, state, lease_epoch, envelope, expires_at)
@@ -403,17 +412,7 @@ def _fence_of(task_id: Any) -> Any:
 _RELEASED = {"holder_task_id": None, "holder_dispatch_id": None, "collector_id": None, "expires_at": None}
 
 
-# When the last unanswered envelope handed out for the task can no longer write (or NULL), as in
-# _fence_of; the plain-SQL twin of that expression for the hot path.
-_FENCE_OF_TASK = f"""(SELECT max(d.expires_at) + interval '{FENCE_S} seconds' FROM dispatches d
-    WHERE d.task_id = %(task)s AND d.handed_at IS NOT NULL AND d.reported_at IS NULL
-      AND d.state <> 'expired' AND d.op_class <> 'read')"""
-
-_RELEASE_LEASE = f"""
-UPDATE device_leases
-SET holder_task_id = NULL, holder_dispatch_id = NULL, collector_id = NULL, expires_at = NULL,
-    fenced_until = greatest(fenced_until, {_FENCE_OF_TASK})
-WHERE target_ref = %(target)s AND holder_task_id = %(task)s"""
+_RELEASE_LEASE = _release_sql("target", skip_answered=False)
 
 
 async def release_lease(conn: Db, target_ref: str, task_id: str) -> None:
@@ -422,7 +421,7 @@ async def release_lease(conn: Db, target_ref: str, task_id: str) -> None:
     The row keeps a fence: no other writer gets the device before every envelope this
     task had handed out and not heard back from is past ``expires_at`` + FENCE_S.
     """
-    await (await sql(conn)).run(_RELEASE_LEASE, {"target": target_ref, "task": task_id})
+    await (await sql(conn)).run(_RELEASE_LEASE, {"target": target_ref, "task_id": task_id})
 
 
 async def lease_holder(conn: Db, target_ref: str) -> dict[str, Any] | None:
