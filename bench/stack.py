@@ -384,22 +384,25 @@ class SimCollector:
 
 
 async def enroll_many(
-    stack: Stack, count: int, concurrency: int = 16
+    stack: Stack, count: int, concurrency: int = 16, sites: int = 1
 ) -> tuple[str, list[SimCollector], list[float]]:
-    """Enroll ``count`` simulated collectors, ``concurrency`` at a time: site, collectors, durations."""
-    site_id, token = stack.enrollment_token(count)
+    """Enroll ``count`` simulated collectors, ``concurrency`` at a time: site, collectors, durations.
+
+    With ``sites`` > 1 the collectors are spread over that many sites, each enrolling with its
+    own site's token (the first site is returned)."""
+    issued = [stack.enrollment_token(-(-count // sites)) for _ in range(sites)]
     context = stack.ssl_context()
     batch = f"{time.monotonic_ns() % 10**8:08d}"  # collector ids are unique across bursts
     collectors = [SimCollector(f"bench-{batch}-{i:05d}", stack.gateway_url, context) for i in range(count)]
     gate = asyncio.Semaphore(concurrency)
     durations: list[float] = []
 
-    async def one(c: SimCollector) -> None:
+    async def one(i: int, c: SimCollector) -> None:
         async with gate:
-            durations.append(await c.enroll(token))
+            durations.append(await c.enroll(issued[i % sites][1]))
 
-    await asyncio.gather(*(one(c) for c in collectors))
-    return site_id, collectors, durations
+    await asyncio.gather(*(one(i, c) for i, c in enumerate(collectors)))
+    return issued[0][0], collectors, durations
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -447,20 +450,25 @@ class CpuMeter:
         groups["load generator"] = [psutil.Process()]
         return groups
 
-    def snapshot(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def snapshot(self) -> dict[str, dict[int, float]]:
+        """CPU seconds so far of every process of each part, by process id."""
+        out: dict[str, dict[int, float]] = {}
         for name, procs in self._groups().items():
-            total = 0.0
+            out[name] = {}
             for proc in procs:
                 try:
                     times = proc.cpu_times()
-                    total += times.user + times.system
+                    out[name][proc.pid] = times.user + times.system
                 except self._psutil.Error:
                     pass
-            out[name] = total
         return out
 
     @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        # Postgres backends come and go; a backend that ended between snapshots is not counted.
-        return {k: max(0.0, after.get(k, 0.0) - before.get(k, 0.0)) for k in after}
+    def delta(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
+        """CPU seconds of each part between two snapshots, summed per process: PostgreSQL backends
+        come and go, and a total over a different set of processes would hide or invent time. A
+        process started in between counts whole; one that ended in between is not counted."""
+        return {
+            name: sum(max(0.0, cpu - before.get(name, {}).get(pid, 0.0)) for pid, cpu in procs.items())
+            for name, procs in after.items()
+        }

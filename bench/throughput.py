@@ -95,7 +95,8 @@ async def run_ours(
         # py-spy samples the router from outside (no change to the process); SVG flame graph.
         profiler = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "py-spy"), "record", "--output", args.profile_router,
-            "--format", "flamegraph", "--pid", str(meter.service_pid("router")), "--rate", "200",
+            "--format", "raw" if args.profile_router.endswith(".txt") else "flamegraph",
+            "--pid", str(meter.service_pid("router")), "--rate", "200",
             "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
     before = meter.snapshot()
@@ -137,6 +138,7 @@ async def run_ours(
     return {
         "tasks_per_s": args.tasks / elapsed,
         "longest_gap_between_completions_s": stall,
+        "phases_ms": await _phases(stack, f"tp-{run_id}-"),
         "cpu_ms_per_task": {k: v / args.tasks * 1000 for k, v in cpu.items()},
     }
 
@@ -178,6 +180,33 @@ async def run_pgqueuer(url: str, args: Any, batch: int) -> dict[str, float]:
     await consumer.close()
     await producer.close()
     return {"jobs_per_s": args.tasks / elapsed}
+
+
+# Where a task's time went, from the timestamps PostgreSQL recorded (p50 and p90, milliseconds).
+_PHASES = """
+WITH d AS (
+    SELECT d.collector_id, t.created_at AS submitted, d.created_at AS placed, d.handed_at, d.reported_at,
+           lag(d.reported_at) OVER (PARTITION BY d.collector_id ORDER BY d.created_at) AS slot_freed
+    FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
+    WHERE t.idempotency_key LIKE %(prefix)s
+), phases(name, ms) AS (
+    SELECT 'submitted_to_placed', 1000 * extract(epoch FROM placed - submitted) FROM d
+    UNION ALL SELECT 'placed_to_claimed', 1000 * extract(epoch FROM handed_at - placed) FROM d
+    UNION ALL SELECT 'claimed_to_reported', 1000 * extract(epoch FROM reported_at - handed_at) FROM d
+    UNION ALL SELECT 'slot_freed_to_placed', 1000 * extract(epoch FROM placed - slot_freed) FROM d
+        WHERE slot_freed IS NOT NULL AND slot_freed < placed
+)
+SELECT name, percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.9) WITHIN GROUP (ORDER BY ms)
+FROM phases GROUP BY name"""
+
+
+async def _phases(stack: Stack, prefix: str) -> dict[str, list[float]]:
+    """p50 and p90 of each step of this run's tasks: waiting in the queue for a slot, waiting for
+    the collector's claim to take the dispatch, the collector's run and report, and how long a
+    collector's freed slot stayed empty before the next placement on it."""
+    async with await psycopg.AsyncConnection.connect(libpq_url(stack.database_url)) as conn:
+        rows = await (await conn.execute(_PHASES, {"prefix": prefix + "%"})).fetchall()
+    return {name: [round(float(p50), 1), round(float(p90), 1)] for name, p50, p90 in rows}
 
 
 async def _watch_for_stalls(stack: Stack, finished: list[float], done: asyncio.Event) -> None:
@@ -287,7 +316,9 @@ def main() -> None:
         "--count-tasks", type=int, default=300, help="tasks in the statement-counting pass (0: no such pass)"
     )
     parser.add_argument(
-        "--profile-router", metavar="SVG", help="flame graph of the router (py-spy) over the first timed run"
+        "--profile-router",
+        metavar="SVG",
+        help="flame graph of the router (py-spy) over the first timed run (a .txt name: collapsed stacks)",
     )
     parser.add_argument("--json", dest="json_path", default="bench/results/throughput.json")
     args = parser.parse_args()

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from router import store
 from router.live import InFlight, placement_view
 from router.placement import DEFAULT_TIMEOUT_S, Candidate, OperationCap, ProviderCap
+from router.reservations import Reservations
 from router.sql import Row
 
 Providers = Mapping[str, ProviderCap]
@@ -59,6 +60,8 @@ class CandidateLoader:
         self.window_s = liveness_window_s
         self._manifests: dict[str, tuple[tuple[int, dt.datetime], Providers]] = {}
         self._rows: dict[tuple[str, str], tuple[float, Sequence[Row]]] = {}
+        # Slots this process's placements are filling now, added to the loads Redis reports.
+        self.reservations = Reservations()
 
     def invalidate(self) -> None:
         """Forget the cached candidate rows (a collector published capabilities, say)."""
@@ -82,6 +85,24 @@ class CandidateLoader:
         self, conn: AsyncConnection, site_id: str, tenant_id: str, provider: str
     ) -> list[Candidate]:
         rows = await self._candidate_rows(conn, site_id, tenant_id)
+        return await self._build(conn, rows, provider)
+
+    async def one(
+        self, conn: AsyncConnection, site_id: str, tenant_id: str, provider: str, collector_id: str
+    ) -> Candidate | None:
+        """The candidate ``collector_id`` alone (None: not a collector of that site and tenant).
+
+        A freed slot is offered to its own collector first, so that path costs one collector's
+        Redis state, not the whole site's."""
+        rows = [
+            r
+            for r in await self._candidate_rows(conn, site_id, tenant_id)
+            if r["collector_id"] == collector_id
+        ]
+        built = await self._build(conn, rows, provider)
+        return built[0] if built else None
+
+    async def _build(self, conn: AsyncConnection, rows: Sequence[Row], provider: str) -> list[Candidate]:
         stale = [
             r["collector_id"]
             for r in rows
@@ -97,9 +118,13 @@ class CandidateLoader:
                 )
         ids = [r["collector_id"] for r in rows]
         view = await placement_view(self.redis, self.in_flight, ids, provider, time.time(), self.window_s)
+        held = self.reservations.held(provider)
         out = []
         for r in rows:
             cid = r["collector_id"]
+            loads = view.loads.get(cid, {})
+            if cid in held:
+                loads = {**loads, provider: loads.get(provider, 0) + held[cid]}
             cached = self._manifests.get(cid)
             providers: Providers = cached[1] if cached is not None else {}
             out.append(
@@ -112,7 +137,7 @@ class CandidateLoader:
                     live=cid in view.live,
                     fips=bool(r["fips"]),
                     providers=providers,
-                    in_flight=view.loads.get(cid, {}),
+                    in_flight=loads,
                     dispatch_kids=frozenset(r["dispatch_kids"]) if r["dispatch_kids"] is not None else None,
                 )
             )

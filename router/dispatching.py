@@ -7,6 +7,7 @@ import datetime as dt
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -113,15 +114,17 @@ class Dispatching(RouterCore):
             chosen = placement.pick(req, eligible)
             assert chosen is not None
             eligible.remove(chosen)
+            # Other placements of this process see the slot taken from now (router/reservations.py).
+            release = self.candidates.reservations.hold(chosen.collector_id, req.provider)
             if not await store.lock_collector(conn, chosen.collector_id, skip_locked=locked_one):
+                release()
                 continue
             locked_one = True
             cap = chosen.providers[req.provider].max_concurrency
             if await store.in_flight(conn, chosen.collector_id, req.provider) >= cap:
+                release()
                 continue
-            return await self._lease_and_sign(
-                conn, task, chosen, placement.operation_cap(chosen, req), effects, refuse
-            )
+            return await self._leased_on(conn, task, chosen, req, effects, refuse, release)
         NO_ELIGIBLE_TOTAL.inc()
         if placement.needs_lease(task["op_class"], _declared_parallel_safe(candidates, req)):
             # A mutation holds its device from the moment it is accepted, queued or not, so a
@@ -305,24 +308,96 @@ class Dispatching(RouterCore):
             )
         return usable[0]
 
-    async def fill_slot(self, site_id: str, tenant_id: str, provider: str) -> bool:
+    async def fill_slot(self, site_id: str, tenant_id: str, provider: str, freed: str = "") -> bool:
         """Place the oldest queued task of the site, tenant and provider after a slot was freed.
 
         Scanning the site's queue on every report made a backlog cost O(queue) per report (and
-        most of the router's CPU); one indexed, SKIP LOCKED pick does the job. When that task
-        cannot be placed (it needs a FIPS collector, say) a short general pass follows; the
-        sweeper's pass covers the rest.
+        most of the router's CPU); one indexed, SKIP LOCKED pick does the job. The slot is offered
+        to that task on the collector that freed it (``freed``) first: every freed slot is filled
+        by one placement, instead of several placements contesting the same least-loaded
+        collector. When that collector cannot run the task (it needs a FIPS collector, say) the
+        task is placed as usual and, if it still waits, a short general pass follows; the
+        sweeper's pass covers the rest. When the slot was taken meanwhile (by a submit), nothing
+        more is done: the task waits for the next freed slot.
         """
         effects = Effects()
         async with self.engine.begin() as conn:
             task = await store.next_queued(conn, site_id, tenant_id, provider)
             if task is None:
                 return False
-            state = await self._place(conn, task, effects, refuse=False)
+            state = await self._offer_slot(conn, task, freed, effects) if freed else None
+            if state is S.QUEUED:
+                return False
+            if state is None:
+                state = await self._place(conn, task, effects, refuse=False)
         await effects.run()
         if state != S.LEASED:
             return await self.reevaluate(site_id, FREED_SLOT_BATCH) > 0
         return True
+
+    async def _offer_slot(
+        self, conn: AsyncConnection, task: Row, collector_id: str, effects: Effects
+    ) -> State | None:
+        """Place a locked queued task on the collector that just freed a slot.
+
+        ``QUEUED``: the collector could run it but its slot is taken again (nothing written).
+        None: the collector cannot run it (or the task's own checks apply): place it as usual.
+        """
+        if task["deadline"] <= _now():
+            return None
+        req = _placement_request(task)
+        chosen = await self.candidates.one(conn, req.site_id, req.tenant_id, req.provider, collector_id)
+        if chosen is None:
+            return None
+        try:
+            if not placement.eligible(req, [chosen]):
+                # Eligible but for its load: the slot went to other work since it was freed.
+                idle = replace(chosen, in_flight={})
+                return S.QUEUED if placement.eligible(req, [idle]) else None
+        except placement.OpClassMismatch:
+            return None
+        if self.dispatch_keys().signing_key_for(chosen.dispatch_kids, int(time.time())) is None:
+            return None
+        if task["attempts"] and collector_id in await store.refused_by(conn, task["task_id"]):
+            return None
+        release = self.candidates.reservations.hold(collector_id, req.provider)
+        if not await store.lock_collector(conn, collector_id, skip_locked=False):
+            release()
+            return None
+        cap = chosen.providers[req.provider].max_concurrency
+        if await store.in_flight(conn, collector_id, req.provider) >= cap:
+            release()
+            return S.QUEUED
+        return await self._leased_on(conn, task, chosen, req, effects, False, release)
+
+    async def _leased_on(
+        self,
+        conn: AsyncConnection,
+        task: Row,
+        chosen: Candidate,
+        req: PlacementRequest,
+        effects: Effects,
+        refuse: bool,
+        release: Callable[[], None],
+    ) -> State:
+        """Lease and sign on a locked collector with a free slot; the slot's hold ends once Redis
+        counts the dispatch (or now, when the task could not be leased)."""
+        try:
+            state = await self._lease_and_sign(
+                conn, task, chosen, placement.operation_cap(chosen, req), effects, refuse
+            )
+        except BaseException:
+            release()
+            raise
+        if state is S.LEASED:
+
+            async def released() -> None:
+                release()
+
+            effects.add(released)  # after the in-flight count went up (effects run in order)
+        else:
+            release()
+        return state
 
     def _reevaluate_effect(self, site_id: str, limit: int = REEVALUATE_BATCH) -> Effect:
         async def run() -> None:

@@ -222,7 +222,7 @@ class Reports(Outcomes):
         collector, provider = d["collector_id"], d["provider"]
         effects.add(lambda: self.in_flight.add(collector, provider, -1))
         site_id, tenant_id = task["site_id"], task["tenant_id"]
-        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider)))
+        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider, collector)))
 
     async def _refused(
         self,

@@ -20,7 +20,7 @@ from common.errors import (
 )
 from router import store
 from router.live import WORK
-from router.placement import OpClassMismatch
+from router.placement import OpClassMismatch, _rendezvous
 from router.service import DeviceLeased
 from router.states import State
 from tests.support.router_env import RouterEnv, make_silent, open_envelope
@@ -160,6 +160,59 @@ async def test_a_freed_slot_skips_a_head_of_queue_task_it_cannot_take(env: Route
     await _settle(env)
     assert await _state(env, plain["task_id"]) == "leased"
     assert await _state(env, fips["task_id"]) == "queued"
+
+
+def _target_preferring(first: str, second: str) -> str:
+    """A device name whose rendezvous hash picks ``first`` over ``second`` at equal load."""
+    return next(t for i in range(1000) if _rendezvous(t := f"dev-{i}", first) > _rendezvous(t, second))
+
+
+async def test_a_freed_slot_goes_to_the_collector_that_freed_it(env: RouterEnv) -> None:
+    # Two collectors are free when the queued task is placed: one freed its slot by reporting,
+    # the other's slot emptied unnoticed. The report's slot is offered to the task first, even
+    # though the task's device would land on the other collector if both were asked.
+    await env.add_collector("col-a", max_concurrency=1)
+    await env.add_collector("col-b", max_concurrency=1)
+    for target in ("x", "y"):
+        assert (await env.router.submit(env.request("echo", target=target)))[0]["state"] == "leased"
+    queued, _ = await env.router.submit(env.request("echo", target=_target_preferring("col-b", "col-a")))
+    assert queued["state"] == "queued"
+    got = {
+        cid: await env.router.claim(cid, claim_seq=0, held_task_ids=frozenset(), wait_s=0)
+        for cid in ("col-a", "col-b")
+    }
+    async with env.router.engine.begin() as conn:
+        await conn.execute(
+            update(dispatches).where(dispatches.c.collector_id == "col-b").values(state="success")
+        )
+    await env.router.in_flight.add("col-b", "stub", -1)
+    reported = got["col-a"]
+    assert reported is not None
+    await env.router.report("col-a", reported.dispatch_id, S.SUCCESS, b"")
+    await _settle(env)
+    task, _ = await env.router.get(queued["task_id"])
+    assert task["state"] == "leased"
+    async with env.router.engine.connect() as conn:
+        placed_on = await conn.scalar(
+            select(dispatches.c.collector_id).where(dispatches.c.dispatch_id == task["current_dispatch_id"])
+        )
+    assert placed_on == "col-a"
+
+
+async def test_a_slot_another_placement_is_filling_is_not_contested(env: RouterEnv) -> None:
+    # While a placement of this process holds col-b's one slot (it is leasing there and Redis does
+    # not count it yet), a submit goes to col-a instead of locking col-b and finding it full.
+    await env.add_collector("col-a", max_concurrency=1)
+    await env.add_collector("col-b", max_concurrency=1)
+    release = env.router.candidates.reservations.hold("col-b", "stub")
+    task, _ = await env.router.submit(env.request("echo", target=_target_preferring("col-b", "col-a")))
+    release()
+    async with env.router.engine.connect() as conn:
+        placed_on = await conn.scalar(
+            select(dispatches.c.collector_id).where(dispatches.c.dispatch_id == task["current_dispatch_id"])
+        )
+    assert placed_on == "col-a"
+    assert env.router.candidates.reservations.held("stub") == {}  # the submit's own hold ended
 
 
 async def test_a_batch_member_missing_from_the_next_claim_is_placed_again(env: RouterEnv) -> None:
