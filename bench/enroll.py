@@ -36,9 +36,11 @@ from bench.stack import (
     CpuMeter,
     Stack,
     enroll_many,
+    issue_tokens,
     machine,
     percentile,
     pin_load_generator,
+    profiling,
     running_stack,
     save_report,
 )
@@ -78,11 +80,13 @@ def crypto_floor(seconds: float = 2.0) -> float:
     return done / (time.process_time() - started)
 
 
-async def burst(stack: Stack, count: int, sites: int) -> dict[str, Any]:
+async def burst(stack: Stack, count: int, sites: int, profile: str | None = None) -> dict[str, Any]:
+    issued = issue_tokens(stack, count, sites)  # before the clock starts: sites and tokens are set up
     meter = CpuMeter(stack)
     before = meter.snapshot()
     started = time.perf_counter()
-    _, collectors, durations = await enroll_many(stack, count, concurrency=count, sites=sites)
+    async with profiling(meter, "enrollment", profile):
+        _, collectors, durations = await enroll_many(stack, count, concurrency=count, issued=issued)
     elapsed = time.perf_counter() - started
     cpu = CpuMeter.delta(before, meter.snapshot())
     await asyncio.gather(*(c.close() for c in collectors))
@@ -103,6 +107,11 @@ def main() -> None:
     parser.add_argument("--collectors", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sites", type=int, default=10, help="sites (one token each) the burst spreads over")
+    parser.add_argument(
+        "--profile-enrollment",
+        metavar="SVG",
+        help="flame graph of the enrollment service (py-spy), first burst (a .txt name: collapsed stacks)",
+    )
     parser.add_argument("--json", dest="json_path", default="bench/results/enroll.json")
     args = parser.parse_args()
     floor_per_core = crypto_floor()
@@ -113,7 +122,8 @@ def main() -> None:
         for sites in sorted({args.sites, 1}, reverse=True):
             runs = []
             for _ in range(args.runs):
-                runs.append(asyncio.run(burst(stack, args.collectors, sites)))
+                runs.append(asyncio.run(burst(stack, args.collectors, sites, args.profile_enrollment)))
+                args.profile_enrollment = None  # one profile: the first run
                 print(json.dumps(runs[-1]), flush=True)
             results[f"{sites}_sites"] = {
                 "sites": sites,

@@ -22,11 +22,13 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import ssl
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,14 +385,20 @@ class SimCollector:
             await self.client.aclose()
 
 
+def issue_tokens(stack: Stack, count: int, sites: int = 1) -> list[tuple[str, str]]:
+    """``sites`` new sites with one token each, enough for ``count`` collectors in all."""
+    return [stack.enrollment_token(-(-count // sites)) for _ in range(sites)]
+
+
 async def enroll_many(
-    stack: Stack, count: int, concurrency: int = 16, sites: int = 1
+    stack: Stack, count: int, concurrency: int = 16, issued: list[tuple[str, str]] | None = None
 ) -> tuple[str, list[SimCollector], list[float]]:
     """Enroll ``count`` simulated collectors, ``concurrency`` at a time: site, collectors, durations.
 
-    With ``sites`` > 1 the collectors are spread over that many sites, each enrolling with its
-    own site's token (the first site is returned)."""
-    issued = [stack.enrollment_token(-(-count // sites)) for _ in range(sites)]
+    ``issued`` (from :func:`issue_tokens`): the collectors are spread over those sites, each
+    enrolling with its own site's token (the first site is returned); by default one new site."""
+    issued = issued or issue_tokens(stack, count)
+    sites = len(issued)
     context = stack.ssl_context()
     batch = f"{time.monotonic_ns() % 10**8:08d}"  # collector ids are unique across bursts
     collectors = [SimCollector(f"bench-{batch}-{i:05d}", stack.gateway_url, context) for i in range(count)]
@@ -412,6 +420,27 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))
     return ordered[index]
+
+
+@asynccontextmanager
+async def profiling(meter: CpuMeter, service: str, path: str | None) -> AsyncIterator[None]:
+    """Sample ``service`` with py-spy while the block runs (no change to the process); at the end
+    write an SVG flame graph to ``path``, or collapsed stacks when it ends in ``.txt``. No path:
+    nothing is sampled."""
+    if not path:
+        yield
+        return
+    profiler = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "py-spy"), "record", "--output", path,
+        "--format", "raw" if path.endswith(".txt") else "flamegraph",
+        "--pid", str(meter.service_pid(service)), "--rate", "200", "--nonblocking",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+        await asyncio.wait_for(profiler.wait(), 60)
 
 
 class CpuMeter:

@@ -30,11 +30,8 @@ import asyncio
 import datetime as dt
 import itertools
 import json
-import signal
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -51,6 +48,7 @@ from bench.stack import (
     Stack,
     enroll_many,
     pin_load_generator,
+    profiling,
     running_stack,
     save_report,
 )
@@ -90,19 +88,11 @@ async def run_ours(
     meter = CpuMeter(stack)
     loops = [asyncio.create_task(collector(c)) for c in fleet]
     await asyncio.sleep(1.0)
-    profiler = None
-    if getattr(args, "profile_router", None):
-        # py-spy samples the router from outside (no change to the process); SVG flame graph.
-        profiler = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "py-spy"), "record", "--output", args.profile_router,
-            "--format", "raw" if args.profile_router.endswith(".txt") else "flamegraph",
-            "--pid", str(meter.service_pid("router")), "--rate", "200",
-            "--nonblocking", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
     before = meter.snapshot()
     gate = asyncio.Semaphore(args.in_flight)
     run_id = time.monotonic_ns()
-    async with aio_channel(stack.router_address, token) as channel:
+    profile, args.profile_router = args.profile_router, None  # one profile: the first timed run
+    async with profiling(meter, "router", profile), aio_channel(stack.router_address, token) as channel:
         stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
 
         async def submit(i: int) -> None:
@@ -124,10 +114,6 @@ async def run_ours(
         watchdog.cancel()
         elapsed = time.perf_counter() - started
     cpu = CpuMeter.delta(before, meter.snapshot())
-    if profiler is not None:
-        profiler.send_signal(signal.SIGINT)  # py-spy writes the flame graph when interrupted
-        await asyncio.wait_for(profiler.wait(), 60)
-        args.profile_router = None  # one profile: the first timed run
     stop.set()
     # Loops stay parked in held claims; they end with the fleet (the stack is torn down after).
     for loop in loops:
