@@ -171,8 +171,23 @@ class Agent:
             renewing.cancel()
             await asyncio.gather(renewing, return_exceptions=True)
             await self._drain()
+            if (self.stopping.is_set() or self.restart_requested) and self.fatal is None:
+                await self._say_goodbye()
             await self.client.close()
             self.journal.close()
+
+    async def _say_goodbye(self) -> None:
+        """A clean stop: tell the control plane, so fleet views show offline (planned) instead of a
+        lost collector and it stops waiting on us (protocol 2; best effort, a few seconds at most)."""
+        reason = "restart" if self.restart_requested else "shutdown"
+        try:
+            async with asyncio.timeout(5):
+                recorded = await self.client.bye(self.session_id, reason)
+        except (GatewayUnavailable, GatewayRefused, TimeoutError) as exc:
+            log.info("goodbye not delivered", reason=str(exc) or type(exc).__name__)
+            return
+        if recorded:
+            log.info("said goodbye", reason=reason)
 
     async def _drain(self) -> None:
         if self.tasks:

@@ -1,10 +1,18 @@
-"""The collector's HTTPS client for the gateway's control channel (claim, report, capabilities)."""
+"""The collector's client for the gateway's control channel (claim, report, capabilities, bye).
+
+Every message is written in the protocol version settled on the last claim (1
+until a claim settles one): the ``X-Versus-Protocol`` header over HTTPS, the
+frame's ``v`` over the socket. Each claim offers this build's range
+(common/protocol.py); a gateway that predates negotiation answers without a
+version, which settles 1.
+"""
 
 from __future__ import annotations
 
 import json
 import ssl
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
 from collector.state import StatePaths
+from common import protocol
 from common.envelope.fence import RoundTrip
 from common.logs import get_logger
 
@@ -87,6 +96,8 @@ class GatewayClient:
         self._ws_retry_at = 0.0
         self._ws_retry_s = ws_retry_s
         self.transport = "https"
+        # The protocol version settled with the gateway on the last claim: what messages are written in.
+        self.protocol = 1
 
     async def close(self) -> None:
         if self._ws is not None:
@@ -132,7 +143,9 @@ class GatewayClient:
             self.transport = "websocket"
             log.info("control socket open", url=ws.url)
         try:
-            result: tuple[int, bytes, dict[str, str]] = await self._ws.request(kind, body, timeout_s)
+            result: tuple[int, bytes, dict[str, str]] = await self._ws.request(
+                kind, body, timeout_s, self.protocol
+            )
             return result
         except GatewayUnavailable:
             # Some proxies pass HTTPS but break WebSockets: fall back now, try the socket again later.
@@ -152,46 +165,50 @@ class GatewayClient:
             headers = httpx.Headers(frame_headers)
         else:
             try:
-                response = await self._http.post("/" + kind, json=body, timeout=timeout_s)
+                response = await self._http.post(
+                    "/" + kind, json=body, timeout=timeout_s, headers={protocol.HEADER: str(self.protocol)}
+                )
             except httpx.HTTPError as exc:
                 raise GatewayUnavailable(f"{kind}: {type(exc).__name__}: {exc}") from None
             status, raw, headers = response.status_code, response.content, response.headers
         if status >= 500:
             raise GatewayUnavailable(f"{kind}: HTTP {status}")
         if status >= 400:
-            raise _refused(status, raw)
+            refused = _refused(status, raw)
+            if refused.code == protocol.VersionUnsupported.default_code:
+                # The gateway no longer speaks what we settled (rolled back, or another replica):
+                # write in version 1 until the next claim settles again.
+                log.warning("gateway refused our protocol version", version=self.protocol, why=str(refused))
+                self.protocol = 1
+            raise refused
         return status, raw, headers
+
+    def _settle(self, version: int) -> None:
+        if version != self.protocol:
+            log.info("collector protocol settled", version=version)
+        self.protocol = version
 
     async def claim(self, body: dict[str, Any], hold_s: float) -> ClaimReply:
         sent = time.time()
-        status, raw, headers = await self._call("claim", body, timeout_s=hold_s + 15)
-        received = time.time()
-        if status == 204 or not raw:
-            trip = _round_trip(
-                sent, received, headers.get("x-versus-server-time-ms"), headers.get("x-versus-held-ms")
-            )
-            return ClaimReply(None, None, trip)
-        head = json.loads(raw)
-        trip = _round_trip(sent, received, head.get("server_time_ms"), head.get("held_ms"))
-        offers = list(head.get("offers", []))
-        if isinstance(head.get("key_sets"), dict):
-            return ClaimReply(None, None, trip, [], key_sets=dict(head["key_sets"]))
-        if isinstance(head.get("config"), dict):
-            return ClaimReply(None, None, trip, [], dict(head["config"]))
-        if isinstance(head.get("trust"), dict):
-            return ClaimReply(None, None, trip, [], trust=dict(head["trust"]))
-        if "envelope" not in head:
-            return ClaimReply(None, None, trip, offers)
-        # The envelope is the last member; its bytes go to the verifier exactly as received.
-        marker = b'"envelope":'
-        envelope = raw[raw.index(marker) + len(marker) : -1]
-        return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers)
+        offer = {"min": protocol.MIN_PROTOCOL_VERSION, "max": protocol.PROTOCOL_VERSION}
+        status, raw, headers = await self._call("claim", {**body, "protocol": offer}, timeout_s=hold_s + 15)
+        reply, settled = read_claim_answer(status, raw, headers, sent, time.time())
+        self._settle(settled)
+        return reply
 
     async def report(self, body: dict[str, Any]) -> dict[str, Any]:
         """Send a report, signed over what it says (the router checks it against our key)."""
         signed = signed_report(self._key, self.collector_id, body)
         result: dict[str, Any] = json.loads((await self._call("report", signed))[1])
         return result
+
+    async def bye(self, session_id: str, reason: str) -> bool:
+        """Tell the gateway this session is shutting down cleanly (protocol 2; skipped below it).
+        True when the control plane recorded it; failures are the caller's to ignore."""
+        if self.protocol < 2:
+            return False
+        _, raw, _ = await self._call("bye", {"session_id": session_id, "reason": reason}, timeout_s=5)
+        return bool(json.loads(raw).get("current"))
 
     async def renew(self, csr_pem: str) -> dict[str, Any]:
         """A new certificate for the collector's key (``/renew``, always over HTTPS)."""
@@ -209,6 +226,46 @@ class GatewayClient:
     async def capabilities(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = json.loads((await self._call("capabilities", body))[1])
         return result
+
+
+def settled_version(answer: object) -> int:
+    """The version a claim's answer names; absent or out of this build's range: 1 (a gateway from
+    before negotiation says nothing, and 1 is what both sides always speak)."""
+    try:
+        version = int(answer) if isinstance(answer, (int, str)) else 1
+    except ValueError:
+        return 1
+    return version if protocol.MIN_PROTOCOL_VERSION <= version <= protocol.PROTOCOL_VERSION else 1
+
+
+def read_claim_answer(
+    status: int, raw: bytes, headers: Mapping[str, str], sent: float, received: float
+) -> tuple[ClaimReply, int]:
+    """A claim's answer as the agent uses it, and the protocol version it settles.
+
+    Members this build does not know are ignored; the envelope is read as the bytes between its
+    member name and the end of the object (it is the answer's last member), exactly as signed.
+    """
+    if status == 204 or not raw:
+        trip = _round_trip(
+            sent, received, headers.get("x-versus-server-time-ms"), headers.get("x-versus-held-ms")
+        )
+        return ClaimReply(None, None, trip), settled_version(headers.get(protocol.HEADER.lower()))
+    head = json.loads(raw)
+    settled = settled_version(head.get("protocol"))
+    trip = _round_trip(sent, received, head.get("server_time_ms"), head.get("held_ms"))
+    offers = list(head.get("offers", []))
+    if isinstance(head.get("key_sets"), dict):
+        return ClaimReply(None, None, trip, [], key_sets=dict(head["key_sets"])), settled
+    if isinstance(head.get("config"), dict):
+        return ClaimReply(None, None, trip, [], dict(head["config"])), settled
+    if isinstance(head.get("trust"), dict):
+        return ClaimReply(None, None, trip, [], trust=dict(head["trust"])), settled
+    if "envelope" not in head:
+        return ClaimReply(None, None, trip, offers), settled
+    marker = b'"envelope":'
+    envelope = raw[raw.index(marker) + len(marker) : -1]
+    return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers), settled
 
 
 def _refused(status: int, raw: bytes) -> GatewayRefused:

@@ -20,7 +20,6 @@ from websockets.asyncio.client import ClientConnection
 
 from collector.client import GatewayUnavailable
 
-PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 3 * 1024 * 1024
 
 
@@ -72,9 +71,10 @@ class WsControl:
         self._fail_pending("closed")
 
     async def request(
-        self, kind: str, body: dict[str, Any], timeout_s: float
+        self, kind: str, body: dict[str, Any], timeout_s: float, version: int = 1
     ) -> tuple[int, bytes, dict[str, str]]:
-        """Send one frame; returns (status, body JSON bytes or b"", the frame's headers)."""
+        """Send one frame written in protocol ``version``; returns (status, body JSON bytes or b"",
+        the frame's headers)."""
         if not self.open or self._conn is None:
             raise GatewayUnavailable("control socket is not open")
         frame_id = str(next(self._ids))
@@ -83,7 +83,7 @@ class WsControl:
         try:
             auth = self._sign_frame(kind, body)
             await self._conn.send(
-                json.dumps({"v": PROTOCOL_VERSION, "id": frame_id, "type": kind, "auth": auth, "body": body})
+                json.dumps({"v": version, "id": frame_id, "type": kind, "auth": auth, "body": body})
             )
             async with asyncio.timeout(timeout_s):
                 return await future
@@ -96,20 +96,11 @@ class WsControl:
         assert self._conn is not None
         try:
             async for message in self._conn:
-                text = message if isinstance(message, str) else message.decode()
-                frame = json.loads(text)
-                if not isinstance(frame, dict):
-                    raise ValueError("control frame is not an object")
-                future = self._pending.get(str(frame.get("id")))
+                frame_id, answer = parse_frame(message if isinstance(message, str) else message.decode())
+                future = self._pending.get(frame_id)
                 if future is None or future.done():
                     continue
-                body = frame.get("body")
-                # Keep the body's bytes as sent: a claim's envelope must reach the verifier untouched.
-                marker = '"body":'
-                raw = text[text.index(marker) + len(marker) : -1].encode() if body is not None else b""
-                headers = frame.get("headers")
-                headers = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
-                future.set_result((int(frame["status"]), raw, headers))
+                future.set_result(answer)
         except (websockets.WebSocketException, OSError, ValueError, KeyError, TypeError, RecursionError):
             pass  # a broken or garbled socket: pending calls fail below and the agent falls back
         finally:
@@ -119,3 +110,20 @@ class WsControl:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(GatewayUnavailable(why))
+
+
+def parse_frame(text: str) -> tuple[str, tuple[int, bytes, dict[str, str]]]:
+    """A gateway frame: its id and (status, body bytes as sent or b"", headers).
+
+    The body is the frame's last member and its bytes are kept as sent (a claim's envelope must
+    reach the verifier untouched); members this build does not know are ignored. Raises
+    ValueError (or KeyError, TypeError) for a frame that is not one.
+    """
+    frame = json.loads(text)
+    if not isinstance(frame, dict):
+        raise ValueError("control frame is not an object")
+    marker = '"body":'
+    raw = text[text.index(marker) + len(marker) : -1].encode() if frame.get("body") is not None else b""
+    headers = frame.get("headers")
+    headers = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
+    return str(frame.get("id")), (int(frame["status"]), raw, headers)

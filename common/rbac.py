@@ -150,6 +150,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_BRIDGE}/Claim": _SERVICE,
     f"/{_BRIDGE}/Report": _SERVICE,
     f"/{_BRIDGE}/PublishCapabilities": _SERVICE,
+    f"/{_BRIDGE}/Goodbye": _SERVICE,
     f"/{_TUNNEL}/OpenTunnel": _PLATFORM | _OPERATE,
     f"/{_TUNNEL}/RelayTunnel": _SERVICE,
     # API tokens and audit.

@@ -36,6 +36,7 @@ from common.redis_client import create_async as create_redis
 from common.trust_bundle import Bundle
 from gateway import (
     collector_api,
+    collector_bodies,
     control_ws,
     enroll_api,
     openapi_bodies,
@@ -241,9 +242,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
         {
             "/api/collector/v1/enroll": enroll_api.EnrollBody,
             "/api/collector/v1/renew": enroll_api.RenewBody,
-            "/api/collector/v1/claim": collector_api.ClaimBody,
-            "/api/collector/v1/report": collector_api.ReportBody,
-            "/api/collector/v1/capabilities": collector_api.CapabilitiesBody,
+            "/api/collector/v1/claim": collector_bodies.ClaimBody,
+            "/api/collector/v1/report": collector_bodies.ReportBody,
+            "/api/collector/v1/capabilities": collector_bodies.CapabilitiesBody,
+            "/api/collector/v1/bye": collector_bodies.ByeBody,
         },
         bearer_paths=[
             f"/api/collector/v1/{name}" for name in ("enrollment", "renew", "claim", "report", "capabilities")

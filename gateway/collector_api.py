@@ -3,10 +3,13 @@
     POST /api/collector/v1/claim         long-poll for the next task (200 with a task, or 204)
     POST /api/collector/v1/report        the result of one task
     POST /api/collector/v1/capabilities  the driver manifest
+    POST /api/collector/v1/bye           a clean shutdown (protocol 2)
 
 Every call needs a bearer token of an active collector; the collector id is
 taken from the verified token and nothing else. Each call is translated into a
-CollectorBridgeService RPC on the router.
+CollectorBridgeService RPC on the router. Every message says which protocol
+version it is written in (the ``X-Versus-Protocol`` header, or the WSS frame's
+``v``) and each claim settles the version with the collector (common/protocol.py).
 """
 
 from __future__ import annotations
@@ -19,20 +22,27 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf.duration_pb2 import Duration
-from pydantic import BaseModel, Field
 from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import task_pb2
 
+from common import protocol
 from common.errors import InvalidArgument
-from common.limits import MAX_CLAIM_BATCH
 from gateway.auth import authenticate, check_body
 from gateway.body import read_json_body
-from gateway.body_fields import FreeText, Int64, Name
 from gateway.clients import CALL_TIMEOUT_S, call
+from gateway.collector_bodies import (
+    ByeBody,
+    CapabilitiesBody,
+    CapabilitiesOut,
+    ClaimBody,
+    ReportBody,
+    ReportOut,
+    UpdateStatusBody,
+)
 from gateway.enroll_api import parse_body
 from gateway.metrics import CLAIM_OUTCOMES, CLAIMS_HELD, REPORT_OUTCOMES
 
@@ -40,14 +50,9 @@ router = APIRouter(prefix="/api/collector/v1", tags=["collector"])
 
 # Limits (docs/gateway.md).
 MAX_CLAIM_BODY = 64 * 1024
-MAX_HELD_TASK_IDS = 1000
-MAX_RESULT_BYTES = 1024 * 1024
 MAX_REPORT_BODY = 2 * 1024 * 1024
 MAX_CAPABILITIES_BODY = 256 * 1024
-MAX_ERROR_MESSAGE = 4096
-MAX_CONCURRENCY = 1024  # per provider; a claim's free slots cannot exceed it either
-
-_ID = Field(min_length=1, max_length=128)
+MAX_BYE_BODY = 4 * 1024
 _OUTCOMES = {
     "running": bpb.REPORT_OUTCOME_RUNNING,
     "success": bpb.REPORT_OUTCOME_SUCCESS,
@@ -62,111 +67,10 @@ _OP_CLASSES = {
 }
 
 
-# Year 2100: any later "when" is a broken clock, refused rather than stored.
-MAX_REPORT_TIME_S = 4_102_444_800
-
-
-class UpdateStatusBody(BaseModel):
-    """What the collector's supervisor last recorded about an upgrade (docs/upgrades.md)."""
-
-    state: Literal["updating", "updated", "rolled_back", "failed"]
-    version: Name = Field(max_length=64)
-    detail: FreeText = Field(default="", max_length=500)
-    at: int = Field(
-        default=0, ge=0, le=MAX_REPORT_TIME_S, description="when, Unix seconds on the collector's clock"
-    )
-
-
 def _update_status(body: UpdateStatusBody | None) -> bpb.UpdateStatus | None:
     if body is None:
         return None
     return bpb.UpdateStatus(state=body.state, version=body.version, detail=body.detail, at=body.at)
-
-
-class ClaimBody(BaseModel):
-    claim_seq: Int64 = Field(default=0, description="1, 2, 3, ... for sequential claims; 0 = unnumbered")
-    held_task_ids: list[Name] = Field(default_factory=list, max_length=MAX_HELD_TASK_IDS)
-    capacity: dict[Name, Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)]] = Field(
-        default_factory=dict, max_length=64, description="free slots per provider"
-    )
-    draining: bool = False
-    agent_version: Name = Field(default="", max_length=64)
-    wait_s: float | None = Field(default=None, ge=0, description="ask for a shorter hold than the server's")
-    session_id: str = Field(
-        default="",
-        max_length=64,
-        pattern=r"^[A-Za-z0-9_-]*$",
-        description="random id chosen at process start; a newer session supersedes an older one",
-    )
-    vault_mode: Literal["", "local", "relayed", "external"] = Field(
-        default="", description="vault mode the running process applies"
-    )
-    config_version: Int64 = Field(
-        default=0, ge=0, description="version of the signed config the collector runs (0: none yet)"
-    )
-    key_versions: dict[Literal["dispatch", "release", "trust"], Annotated[int, Field(ge=0, le=2**63 - 1)]] = (
-        Field(
-            default_factory=dict,
-            description="versions of the key sets and of the trust bundle the collector holds; when the "
-            "control plane has newer ones the answer carries the rotation steps (key_sets) or the signed "
-            "bundle (trust) and no task",
-        )
-    )
-    max_tasks: int = Field(
-        default=1,
-        ge=1,
-        le=MAX_CLAIM_BATCH,
-        description="most tasks one answer may carry; tasks after the first are in `more`",
-    )
-    update_status: UpdateStatusBody | None = Field(
-        default=None, description="the supervisor's last upgrade report, until it is superseded"
-    )
-
-
-class ReportBody(BaseModel):
-    task_id: Name = _ID
-    outcome: Literal["running", "success", "failed", "unknown", "refused"]
-    result_b64: str = Field(default="", max_length=(MAX_RESULT_BYTES + 2) // 3 * 4)
-    error_code: Name = Field(default="", max_length=128)
-    error_message: FreeText = Field(default="", max_length=MAX_ERROR_MESSAGE)
-    signature: str = Field(
-        default="",
-        max_length=2048,
-        pattern=r"^[A-Za-z0-9_.-]*$",
-        description="the collector's ES256 signature over what this report says (docs/threat-model.md); "
-        "required: a report without one is refused with report_unsigned",
-    )
-
-
-class ReportOut(BaseModel):
-    duplicate: bool
-    state: str
-
-
-class OperationIn(BaseModel):
-    name: Name = _ID
-    op_class: Literal["read", "mutate_reconcilable", "mutate_terminal"]
-    timeout_s: int = Field(default=60, ge=1, le=86_400)
-    parallel_safe: bool = False
-    reconcile_operation: Name = Field(default="", max_length=128)
-
-
-class ProviderIn(BaseModel):
-    provider: Name = _ID
-    max_concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
-    operations: list[OperationIn] = Field(max_length=256)
-
-
-class CapabilitiesBody(BaseModel):
-    capability_epoch: Int64
-    fips: bool = False
-    agent_version: Name = Field(default="", max_length=64)
-    providers: list[ProviderIn] = Field(max_length=64)
-
-
-class CapabilitiesOut(BaseModel):
-    capability_epoch: int
-    accepted: bool
 
 
 _TASK_DOC = (
@@ -182,6 +86,18 @@ def _server_time() -> tuple[str, int]:
 
 
 @dataclass(frozen=True, slots=True)
+class ControlCall:
+    """One collector message as either transport hands it to its operation."""
+
+    state: Any  # the gateway app's state: backends, settings
+    collector_id: str  # from the verified bearer token, never from the body
+    raw: bytes  # the body, exactly the bytes the token is bound to
+    request_id: str | None
+    transport: str = "https"  # "https" or "wss"
+    version: int = 1  # the protocol version the message is written in (docs/protocol.md)
+
+
+@dataclass(frozen=True, slots=True)
 class ControlReply:
     """One answer on the control channel, the same over per-call HTTPS and over the WebSocket."""
 
@@ -190,23 +106,23 @@ class ControlReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-async def claim_op(
-    state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
-) -> ControlReply:
+async def claim_op(msg: ControlCall) -> ControlReply:
     """Refresh liveness and wait (up to the hold) for a dispatch leased to this collector."""
     started = time.monotonic()
-    body = parse_body(ClaimBody, raw)
+    body = parse_body(ClaimBody, msg.raw)
+    # The version the collector writes its next messages in: the highest both sides speak.
+    settled = protocol.negotiate(body.offer())
     if any(len(t) > 128 for t in body.held_task_ids):
         raise InvalidArgument("held_task_ids entries are at most 128 characters", code="invalid_body")
-    max_hold: float = state.claim_hold_s
+    max_hold: float = msg.state.claim_hold_s
     hold = max_hold if body.wait_s is None else min(body.wait_s, max_hold)
     seconds = int(hold)
     CLAIMS_HELD.inc()
     try:
         reply = await call(
-            state.backends.bridge.Claim,
+            msg.state.backends.bridge.Claim,
             bpb.ClaimRequest(
-                collector_id=collector_id,
+                collector_id=msg.collector_id,
                 free_slots={k: max(v, 0) for k, v in body.capacity.items()},
                 draining=body.draining,
                 agent_version=body.agent_version,
@@ -214,14 +130,15 @@ async def claim_op(
                 claim_seq=body.claim_seq,
                 held_task_ids=body.held_task_ids,
                 session_id=body.session_id,
-                transport=transport,
+                transport=msg.transport,
                 vault_mode=body.vault_mode,
                 config_version=body.config_version,
                 key_versions={str(k): v for k, v in body.key_versions.items()},
                 max_dispatches=body.max_tasks,
                 update_status=_update_status(body.update_status),
+                protocol_version=settled,
             ),
-            request_id,
+            msg.request_id,
             timeout_s=hold + CALL_TIMEOUT_S,
         )
     finally:
@@ -243,8 +160,8 @@ async def claim_op(
         if document:
             CLAIM_OUTCOMES.labels(name).inc()
             body_out = {
-                "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "offers": [],
-                name: json.loads(document),
+                "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "protocol": settled,
+                "offers": [], name: json.loads(document),
             }  # fmt: skip
             return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
     if not reply.HasField("envelope") and not offers:
@@ -256,6 +173,7 @@ async def claim_op(
                 "X-Versus-Server-Time-Ms": str(stamp_ms),
                 "X-Versus-Held-Ms": str(held_ms),
                 "X-Versus-Claim-Hold": f"{max_hold:g}",
+                protocol.HEADER: str(settled),
             },
         )
     CLAIM_OUTCOMES.labels("task" if reply.HasField("envelope") else "offers").inc()
@@ -264,6 +182,7 @@ async def claim_op(
         "server_time_ms": stamp_ms,
         "held_ms": held_ms,
         "hold_s": max_hold,
+        "protocol": settled,
         "offers": offers,
     }
     if not reply.HasField("envelope"):
@@ -284,19 +203,17 @@ async def claim_op(
     return ControlReply(200, payload + b"}")
 
 
-async def report_op(
-    state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
-) -> ControlReply:
+async def report_op(msg: ControlCall) -> ControlReply:
     """Record the result of one task dispatched to this collector."""
-    body = parse_body(ReportBody, raw)
+    body = parse_body(ReportBody, msg.raw)
     try:
         result = binascii.a2b_base64(body.result_b64, strict_mode=True)
     except ValueError:  # binascii.Error, or text that is not ASCII at all
         raise InvalidArgument("result_b64 is not valid base64", code="invalid_body") from None
     reply = await call(
-        state.backends.bridge.Report,
+        msg.state.backends.bridge.Report,
         bpb.ReportRequest(
-            collector_id=collector_id,
+            collector_id=msg.collector_id,
             task_id=body.task_id,
             outcome=_OUTCOMES[body.outcome],
             result=result,
@@ -304,7 +221,7 @@ async def report_op(
             error_message=body.error_message,
             signature=body.signature,
         ),
-        request_id,
+        msg.request_id,
     )
     REPORT_OUTCOMES.labels(body.outcome).inc()
     task_state = task_pb2.TaskState.Name(reply.state).removeprefix("TASK_STATE_").lower()
@@ -313,18 +230,16 @@ async def report_op(
     )
 
 
-async def capabilities_op(
-    state: Any, collector_id: str, raw: bytes, request_id: str | None, transport: str = "https"
-) -> ControlReply:
+async def capabilities_op(msg: ControlCall) -> ControlReply:
     """Store the driver manifest and have queued work re-evaluated against it."""
-    body = parse_body(CapabilitiesBody, raw)
+    body = parse_body(CapabilitiesBody, msg.raw)
     names = [p.provider for p in body.providers]
     if len(names) != len(set(names)):
         raise InvalidArgument("each provider may appear once", code="invalid_body")
     reply = await call(
-        state.backends.bridge.PublishCapabilities,
+        msg.state.backends.bridge.PublishCapabilities,
         bpb.PublishCapabilitiesRequest(
-            collector_id=collector_id,
+            collector_id=msg.collector_id,
             capability_epoch=body.capability_epoch,
             fips=body.fips,
             agent_version=body.agent_version,
@@ -346,7 +261,7 @@ async def capabilities_op(
                 for p in body.providers
             ],
         ),
-        request_id,
+        msg.request_id,
     )
     accepted = reply.capability_epoch == body.capability_epoch
     return ControlReply(
@@ -357,13 +272,28 @@ async def capabilities_op(
     )
 
 
-Operation = Callable[[Any, str, bytes, "str | None", str], Awaitable[ControlReply]]
+async def bye_op(msg: ControlCall) -> ControlReply:
+    """The collector's session is shutting down cleanly: offline from now, not lost (protocol 2)."""
+    if msg.version < 2:
+        raise protocol.VersionUnsupported("bye is a protocol 2 message; this one is written in version 1")
+    body = parse_body(ByeBody, msg.raw)
+    reply = await call(
+        msg.state.backends.bridge.Goodbye,
+        bpb.GoodbyeRequest(collector_id=msg.collector_id, session_id=body.session_id, reason=body.reason),
+        msg.request_id,
+    )
+    out = {"current": reply.current, "requeued": reply.requeued}
+    return ControlReply(200, json.dumps(out, separators=(",", ":")).encode())
+
+
+Operation = Callable[[ControlCall], Awaitable[ControlReply]]
 
 # Frame type -> (operation, body limit): the one table both transports dispatch through.
 OPERATIONS: dict[str, tuple[Operation, int]] = {
     "claim": (claim_op, MAX_CLAIM_BODY),
     "report": (report_op, MAX_REPORT_BODY),
     "capabilities": (capabilities_op, MAX_CAPABILITIES_BODY),
+    "bye": (bye_op, MAX_BYE_BODY),
 }
 
 
@@ -399,14 +329,20 @@ async def _unless_client_leaves(request: Request, work: Awaitable[ControlReply])
 
 
 async def _http(request: Request, name: str) -> Response:
+    version = protocol.header_version(request.headers.get(protocol.HEADER))
     claims, _ = await authenticate(request, request.app.state.store, body_follows=True)
     operation, limit = OPERATIONS[name]
     raw = await read_json_body(request, limit)
     check_body(claims, raw)
-    work = operation(request.app.state, claims.collector_id, raw, request.state.request_id, "https")
+    call = ControlCall(
+        request.app.state, claims.collector_id, raw, request.state.request_id, "https", version
+    )
+    work = operation(call)
     reply = await (_unless_client_leaves(request, work) if name == "claim" else work)
     media_type = "application/json" if reply.payload else None
-    return Response(reply.payload, status_code=reply.status, headers=reply.headers, media_type=media_type)
+    # Every answer says which version it is written in: the request's own (a claim's, the settled one).
+    headers = {protocol.HEADER: str(version), **reply.headers}
+    return Response(reply.payload, status_code=reply.status, headers=headers, media_type=media_type)
 
 
 @router.post(
@@ -434,3 +370,10 @@ async def report(request: Request) -> Response:
 async def capabilities(request: Request) -> Response:
     """Publish the driver manifest; queued work is re-evaluated against it at once."""
     return await _http(request, "capabilities")
+
+
+@router.post("/bye")
+async def bye(request: Request) -> Response:
+    """A clean shutdown of the collector's session (protocol 2; the request says ``X-Versus-Protocol: 2``):
+    it is offline, not lost, and work leased to it and not yet handed out is placed again at once."""
+    return await _http(request, "bye")

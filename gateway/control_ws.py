@@ -2,12 +2,19 @@
 
 Same operations and semantics as the per-call HTTPS endpoints, as typed JSON
 text frames. The gateway only answers frames the collector sent; it never
-pushes unrequested work. Protocol version 1:
+pushes unrequested work. Frames:
 
-    collector -> gateway  {"v": 1, "id": "<request id>", "type": "claim|report|capabilities",
+    collector -> gateway  {"v": N, "id": "<request id>", "type": "claim|report|capabilities|bye",
                            "auth": "<bearer token>", "body": {...}}
-    gateway -> collector  {"v": 1, "id": "<same id>", "type": "<type>.result", "status": 200|204|4xx|5xx,
+    gateway -> collector  {"v": N, "id": "<same id>", "type": "<type>.result", "status": 200|204|4xx|5xx,
                            "body": {...} | null}
+
+``v`` is the protocol version the frame is written in (common/protocol.py): any
+version the gateway speaks is read, and the answer is written in the same one;
+a claim's body offers the collector's range and its answer names the settled
+version. A frame in a version the gateway does not speak is answered with
+``version_unsupported`` (its details give the range spoken here) and the socket
+is closed with 4400 and that code. ``body`` stays the frame's last member.
 
 ``body`` is exactly the HTTPS request or response body; a 204 has ``null``.
 A result may carry ``headers``: the HTTPS answer's ``X-Versus-*`` headers (a
@@ -36,18 +43,17 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from common import collector_jwt, error_mapping
+from common import collector_jwt, error_mapping, protocol
 from common.collector_jwt import BearerError
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
 from common.logs import get_logger, new_request_id
 from gateway import replay
 from gateway.auth import admit_socket, close_socket
-from gateway.collector_api import OPERATIONS, ControlReply
+from gateway.collector_api import OPERATIONS, ControlCall, ControlReply
 from gateway.metrics import AUTH_FAILURES, CONTROL_SOCKETS
 from gateway.standing import lapsed_standing, standing_lapsed
 from gateway.store import CollectorAuthRecord
 
-PROTOCOL_VERSION = 1
 MAX_IN_FLIGHT = 16
 FRAME_ID_CHARS = 64
 
@@ -55,9 +61,9 @@ router = APIRouter(prefix="/api/collector/v1")
 log = get_logger("versus.gateway.control")
 
 
-def _frame(request_id: str, kind: str, reply: ControlReply) -> str:
+def _frame(request_id: str, kind: str, reply: ControlReply, version: int = 1) -> str:
     body = reply.payload.decode() if reply.payload else "null"
-    fields: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "type": f"{kind}.result"}
+    fields: dict[str, Any] = {"v": version, "id": request_id, "type": f"{kind}.result"}
     fields["status"] = reply.status
     if reply.headers:
         # What the HTTPS answer says in headers (a 204 claim's server time and hold).
@@ -87,19 +93,19 @@ async def control(ws: WebSocket) -> None:
         async with send_lock:
             await ws.send_text(text)
 
-    async def handle(frame_id: str, kind: str, raw: bytes) -> None:
+    async def handle(frame_id: str, kind: str, raw: bytes, version: int) -> None:
         operation, limit = OPERATIONS[kind]
         try:
             if len(raw) > limit:
                 raise PayloadTooLarge(f"{kind} body exceeds {limit} bytes", code="body_too_large")
-            reply = await operation(state, collector_id, raw, new_request_id(), "wss")
+            reply = await operation(ControlCall(state, collector_id, raw, new_request_id(), "wss", version))
         except VersusError as exc:
             reply = _error(exc)
         except Exception:
             log.exception("control frame failed", kind=kind)
             reply = _error(error_mapping.public_error(RuntimeError()))
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-            await send(_frame(frame_id, kind, reply))
+            await send(_frame(frame_id, kind, reply, version))
 
     lapsed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -127,7 +133,14 @@ async def control(ws: WebSocket) -> None:
             if message["type"] == "websocket.disconnect":
                 return
             try:
-                frame_id, kind, auth, raw = _parse(message.get("text"))
+                frame_id, kind, auth, raw, version = _parse(message.get("text"))
+            except protocol.VersionUnsupported as exc:
+                # Said legibly, with the range spoken here, before the socket closes.
+                frame_id = _frame_id(message.get("text"))
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                    await send(_frame(frame_id, "error", _error(exc)))
+                await close_socket(ws, 4400, exc.code)
+                return
             except InvalidArgument as exc:
                 await close_socket(ws, 4400, exc.code)
                 return
@@ -136,45 +149,30 @@ async def control(ws: WebSocket) -> None:
             try:
                 reason = await lapsed_standing(state.store, collector_id)
             except Exception as exc:  # a dependency failed: answer this frame 503, keep the socket
-                await send(_frame(frame_id, kind, _error(error_mapping.public_error(exc))))
+                await send(_frame(frame_id, kind, _error(error_mapping.public_error(exc)), version))
                 continue
             if reason is not None:
                 await close_socket(ws, 4401, reason)
                 return
             if kind not in OPERATIONS:
-                await send(
-                    _frame(
-                        frame_id,
-                        kind,
-                        _error(
-                            InvalidArgument(
-                                f"unknown frame type {kind!r}; expected claim, report or capabilities",
-                                code="unknown_frame_type",
-                            )
-                        ),
-                    )
+                expected = ", ".join(OPERATIONS)
+                unknown = InvalidArgument(
+                    f"unknown frame type {kind!r}; expected {expected}", code="unknown_frame_type"
                 )
+                await send(_frame(frame_id, kind, _error(unknown), version))
                 continue
             try:
                 record = await _authenticate_frame(state, record, kind, auth, raw)
             except VersusError as exc:
-                await send(_frame(frame_id, kind, _error(exc)))
+                await send(_frame(frame_id, kind, _error(exc), version))
                 continue
             if len(work) >= MAX_IN_FLIGHT:
-                await send(
-                    _frame(
-                        frame_id,
-                        kind,
-                        _error(
-                            ResourceExhausted(
-                                f"at most {MAX_IN_FLIGHT} requests in flight per socket",
-                                code="too_many_requests",
-                            )
-                        ),
-                    )
+                busy = ResourceExhausted(
+                    f"at most {MAX_IN_FLIGHT} requests in flight per socket", code="too_many_requests"
                 )
+                await send(_frame(frame_id, kind, _error(busy), version))
                 continue
-            task = asyncio.create_task(handle(frame_id, kind, raw))
+            task = asyncio.create_task(handle(frame_id, kind, raw, version))
             work.add(task)
             task.add_done_callback(work.discard)
     finally:
@@ -221,7 +219,16 @@ async def _authenticate_frame(
     return record
 
 
-def _parse(text: str | None) -> tuple[str, str, object, bytes]:
+def _frame_id(text: str | None) -> str:
+    """The id of a frame refused before it was read in full (empty when it has none to echo)."""
+    with contextlib.suppress(ValueError, RecursionError, TypeError):
+        frame_id = json.loads(text or "").get("id")
+        if isinstance(frame_id, str) and 0 < len(frame_id) <= FRAME_ID_CHARS:
+            return frame_id
+    return ""
+
+
+def _parse(text: str | None) -> tuple[str, str, object, bytes, int]:
     """Validate the frame envelope; the body's own schema is checked by the operation."""
     if text is None:
         raise InvalidArgument("frames must be text (JSON), not binary", code="malformed_frame")
@@ -229,12 +236,13 @@ def _parse(text: str | None) -> tuple[str, str, object, bytes]:
         frame: Any = json.loads(text)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
         raise InvalidArgument("frame is not JSON", code="malformed_frame") from None
-    if not isinstance(frame, dict) or frame.get("v") != PROTOCOL_VERSION:
-        raise InvalidArgument(f"frames must be objects with v={PROTOCOL_VERSION}", code="malformed_frame")
+    if not isinstance(frame, dict) or "v" not in frame:
+        raise InvalidArgument("frames must be objects with a protocol version v", code="malformed_frame")
+    version = protocol.check_message(frame["v"])
     frame_id, kind, body = frame.get("id"), frame.get("type"), frame.get("body", {})
     if not isinstance(frame_id, str) or not 0 < len(frame_id) <= FRAME_ID_CHARS or not isinstance(kind, str):
         raise InvalidArgument("frames need a string id (1-64 chars) and type", code="malformed_frame")
     if not isinstance(body, dict):
         raise InvalidArgument("body must be an object", code="malformed_frame")
     # The operation parses exactly the bytes the frame's token is checked against.
-    return frame_id, kind, frame.get("auth"), collector_jwt.frame_body(body)
+    return frame_id, kind, frame.get("auth"), collector_jwt.frame_body(body), version

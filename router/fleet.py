@@ -44,6 +44,10 @@ class SessionView:
     self_draining: bool
     # Key set versions the running process holds ({"dispatch": 3, "release": 2}); empty: not said.
     key_versions: dict[str, int] = field(default_factory=dict)
+    # The collector protocol version settled on its last claim (0: unknown); docs/protocol.md.
+    protocol_version: int = 0
+    # Why it said goodbye, while it is offline.
+    goodbye_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,13 @@ class CollectorView:
     @property
     def collector_id(self) -> str:
         return str(self.row["collector_id"])
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
 
 
 def _float(value: str | None) -> float | None:
@@ -116,8 +127,9 @@ class Fleet:
             drained = bool(row["draining"])
             self_draining = details.get("draining") == "1"
             age = fleet_state.heartbeat_age(last, now)
+            said_goodbye = "bye_at" in details
             session = SessionView(
-                state=fleet_state.session_state(last, drained or self_draining, now),
+                state=fleet_state.session_state(last, drained or self_draining, now, said_goodbye),
                 session_id=details.get("session_id", ""),
                 established_at=_float(details.get("established_at")),
                 last_heartbeat=last,
@@ -127,6 +139,8 @@ class Fleet:
                 agent_version=details.get("agent_version", ""),
                 self_draining=self_draining,
                 key_versions=_key_versions(details.get("key_versions", "")),
+                protocol_version=_int(details.get("protocol")),
+                goodbye_reason=details.get("bye_reason", "") if said_goodbye else "",
             )
             views.append(
                 CollectorView(
@@ -194,7 +208,10 @@ class Fleet:
         """Reachability from the last heartbeat (no round trip to the collector) and the queue depth."""
         view = await self.get(collector_id)
         result = fleet_state.probe(
-            view.session.last_heartbeat, view.drained or view.session.self_draining, self.clock()
+            view.session.last_heartbeat,
+            view.drained or view.session.self_draining,
+            self.clock(),
+            view.session.state is SessionState.OFFLINE,
         )
         return result, view.queue_depth
 

@@ -38,6 +38,7 @@ SESSION_TO_PB = {
     SessionState.STALE: pb.SESSION_STATE_STALE,
     SessionState.DRAINING: pb.SESSION_STATE_DRAINING,
     SessionState.DEAD: pb.SESSION_STATE_DEAD,
+    SessionState.OFFLINE: pb.SESSION_STATE_OFFLINE,
 }
 VAULT_TO_PB = {
     "local": pb.VAULT_MODE_LOCAL,
@@ -96,6 +97,8 @@ def collector_pb(view: CollectorView) -> pb.Collector:
         agent_version=s.agent_version,
         self_draining=s.self_draining,
         key_versions=s.key_versions,
+        protocol_version=s.protocol_version,
+        goodbye_reason=s.goodbye_reason,
     )
     if s.heartbeat_age_s is not None:
         session.heartbeat_age_s = int(s.heartbeat_age_s)

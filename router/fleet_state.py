@@ -44,6 +44,8 @@ class SessionState(enum.StrEnum):
     STALE = "stale"
     DRAINING = "draining"
     DEAD = "dead"
+    # It said goodbye (a clean shutdown) and has not claimed since: planned, not lost.
+    OFFLINE = "offline"
 
 
 def collector_status(stored: str, cert_not_after: dt.datetime, now: dt.datetime) -> CollectorStatus:
@@ -63,9 +65,14 @@ def heartbeat_age(last_heartbeat: float | None, now: float) -> float | None:
     return None if last_heartbeat is None else max(0.0, now - last_heartbeat)
 
 
-def session_state(last_heartbeat: float | None, drained: bool, now: float) -> SessionState:
-    """The session's state from its last heartbeat and whether it is drained (by operator or itself)."""
+def session_state(
+    last_heartbeat: float | None, drained: bool, now: float, said_goodbye: bool = False
+) -> SessionState:
+    """The session's state from its last heartbeat, whether it is drained (by operator or itself)
+    and whether it said goodbye since its last claim (offline: a planned absence, not a loss)."""
     age = heartbeat_age(last_heartbeat, now)
+    if said_goodbye:
+        return SessionState.OFFLINE
     if age is None or age > DEAD_AFTER_S:
         return SessionState.DEAD
     if drained:
@@ -80,13 +87,13 @@ class Probe:
     session: SessionState
 
 
-def probe(last_heartbeat: float | None, drained: bool, now: float) -> Probe:
+def probe(last_heartbeat: float | None, drained: bool, now: float, said_goodbye: bool = False) -> Probe:
     """What ``collectors probe`` reports: reachability from the heartbeat age, and the session state."""
     age = heartbeat_age(last_heartbeat, now)
     return Probe(
-        reachable=age is not None and age < REACHABLE_S,
+        reachable=age is not None and age < REACHABLE_S and not said_goodbye,
         heartbeat_age_s=age,
-        session=session_state(last_heartbeat, drained, now),
+        session=session_state(last_heartbeat, drained, now, said_goodbye),
     )
 
 

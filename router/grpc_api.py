@@ -308,6 +308,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             key_versions=dict(request.key_versions),
             max_dispatches=request.max_dispatches,
             free_slots=dict(request.free_slots),
+            protocol_version=request.protocol_version or 1,
         )
         now = ts(dt.datetime.now(dt.UTC))
         reply = bridge_pb.ClaimResponse(
@@ -360,3 +361,11 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             request.collector_id, request.capability_epoch, manifest, request.fips, request.agent_version
         )
         return bridge_pb.PublishCapabilitiesResponse(capability_epoch=epoch)
+
+    async def Goodbye(self, request: bridge_pb.GoodbyeRequest, context: Context) -> bridge_pb.GoodbyeResponse:
+        if not request.collector_id:
+            raise InvalidArgument("collector_id is required", code="collector_id_missing")
+        requeued, current = await self.router.collector_said_goodbye(
+            request.collector_id, request.session_id, request.reason
+        )
+        return bridge_pb.GoodbyeResponse(requeued=requeued, current=current)

@@ -124,6 +124,7 @@ class HandOut(Outcomes):
         key_versions: Mapping[str, int] | None = None,
         max_dispatches: int = 1,
         free_slots: Mapping[str, int] | None = None,
+        protocol_version: int = 1,
     ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
         """Hand the collector its next leased dispatches (up to ``max_dispatches``, capped at
         :data:`MAX_CLAIM_BATCH`) and any offers, waiting up to ``wait_s`` for either.
@@ -158,6 +159,8 @@ class HandOut(Outcomes):
             "vault_mode": vault_mode,
             # "dispatch=3,release=2": which key set versions the running process holds (keys status).
             "key_versions": ",".join(f"{k}={int(v)}" for k, v in sorted((key_versions or {}).items())),
+            # The collector protocol version the gateway settled with it (docs/protocol.md).
+            "protocol": str(protocol_version),
         }
         adopted, came_back = await self.liveness.heartbeat(collector_id, session_id, time.time(), session)
         if adopted < 0:

@@ -82,6 +82,15 @@ class Liveness:
         raw = await self.redis.hgetall(_SESSION + collector_id)
         return {_text(k): _text(v) for k, v in raw.items()}
 
+    async def goodbye(self, collector_id: str, session_id: str, reason: str, now: float) -> bool:
+        """Record that the session said goodbye (a clean shutdown); False when it is not the
+        collector's current session (nothing recorded). Until the collector claims again it
+        is offline: placement passes it over and the sweeper counts it silent at once."""
+        done = await self.redis.eval(
+            _GOODBYE, 1, _SESSION + collector_id, session_id, str(now), reason[:200], str(SESSION_TTL_S)
+        )
+        return bool(done)
+
     async def forget(self, collector_id: str) -> None:
         """Drop the collector from the live set (it was revoked): placement and the sweeper see it dead."""
         await self.redis.zrem(_LIVE, collector_id)
@@ -122,10 +131,13 @@ class Liveness:
             return set()
         info = await self.redis.info("server")
         run_id = str(info.get("run_id", ""))
-        reply = await self.redis.eval(_SILENT, 2, _LIVE, _SINCE, run_id, str(now), *ids)
+        reply = await self.redis.eval(_SILENT, 2, _LIVE, _SINCE, run_id, str(now), _SESSION, *ids)
         since = float(reply[0])
         out = set()
         for cid, score in zip(ids, reply[1:], strict=True):
+            if score == b"bye":
+                out.add(cid)  # it said goodbye: nothing it holds will be answered
+                continue
             # Anything older than the marker was recorded by another Redis server (a restored snapshot).
             last = max(float(score), since) if score else since
             if now - last > self.window_s:
@@ -139,7 +151,8 @@ class Liveness:
 
 # Since when the live set has been tracked by this Redis server: "<run id>:<unix time>".
 _SINCE = "versus:live:since"
-# KEYS: live set, since marker. ARGV: run id, now, collector ids... -> since, then each score or ''.
+# KEYS: live set, since marker. ARGV: run id, now, session prefix, collector ids... -> since, then
+# each score, '' (none) or 'bye' (the session said goodbye since its last claim).
 _SILENT = """
 local marker = redis.call('GET', KEYS[2])
 local since = false
@@ -152,8 +165,23 @@ if not since then
   redis.call('SET', KEYS[2], ARGV[1] .. ':' .. ARGV[2])
 end
 local out = {since}
-for i = 3, #ARGV do out[#out + 1] = redis.call('ZSCORE', KEYS[1], ARGV[i]) or '' end
+for i = 4, #ARGV do
+  if redis.call('HEXISTS', ARGV[3] .. ARGV[i], 'bye_at') == 1 then
+    out[#out + 1] = 'bye'
+  else
+    out[#out + 1] = redis.call('ZSCORE', KEYS[1], ARGV[i]) or ''
+  end
+end
 return out
+"""
+
+# KEYS: session hash. ARGV: session id, now, reason, ttl -> 1 if recorded, 0 if not the current session.
+_GOODBYE = """
+local current = redis.call('HGET', KEYS[1], 'session_id')
+if ARGV[1] == '' or current ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'bye_at', ARGV[2], 'bye_reason', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
 """
 
 # Atomic so two sessions claiming at once cannot both become current.
@@ -175,6 +203,7 @@ if ARGV[1] ~= '' then
 end
 local previous = redis.call('ZSCORE', KEYS[3], ARGV[4]) or ''
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
+redis.call('HDEL', KEYS[1], 'bye_at', 'bye_reason')
 if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5, #ARGV)) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {adopted, previous}
@@ -251,9 +280,11 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local out = {}
 for i = 4, #ARGV do
   local cid = ARGV[i]
-  out[#out + 1] = redis.call('ZSCORE', KEYS[2], cid) or ''
+  local session = redis.call('HMGET', ARGV[2] .. cid, 'draining', 'bye_at')
+  -- A collector that said goodbye and has not claimed since is offline: not live.
+  out[#out + 1] = session[2] and '' or (redis.call('ZSCORE', KEYS[2], cid) or '')
   out[#out + 1] = redis.call('HGET', ARGV[1] .. cid, ARGV[3]) or '0'
-  out[#out + 1] = redis.call('HGET', ARGV[2] .. cid, 'draining') or ''
+  out[#out + 1] = session[1] or ''
 end
 return out
 """

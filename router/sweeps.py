@@ -49,17 +49,40 @@ class Sweeps(Outcomes):
         Work already handed out is left to the sweeper, which sees a silent holder
         and climbs the unknown-outcome ladder; a claim still held is woken and refused.
         """
+        await self.liveness.forget(collector_id)
+        moved = await self._requeue_leased(collector_id, f"collector {collector_id} revoked")
+        await self.wake.publish(collector_id)
+        return moved
+
+    async def collector_said_goodbye(
+        self, collector_id: str, session_id: str, reason: str
+    ) -> tuple[int, bool]:
+        """A collector's session is shutting down cleanly (docs/protocol.md, bye).
+
+        It is offline from now until it claims again: placement passes it over, work leased to
+        it and not yet handed out goes back to the queue at once, and the sweeper treats it as
+        silent, so work it was handed and never answered climbs the ladder on the next pass
+        instead of after the liveness window. Returns (requeued, whether the session was the
+        current one; a superseded session's goodbye changes nothing).
+        """
+        if not await self.liveness.goodbye(collector_id, session_id, reason, time.time()):
+            return 0, False
+        log.info("collector said goodbye", collector_id=collector_id, reason=reason)
+        moved = await self._requeue_leased(collector_id, f"collector {collector_id} said goodbye")
+        await self.wake.publish(collector_id)  # a claim of it still held here ends now
+        return moved, True
+
+    async def _requeue_leased(self, collector_id: str, why: str) -> int:
+        """Retire the dispatches leased to the collector and not handed out; their tasks are queued."""
         effects = Effects()
         moved = 0
         async with self.engine.begin() as conn:
             for d in await store.leased_to(conn, collector_id):
                 task = await store.get_task(conn, d["task_id"], lock=True)
                 if task is not None:
-                    await self._unclaimed(conn, d, task, effects, f"collector {collector_id} revoked")
+                    await self._unclaimed(conn, d, task, effects, why)
                     effects.add(self._reevaluate_effect(task["site_id"]))
                     moved += 1
-        await self.liveness.forget(collector_id)
-        await self.wake.publish(collector_id)
         await effects.run()
         return moved
 

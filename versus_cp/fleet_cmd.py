@@ -175,8 +175,10 @@ def print_detail(c: pb.Collector) -> None:
         ("enrolled", when(c.enrolled_at)),
         ("agent version", c.agent_version or "-"),
     ]
+    state = _session(c) + (f" (said goodbye: {s.goodbye_reason})" if s.goodbye_reason else "")
     session = [
-        ("state", _session(c)),
+        ("state", state),
+        ("protocol", str(s.protocol_version) if s.protocol_version else "-"),
         ("session id", s.session_id or "-"),
         ("established", when(s.established_at)),
         ("last heartbeat", f"{heartbeat} ago" if heartbeat != "never" else "never"),

@@ -163,6 +163,13 @@ class Stack:
 
 @pytest.fixture
 async def stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterator[Stack]:
+    async with running_stack(database_url, redis_url, tmp_path) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def running_stack(database_url: str, redis_url: str, tmp_path: Any) -> AsyncIterator[Stack]:
+    """Enrollment service, router and gateway on real sockets (other test modules use it too)."""
     router = make_router(database_url, redis_url)
     service = EnrollmentService(
         EnrollmentStore(router.engine),
@@ -240,10 +247,12 @@ async def test_claim_report_and_the_platform_sees_success(stack: Stack) -> None:
         "server_time_ms",
         "held_ms",
         "hold_s",
+        "protocol",
         "offers",
         "envelope",
     }
     assert body["offers"] == [] and body["hold_s"] == HOLD_S
+    assert body["protocol"] == 1  # the claim offered no range: a collector from before negotiation
     raw = claimed.content[claimed.content.index(b'"envelope":') + len(b'"envelope":') : -1]
     accepted = verify(raw, VerifyContext("col-1", int(time.time()), c.dispatch_keys, set(), _NoJournal()))
     assert accepted.envelope.params == b'{"q":1}'

@@ -20,13 +20,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from common import collector_jwt
+from common import collector_jwt, protocol
 from common.errors import InvalidArgument, Unauthenticated, VersusError
 from common.grpc_server import bearer_token
 from enrollment.ca import validate_csr
-from gateway.collector_api import ClaimBody, ReportBody
+from gateway.collector_bodies import ClaimBody, ReportBody
 from gateway.control_ws import _parse as parse_frame
 from gateway.enroll_api import parse_body
+
+# What a control frame the gateway cannot read is refused with.
+FRAME_REFUSALS = {"malformed_frame", "version_unsupported"}
 
 KEY = ec.generate_private_key(ec.SECP256R1())
 NOW = int(time.time())
@@ -104,10 +107,11 @@ def test_a_tampered_segment_of_a_valid_token_is_refused(noise: bytes, segment: i
 @given(st.text(max_size=400))
 def test_any_text_as_a_control_frame_is_refused_or_parsed(text: str) -> None:
     try:
-        frame_id, kind, _, body = parse_frame(text)
+        frame_id, kind, _, body, version = parse_frame(text)
     except InvalidArgument as exc:
-        assert exc.code == "malformed_frame"
+        assert exc.code in FRAME_REFUSALS
         return
+    assert version in range(protocol.MIN_PROTOCOL_VERSION, protocol.PROTOCOL_VERSION + 1)
     assert 0 < len(frame_id) <= 64 and isinstance(kind, str) and isinstance(json.loads(body), dict)
 
 
@@ -117,7 +121,13 @@ def test_any_json_value_as_a_control_frame_is_refused_or_parsed(value: Any) -> N
     try:
         parse_frame(json.dumps(value))
     except InvalidArgument as exc:
-        assert exc.code == "malformed_frame"
+        assert exc.code in FRAME_REFUSALS
+
+
+def test_a_frame_in_a_version_not_spoken_is_refused_as_such_not_as_malformed() -> None:
+    for v in (0, protocol.PROTOCOL_VERSION + 1, "1", 1.0, None):
+        with pytest.raises(protocol.VersionUnsupported):
+            parse_frame(json.dumps({"v": v, "id": "1", "type": "claim", "body": {}}))
 
 
 BOUND: dict[str, Any] = {

@@ -87,3 +87,12 @@ def test_only_active_collectors_with_a_live_undrained_session_are_routable() -> 
     assert not routable(CollectorStatus.ACTIVE, SessionState.DEAD)
     for status in (CollectorStatus.PENDING, CollectorStatus.REVOKED, CollectorStatus.EXPIRED):
         assert not routable(status, SessionState.ACTIVE)
+
+
+def test_a_collector_that_said_goodbye_is_offline_not_lost() -> None:
+    now = 10_000.0
+    for age in (1.0, STALE_AFTER_S + 1, DEAD_AFTER_S + 1):
+        assert session_state(now - age, False, now, said_goodbye=True) is SessionState.OFFLINE
+    fresh = probe(now - 1.0, False, now, said_goodbye=True)
+    assert (fresh.reachable, fresh.session) == (False, SessionState.OFFLINE)
+    assert not routable(CollectorStatus.ACTIVE, SessionState.OFFLINE)

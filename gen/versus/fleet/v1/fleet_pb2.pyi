@@ -58,6 +58,8 @@ class _SessionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SessionS
     SESSION_STATE_STALE: _SessionState.ValueType  # 2
     SESSION_STATE_DRAINING: _SessionState.ValueType  # 3
     SESSION_STATE_DEAD: _SessionState.ValueType  # 4
+    SESSION_STATE_OFFLINE: _SessionState.ValueType  # 5
+    """The collector said goodbye (a clean shutdown) and has not claimed since: offline, not lost."""
 
 class SessionState(_SessionState, metaclass=_SessionStateEnumTypeWrapper):
     """Liveness of a collector's current session."""
@@ -67,6 +69,8 @@ SESSION_STATE_ACTIVE: SessionState.ValueType  # 1
 SESSION_STATE_STALE: SessionState.ValueType  # 2
 SESSION_STATE_DRAINING: SessionState.ValueType  # 3
 SESSION_STATE_DEAD: SessionState.ValueType  # 4
+SESSION_STATE_OFFLINE: SessionState.ValueType  # 5
+"""The collector said goodbye (a clean shutdown) and has not claimed since: offline, not lost."""
 Global___SessionState: _TypeAlias = SessionState  # noqa: Y015
 
 class _VaultMode:
@@ -330,6 +334,8 @@ class Session(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     SELF_DRAINING_FIELD_NUMBER: _builtins.int
     KEY_VERSIONS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    GOODBYE_REASON_FIELD_NUMBER: _builtins.int
     state: Global___SessionState.ValueType
     session_id: _builtins.str
     heartbeat_age_s: _builtins.int
@@ -341,6 +347,10 @@ class Session(_message.Message):
     agent_version: _builtins.str
     self_draining: _builtins.bool
     """The collector said it is draining itself."""
+    protocol_version: _builtins.int
+    """The collector protocol version settled on its last claim (docs/protocol.md); 0: unknown."""
+    goodbye_reason: _builtins.str
+    """Why it said goodbye, when the state is offline."""
     @_builtins.property
     def established_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -362,10 +372,12 @@ class Session(_message.Message):
         agent_version: _builtins.str = ...,
         self_draining: _builtins.bool = ...,
         key_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        protocol_version: _builtins.int = ...,
+        goodbye_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "agent_version", b"agent_version", "established_at", b"established_at", "heartbeat_age_s", b"heartbeat_age_s", "key_versions", b"key_versions", "last_heartbeat_at", b"last_heartbeat_at", "self_draining", b"self_draining", "session_id", b"session_id", "state", b"state", "transport", b"transport", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "agent_version", b"agent_version", "established_at", b"established_at", "goodbye_reason", b"goodbye_reason", "heartbeat_age_s", b"heartbeat_age_s", "key_versions", b"key_versions", "last_heartbeat_at", b"last_heartbeat_at", "protocol_version", b"protocol_version", "self_draining", b"self_draining", "session_id", b"session_id", "state", b"state", "transport", b"transport", "vault_mode", b"vault_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__heartbeat_age_s: _TypeAlias = _typing.Literal["heartbeat_age_s"]  # noqa: Y015
     _WhichOneofArgType__heartbeat_age_s: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s"]  # noqa: Y015

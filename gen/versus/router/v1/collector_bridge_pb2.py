@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from versus.router.v1 import task_pb2 as versus_dot_router_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'versus/router/v1/collector_bridge.proto\x12\x10versus.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bversus/router/v1/task.proto\"\xb2\x04\n\x0c\x43laimRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x41\n\nfree_slots\x18\x02 \x03(\x0b\x32-.versus.router.v1.ClaimRequest.FreeSlotsEntry\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\'\n\x04wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tclaim_seq\x18\x06 \x01(\x04\x12\x15\n\rheld_task_ids\x18\x07 \x03(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x11\n\ttransport\x18\t \x01(\t\x12\x12\n\nvault_mode\x18\n \x01(\t\x12\x16\n\x0emax_dispatches\x18\x0b \x01(\r\x12\x16\n\x0e\x63onfig_version\x18\x0c \x01(\x04\x12\x45\n\x0ckey_versions\x18\r \x03(\x0b\x32/.versus.router.v1.ClaimRequest.KeyVersionsEntry\x12\x35\n\rupdate_status\x18\x0e \x01(\x0b\x32\x1e.versus.router.v1.UpdateStatus\x1a\x30\n\x0e\x46reeSlotsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x32\n\x10KeyVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"J\n\x0cUpdateStatus\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\n\n\x02\x61t\x18\x04 \x01(\x03\"\'\n\x0eSignedEnvelope\x12\x15\n\renvelope_json\x18\x01 \x01(\x0c\"Z\n\x05Offer\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0c\n\x04port\x18\x04 \x01(\r\x12\x13\n\x0bsigned_json\x18\x05 \x01(\t\"\xb6\x02\n\rClaimResponse\x12\x32\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32 .versus.router.v1.SignedEnvelope\x12/\n\x0bserver_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x64ispatch_id\x18\x03 \x01(\t\x12\'\n\x06offers\x18\x04 \x03(\x0b\x32\x17.versus.router.v1.Offer\x12.\n\x04more\x18\x06 \x03(\x0b\x32 .versus.router.v1.HandedDispatch\x12\x13\n\x0b\x63onfig_json\x18\x07 \x01(\t\x12\x15\n\rkey_sets_json\x18\x08 \x01(\t\x12\x12\n\ntrust_json\x18\t \x01(\tJ\x04\x08\x05\x10\x06R\x0crestart_with\"Y\n\x0eHandedDispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x32\n\x08\x65nvelope\x18\x02 \x01(\x0b\x32 .versus.router.v1.SignedEnvelope\"\xe4\x01\n\rReportRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x30\n\x07outcome\x18\x03 \x01(\x0e\x32\x1f.versus.router.v1.ReportOutcome\x12\x0e\n\x06result\x18\x04 \x01(\x0c\x12\x12\n\nerror_code\x18\x05 \x01(\t\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x13\n\x0blease_epoch\x18\x08 \x01(\x04\x12\x11\n\tsignature\x18\t \x01(\t\"O\n\x0eReportResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.versus.router.v1.TaskState\"\xb0\x01\n\x13OperationCapability\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x08op_class\x18\x02 \x01(\x0e\x32\x19.versus.router.v1.OpClass\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rparallel_safe\x18\x04 \x01(\x08\x12\x1b\n\x13reconcile_operation\x18\x05 \x01(\t\"z\n\x12ProviderCapability\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x39\n\noperations\x18\x02 \x03(\x0b\x32%.versus.router.v1.OperationCapability\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\r\"\xaa\x01\n\x1aPublishCapabilitiesRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x18\n\x10\x63\x61pability_epoch\x18\x02 \x01(\x04\x12\x37\n\tproviders\x18\x03 \x03(\x0b\x32$.versus.router.v1.ProviderCapability\x12\x0c\n\x04\x66ips\x18\x04 \x01(\x08\x12\x15\n\ragent_version\x18\x05 \x01(\t\"7\n\x1bPublishCapabilitiesResponse\x12\x18\n\x10\x63\x61pability_epoch\x18\x01 \x01(\x04*\xba\x01\n\rReportOutcome\x12\x1e\n\x1aREPORT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPORT_OUTCOME_RUNNING\x10\x01\x12\x1a\n\x16REPORT_OUTCOME_SUCCESS\x10\x02\x12\x19\n\x15REPORT_OUTCOME_FAILED\x10\x03\x12\x1a\n\x16REPORT_OUTCOME_UNKNOWN\x10\x04\x12\x1a\n\x16REPORT_OUTCOME_REFUSED\x10\x05\x32\xa3\x02\n\x16\x43ollectorBridgeService\x12H\n\x05\x43laim\x12\x1e.versus.router.v1.ClaimRequest\x1a\x1f.versus.router.v1.ClaimResponse\x12K\n\x06Report\x12\x1f.versus.router.v1.ReportRequest\x1a .versus.router.v1.ReportResponse\x12r\n\x13PublishCapabilities\x12,.versus.router.v1.PublishCapabilitiesRequest\x1a-.versus.router.v1.PublishCapabilitiesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'versus/router/v1/collector_bridge.proto\x12\x10versus.router.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bversus/router/v1/task.proto\"\xcc\x04\n\x0c\x43laimRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x41\n\nfree_slots\x18\x02 \x03(\x0b\x32-.versus.router.v1.ClaimRequest.FreeSlotsEntry\x12\x10\n\x08\x64raining\x18\x03 \x01(\x08\x12\x15\n\ragent_version\x18\x04 \x01(\t\x12\'\n\x04wait\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tclaim_seq\x18\x06 \x01(\x04\x12\x15\n\rheld_task_ids\x18\x07 \x03(\t\x12\x12\n\nsession_id\x18\x08 \x01(\t\x12\x11\n\ttransport\x18\t \x01(\t\x12\x12\n\nvault_mode\x18\n \x01(\t\x12\x16\n\x0emax_dispatches\x18\x0b \x01(\r\x12\x16\n\x0e\x63onfig_version\x18\x0c \x01(\x04\x12\x45\n\x0ckey_versions\x18\r \x03(\x0b\x32/.versus.router.v1.ClaimRequest.KeyVersionsEntry\x12\x35\n\rupdate_status\x18\x0e \x01(\x0b\x32\x1e.versus.router.v1.UpdateStatus\x12\x18\n\x10protocol_version\x18\x0f \x01(\r\x1a\x30\n\x0e\x46reeSlotsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x32\n\x10KeyVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"J\n\x0cUpdateStatus\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\n\n\x02\x61t\x18\x04 \x01(\x03\"\'\n\x0eSignedEnvelope\x12\x15\n\renvelope_json\x18\x01 \x01(\x0c\"Z\n\x05Offer\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0c\n\x04port\x18\x04 \x01(\r\x12\x13\n\x0bsigned_json\x18\x05 \x01(\t\"\xb6\x02\n\rClaimResponse\x12\x32\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32 .versus.router.v1.SignedEnvelope\x12/\n\x0bserver_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x64ispatch_id\x18\x03 \x01(\t\x12\'\n\x06offers\x18\x04 \x03(\x0b\x32\x17.versus.router.v1.Offer\x12.\n\x04more\x18\x06 \x03(\x0b\x32 .versus.router.v1.HandedDispatch\x12\x13\n\x0b\x63onfig_json\x18\x07 \x01(\t\x12\x15\n\rkey_sets_json\x18\x08 \x01(\t\x12\x12\n\ntrust_json\x18\t \x01(\tJ\x04\x08\x05\x10\x06R\x0crestart_with\"Y\n\x0eHandedDispatch\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\x12\x32\n\x08\x65nvelope\x18\x02 \x01(\x0b\x32 .versus.router.v1.SignedEnvelope\"\xe4\x01\n\rReportRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x30\n\x07outcome\x18\x03 \x01(\x0e\x32\x1f.versus.router.v1.ReportOutcome\x12\x0e\n\x06result\x18\x04 \x01(\x0c\x12\x12\n\nerror_code\x18\x05 \x01(\t\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x13\n\x0blease_epoch\x18\x08 \x01(\x04\x12\x11\n\tsignature\x18\t \x01(\t\"O\n\x0eReportResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.versus.router.v1.TaskState\"\xb0\x01\n\x13OperationCapability\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x08op_class\x18\x02 \x01(\x0e\x32\x19.versus.router.v1.OpClass\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rparallel_safe\x18\x04 \x01(\x08\x12\x1b\n\x13reconcile_operation\x18\x05 \x01(\t\"z\n\x12ProviderCapability\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x39\n\noperations\x18\x02 \x03(\x0b\x32%.versus.router.v1.OperationCapability\x12\x17\n\x0fmax_concurrency\x18\x03 \x01(\r\"\xaa\x01\n\x1aPublishCapabilitiesRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x18\n\x10\x63\x61pability_epoch\x18\x02 \x01(\x04\x12\x37\n\tproviders\x18\x03 \x03(\x0b\x32$.versus.router.v1.ProviderCapability\x12\x0c\n\x04\x66ips\x18\x04 \x01(\x08\x12\x15\n\ragent_version\x18\x05 \x01(\t\"7\n\x1bPublishCapabilitiesResponse\x12\x18\n\x10\x63\x61pability_epoch\x18\x01 \x01(\x04\"J\n\x0eGoodbyeRequest\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"4\n\x0fGoodbyeResponse\x12\x10\n\x08requeued\x18\x01 \x01(\r\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08*\xba\x01\n\rReportOutcome\x12\x1e\n\x1aREPORT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n\x16REPORT_OUTCOME_RUNNING\x10\x01\x12\x1a\n\x16REPORT_OUTCOME_SUCCESS\x10\x02\x12\x19\n\x15REPORT_OUTCOME_FAILED\x10\x03\x12\x1a\n\x16REPORT_OUTCOME_UNKNOWN\x10\x04\x12\x1a\n\x16REPORT_OUTCOME_REFUSED\x10\x05\x32\xf3\x02\n\x16\x43ollectorBridgeService\x12H\n\x05\x43laim\x12\x1e.versus.router.v1.ClaimRequest\x1a\x1f.versus.router.v1.ClaimResponse\x12K\n\x06Report\x12\x1f.versus.router.v1.ReportRequest\x1a .versus.router.v1.ReportResponse\x12r\n\x13PublishCapabilities\x12,.versus.router.v1.PublishCapabilitiesRequest\x1a-.versus.router.v1.PublishCapabilitiesResponse\x12N\n\x07Goodbye\x12 .versus.router.v1.GoodbyeRequest\x1a!.versus.router.v1.GoodbyeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,36 +38,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLAIMREQUEST_FREESLOTSENTRY']._serialized_options = b'8\001'
   _globals['_CLAIMREQUEST_KEYVERSIONSENTRY']._loaded_options = None
   _globals['_CLAIMREQUEST_KEYVERSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_REPORTOUTCOME']._serialized_start=2179
-  _globals['_REPORTOUTCOME']._serialized_end=2365
+  _globals['_REPORTOUTCOME']._serialized_start=2335
+  _globals['_REPORTOUTCOME']._serialized_end=2521
   _globals['_CLAIMREQUEST']._serialized_start=156
-  _globals['_CLAIMREQUEST']._serialized_end=718
-  _globals['_CLAIMREQUEST_FREESLOTSENTRY']._serialized_start=618
-  _globals['_CLAIMREQUEST_FREESLOTSENTRY']._serialized_end=666
-  _globals['_CLAIMREQUEST_KEYVERSIONSENTRY']._serialized_start=668
-  _globals['_CLAIMREQUEST_KEYVERSIONSENTRY']._serialized_end=718
-  _globals['_UPDATESTATUS']._serialized_start=720
-  _globals['_UPDATESTATUS']._serialized_end=794
-  _globals['_SIGNEDENVELOPE']._serialized_start=796
-  _globals['_SIGNEDENVELOPE']._serialized_end=835
-  _globals['_OFFER']._serialized_start=837
-  _globals['_OFFER']._serialized_end=927
-  _globals['_CLAIMRESPONSE']._serialized_start=930
-  _globals['_CLAIMRESPONSE']._serialized_end=1240
-  _globals['_HANDEDDISPATCH']._serialized_start=1242
-  _globals['_HANDEDDISPATCH']._serialized_end=1331
-  _globals['_REPORTREQUEST']._serialized_start=1334
-  _globals['_REPORTREQUEST']._serialized_end=1562
-  _globals['_REPORTRESPONSE']._serialized_start=1564
-  _globals['_REPORTRESPONSE']._serialized_end=1643
-  _globals['_OPERATIONCAPABILITY']._serialized_start=1646
-  _globals['_OPERATIONCAPABILITY']._serialized_end=1822
-  _globals['_PROVIDERCAPABILITY']._serialized_start=1824
-  _globals['_PROVIDERCAPABILITY']._serialized_end=1946
-  _globals['_PUBLISHCAPABILITIESREQUEST']._serialized_start=1949
-  _globals['_PUBLISHCAPABILITIESREQUEST']._serialized_end=2119
-  _globals['_PUBLISHCAPABILITIESRESPONSE']._serialized_start=2121
-  _globals['_PUBLISHCAPABILITIESRESPONSE']._serialized_end=2176
-  _globals['_COLLECTORBRIDGESERVICE']._serialized_start=2368
-  _globals['_COLLECTORBRIDGESERVICE']._serialized_end=2659
+  _globals['_CLAIMREQUEST']._serialized_end=744
+  _globals['_CLAIMREQUEST_FREESLOTSENTRY']._serialized_start=644
+  _globals['_CLAIMREQUEST_FREESLOTSENTRY']._serialized_end=692
+  _globals['_CLAIMREQUEST_KEYVERSIONSENTRY']._serialized_start=694
+  _globals['_CLAIMREQUEST_KEYVERSIONSENTRY']._serialized_end=744
+  _globals['_UPDATESTATUS']._serialized_start=746
+  _globals['_UPDATESTATUS']._serialized_end=820
+  _globals['_SIGNEDENVELOPE']._serialized_start=822
+  _globals['_SIGNEDENVELOPE']._serialized_end=861
+  _globals['_OFFER']._serialized_start=863
+  _globals['_OFFER']._serialized_end=953
+  _globals['_CLAIMRESPONSE']._serialized_start=956
+  _globals['_CLAIMRESPONSE']._serialized_end=1266
+  _globals['_HANDEDDISPATCH']._serialized_start=1268
+  _globals['_HANDEDDISPATCH']._serialized_end=1357
+  _globals['_REPORTREQUEST']._serialized_start=1360
+  _globals['_REPORTREQUEST']._serialized_end=1588
+  _globals['_REPORTRESPONSE']._serialized_start=1590
+  _globals['_REPORTRESPONSE']._serialized_end=1669
+  _globals['_OPERATIONCAPABILITY']._serialized_start=1672
+  _globals['_OPERATIONCAPABILITY']._serialized_end=1848
+  _globals['_PROVIDERCAPABILITY']._serialized_start=1850
+  _globals['_PROVIDERCAPABILITY']._serialized_end=1972
+  _globals['_PUBLISHCAPABILITIESREQUEST']._serialized_start=1975
+  _globals['_PUBLISHCAPABILITIESREQUEST']._serialized_end=2145
+  _globals['_PUBLISHCAPABILITIESRESPONSE']._serialized_start=2147
+  _globals['_PUBLISHCAPABILITIESRESPONSE']._serialized_end=2202
+  _globals['_GOODBYEREQUEST']._serialized_start=2204
+  _globals['_GOODBYEREQUEST']._serialized_end=2278
+  _globals['_GOODBYERESPONSE']._serialized_start=2280
+  _globals['_GOODBYERESPONSE']._serialized_end=2332
+  _globals['_COLLECTORBRIDGESERVICE']._serialized_start=2524
+  _globals['_COLLECTORBRIDGESERVICE']._serialized_end=2895
 # @@protoc_insertion_point(module_scope)

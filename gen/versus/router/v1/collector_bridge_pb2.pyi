@@ -104,6 +104,7 @@ class ClaimRequest(_message.Message):
     CONFIG_VERSION_FIELD_NUMBER: _builtins.int
     KEY_VERSIONS_FIELD_NUMBER: _builtins.int
     UPDATE_STATUS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
@@ -121,6 +122,10 @@ class ClaimRequest(_message.Message):
     """Most dispatches one answer may carry (0 means 1; the router caps it, see docs/gateway.md)."""
     config_version: _builtins.int
     """Version of the signed config the collector runs (0: the policy from enrollment)."""
+    protocol_version: _builtins.int
+    """The collector protocol version the gateway settled with the collector on this claim
+    (common/protocol.py); 0 from a gateway that predates negotiation (read as 1).
+    """
     @_builtins.property
     def free_slots(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Free concurrency per provider as the collector sees it."""
@@ -160,10 +165,11 @@ class ClaimRequest(_message.Message):
         config_version: _builtins.int = ...,
         key_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         update_status: Global___UpdateStatus | None = ...,
+        protocol_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["update_status", b"update_status", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "session_id", b"session_id", "transport", b"transport", "update_status", b"update_status", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "protocol_version", b"protocol_version", "session_id", b"session_id", "transport", b"transport", "update_status", b"update_status", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -526,3 +532,54 @@ class PublishCapabilitiesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PublishCapabilitiesResponse: _TypeAlias = PublishCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class GoodbyeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    session_id: _builtins.str
+    """The session that is ending; a goodbye from a superseded session changes nothing."""
+    reason: _builtins.str
+    """Why, in a few words ("shutdown", "upgrade", ...); for operators."""
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "reason", b"reason", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GoodbyeRequest: _TypeAlias = GoodbyeRequest  # noqa: Y015
+
+@_typing.final
+class GoodbyeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEUED_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    requeued: _builtins.int
+    """Leased dispatches not yet handed out that went back to the queue."""
+    current: _builtins.bool
+    """False when the session was not the collector's current one (nothing was changed)."""
+    def __init__(
+        self,
+        *,
+        requeued: _builtins.int = ...,
+        current: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current", b"current", "requeued", b"requeued"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GoodbyeResponse: _TypeAlias = GoodbyeResponse  # noqa: Y015

@@ -52,6 +52,11 @@ class CollectorBridgeServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.PublishCapabilitiesRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.PublishCapabilitiesResponse.FromString,
                 _registered_method=True)
+        self.Goodbye = channel.unary_unary(
+                '/versus.router.v1.CollectorBridgeService/Goodbye',
+                request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeResponse.FromString,
+                _registered_method=True)
 
 
 class CollectorBridgeServiceServicer:
@@ -81,6 +86,13 @@ class CollectorBridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Goodbye(self, request, context):
+        """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorBridgeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +110,11 @@ def add_CollectorBridgeServiceServicer_to_server(servicer, server):
                     servicer.PublishCapabilities,
                     request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.PublishCapabilitiesRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.PublishCapabilitiesResponse.SerializeToString,
+            ),
+            'Goodbye': grpc.unary_unary_rpc_method_handler(
+                    servicer.Goodbye,
+                    request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +201,33 @@ class CollectorBridgeService:
             '/versus.router.v1.CollectorBridgeService/PublishCapabilities',
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.PublishCapabilitiesRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.PublishCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Goodbye(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.router.v1.CollectorBridgeService/Goodbye',
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeResponse.FromString,
             options,
             channel_credentials,
             insecure,

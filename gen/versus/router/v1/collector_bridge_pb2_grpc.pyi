@@ -42,6 +42,8 @@ class CollectorBridgeServiceStub:
     """Return the result of one dispatch."""
     PublishCapabilities: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.PublishCapabilitiesRequest, _collector_bridge_pb2.PublishCapabilitiesResponse]
     """Publish the collector's driver manifest."""
+    Goodbye: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.GoodbyeRequest, _collector_bridge_pb2.GoodbyeResponse]
+    """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
 
 @_typing.type_check_only
 class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
@@ -57,6 +59,8 @@ class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
     """Return the result of one dispatch."""
     PublishCapabilities: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.PublishCapabilitiesRequest, _collector_bridge_pb2.PublishCapabilitiesResponse]  # type: ignore[assignment]
     """Publish the collector's driver manifest."""
+    Goodbye: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.GoodbyeRequest, _collector_bridge_pb2.GoodbyeResponse]  # type: ignore[assignment]
+    """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
 
 class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal API used by the gateway to translate authenticated collector
@@ -87,5 +91,13 @@ class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_collector_bridge_pb2.PublishCapabilitiesResponse, _abc.Awaitable[_collector_bridge_pb2.PublishCapabilitiesResponse]]:
         """Publish the collector's driver manifest."""
+
+    @_abc_1.abstractmethod
+    def Goodbye(
+        self,
+        request: _collector_bridge_pb2.GoodbyeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_collector_bridge_pb2.GoodbyeResponse, _abc.Awaitable[_collector_bridge_pb2.GoodbyeResponse]]:
+        """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
 
 def add_CollectorBridgeServiceServicer_to_server(servicer: CollectorBridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,108 @@
+"""The collector protocol's versions: what each adds, the range a build speaks, and negotiation.
+
+Pure code, shared by the gateway (which settles a version with every collector)
+and the reference collector (which offers its range). docs/protocol.md has the
+rules; in short:
+
+- **Every collector message carries the version it is written in**: the WSS
+  frame's ``v``, the HTTPS request's ``X-Versus-Protocol`` header (absent: 1,
+  the version before negotiation existed).
+- **A claim offers the collector's range** (``protocol: {"min", "max"}`` in its
+  body; absent: exactly version 1) and its answer names the settled version:
+  the highest both sides speak. The collector writes every later message in it.
+- **Out of range is refused legibly**: ``version_unsupported`` with the range
+  this side speaks, never a generic close.
+- **Adding an optional field never needs a bump** (both sides ignore members
+  they do not know, and the members whose bytes are read in place — a claim
+  answer's ``envelope``, a frame's ``body`` — stay last). Removing a field,
+  changing its meaning, or adding a message an older peer would ignore to its
+  harm does: a bump, and a floor for the feature that needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from common.errors import InvalidArgument
+
+# What each version added (docs/protocol.md keeps the long form).
+HISTORY: dict[int, str] = {
+    1: "HTTPS claim, report and capabilities; the WSS control socket with the same operations",
+    2: "version negotiation on every claim; the settled version on every message; bye (a clean shutdown)",
+}
+# The newest version this build speaks, and the oldest it still accepts.
+PROTOCOL_VERSION = max(HISTORY)
+MIN_PROTOCOL_VERSION = 1
+# The HTTPS header that says which version a request is written in.
+HEADER = "X-Versus-Protocol"
+
+
+class VersionUnsupported(InvalidArgument):
+    """The peer's version (or range) does not meet this side's; ``details`` carries our range."""
+
+    default_code = "version_unsupported"
+
+    def __init__(self, message: str):
+        super().__init__(message, details={"min": MIN_PROTOCOL_VERSION, "max": PROTOCOL_VERSION})
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A collector's supported range."""
+
+    min: int
+    max: int
+
+    @classmethod
+    def parse(cls, raw: Any) -> Offer:
+        """The ``protocol`` member of a claim body; absent (None) means a collector from before
+        negotiation, which speaks version 1 only."""
+        if raw is None:
+            return cls(1, 1)
+        if not isinstance(raw, dict):
+            raise InvalidArgument("protocol must be an object {min, max}", code="invalid_body")
+        low, high = raw.get("min"), raw.get("max")
+        if not (isinstance(low, int) and isinstance(high, int) and _is_version(low) and _is_version(high)):
+            raise InvalidArgument("protocol needs integer min and max, both >= 1", code="invalid_body")
+        if low > high:
+            raise InvalidArgument("protocol min must not exceed max", code="invalid_body")
+        return cls(low, high)
+
+
+def _is_version(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000
+
+
+def negotiate(offer: Offer) -> int:
+    """The version to speak with a collector offering ``offer``: the highest both speak."""
+    settled = min(offer.max, PROTOCOL_VERSION)
+    if settled < max(offer.min, MIN_PROTOCOL_VERSION):
+        raise VersionUnsupported(
+            f"this gateway speaks collector protocol {MIN_PROTOCOL_VERSION}-{PROTOCOL_VERSION}; "
+            f"the collector offered {offer.min}-{offer.max}"
+        )
+    return settled
+
+
+def check_message(version: Any) -> int:
+    """The version one message is written in, if this side reads it (else ``version_unsupported``)."""
+    if not _is_version(version):
+        raise VersionUnsupported(f"a message's protocol version must be an integer, not {version!r}")
+    if not MIN_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        raise VersionUnsupported(
+            f"protocol version {version} is not spoken here "
+            f"(this gateway speaks {MIN_PROTOCOL_VERSION}-{PROTOCOL_VERSION})"
+        )
+    return int(version)
+
+
+def header_version(value: str | None) -> int:
+    """The version an HTTPS request is written in, from its header (absent: 1)."""
+    if value is None:
+        return 1
+    try:
+        parsed = int(value.strip())
+    except ValueError:
+        raise VersionUnsupported(f"{HEADER} must be an integer, not {value[:20]!r}") from None
+    return check_message(parsed)
