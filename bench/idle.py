@@ -21,8 +21,10 @@ import hashlib
 import json
 import statistics
 import time
+from collections import Counter
 from typing import Any
 
+import httpx
 import psutil
 import websockets
 from cryptography.hazmat.primitives import serialization
@@ -94,7 +96,8 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
     fleet = await make_fleet(stack, count, f"{'w' if wss else 'h'}{count}")
     stop = asyncio.Event()
     online: set[str] = set()
-    counts = {"connect_retries": 0, "drops": 0}
+    counts = {"connect_retries": 0, "drops": 0, "claim_errors": 0}
+    errors: Counter[str] = Counter()
     all_online = asyncio.Event()
 
     def mark(c: SimCollector, up: bool) -> None:
@@ -126,6 +129,17 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
                 await claim
             except (ConnectionError, websockets.WebSocketException):
                 mark(c, False)
+            except (OSError, httpx.HTTPError) as exc:
+                # A connect or read that failed under the storm (a timed-out handshake, say): as a
+                # collector does, back off and claim again. Before, such an error ended the
+                # collector's loop for good and the run measured fewer held claims than it said.
+                mark(c, False)
+                counts["claim_errors"] += 1
+                errors[type(exc).__name__] += 1
+                await asyncio.sleep(backoff(attempt, base=0.5))
+                attempt += 1
+            else:
+                attempt = 0
 
     gateway, router = _process(stack, "gateway"), _process(stack, "router")
     idle_rss = gateway.memory_info().rss
@@ -160,6 +174,8 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
         "online_at_end": len(online),
         "ramp_s": ramp_s,
         "connect_retries": counts["connect_retries"],
+        "claim_errors": counts["claim_errors"],
+        "claim_errors_by_type": dict(errors),
         "drops_during_ramp": drops_before,
         # Must be 0 for the figures to describe a steady fleet.
         "drops_during_window": counts["drops"] - drops_before,
