@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import websockets
 from sqlalchemy import select
 
+from collector.client import GatewayClient, GatewayRefused
 from common import protocol
 from common.db.schema import dispatches, tasks
 from router.fleet import Fleet
@@ -142,3 +144,29 @@ async def _post_bye(stack: Stack, c: Collector, session_id: str, reason: str = "
     assert answer.status_code == 200, answer.text
     assert answer.headers[protocol.HEADER] == "2"
     return answer.json()
+
+
+async def test_the_reference_client_settles_falls_back_when_refused_and_says_goodbye(stack: Stack) -> None:
+    c = await stack.enroll("col-client")
+    client = GatewayClient(
+        stack.url, ssl.create_default_context(), c.key, c.collector_id, prefer_websocket=False
+    )
+    try:
+        # Before any claim it writes version 1 and has nothing to say goodbye with.
+        assert client.protocol == 1
+        assert await client.bye("s-c", "shutdown") is False
+        await client.claim({"wait_s": 0, "session_id": "s-c"}, 0)
+        assert client.protocol == NEWEST
+        # A gateway that no longer speaks the settled version (rolled back, say): refused, and the
+        # client writes version 1 again until its next claim settles anew.
+        client.protocol = NEWEST + 1
+        with pytest.raises(GatewayRefused) as refused:
+            await client.claim({"wait_s": 0, "session_id": "s-c"}, 0)
+        assert refused.value.code == "version_unsupported"
+        assert client.protocol == 1
+        await client.claim({"wait_s": 0, "session_id": "s-c"}, 0)
+        assert client.protocol == NEWEST
+        assert await client.bye("s-c", "shutdown") is True
+        assert (await _session(stack, "col-client")).state is SessionState.OFFLINE
+    finally:
+        await client.close()
