@@ -25,10 +25,11 @@ from typing import Any, Literal
 from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
 from collector.credentials import Credentials, LocalCredentials, no_credentials
 from collector.drivers import registry
-from collector.drivers.base import Driver, DriverContext, DriverError, Outcome, Task, WindowClosed
+from collector.drivers.base import Driver, DriverContext, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.key_sets import PinnedKeys
 from collector.renewal import Renewer
+from collector.running import RunningTasks
 from collector.signed_config import ConfigStore, OfferCheck
 from collector.state import SUPERVISED_ENV, StatePaths, load_key, read_json, write_json
 from collector.trust import TrustStore
@@ -153,6 +154,11 @@ class Agent:
         # Set when the control plane asked for a restart with new settings; main() re-executes.
         self.restart_requested = False
         self.fatal: str | None = None
+        # Drivers in flight, stopped on the control plane's verdicts (collector/running.py).
+        self.running = RunningTasks()
+        # Ask for a verdict on every held task: at start, and after any claim that failed (an
+        # answer carrying a cancel may have been lost with it).
+        self.resume = True
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -258,6 +264,7 @@ class Agent:
                 "capacity": self._free(),
                 "agent_version": _version(),
                 "wait_s": wait_s,
+                "resume": self.resume,
             }
             report = self._update_report()
             if report is not None:
@@ -274,10 +281,12 @@ class Agent:
             try:
                 reply = claim.result()
             except GatewayUnavailable as exc:
+                self.resume = True
                 await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), f"claim: {exc}")
                 attempt += 1
                 continue
             except GatewayRefused as exc:
+                self.resume = True
                 log.error("claim refused", code=exc.code, status=exc.status)
                 if exc.code in FATAL_CLAIM_CODES:
                     self.fatal = FATAL_CLAIM_CODES[exc.code]
@@ -286,6 +295,9 @@ class Agent:
                 attempt += 1
                 continue
             attempt = 0
+            self.resume = False
+            if reply.verdicts:
+                self.running.apply(reply.verdicts, reply.cancel_grace_s)
             self._observe_clock(reply.round_trip)
             self._write_runtime()
             if reply.key_sets is not None:
@@ -504,8 +516,9 @@ class Agent:
             self.slot_freed.set()
         result = Result(outcome.status, outcome.result, outcome.error_code, outcome.error_message)
         # A read's answer is about that moment only (a reconcile-read above all): it must never
-        # answer a later envelope with the same idempotency key, so it is journaled per task.
-        key = task_key(task.task_id) if read else task.idempotency_key
+        # answer a later envelope with the same idempotency key, so it is journaled per task; so
+        # is a cancel that changed nothing, which leaves the key free for a later attempt.
+        key = task_key(task.task_id) if read or outcome.status == "cancelled" else task.idempotency_key
         self.journal.record_result(task.task_id, key, result)
         await self._report(task.task_id, result)
 
@@ -518,15 +531,9 @@ class Agent:
             )
         async with self.slots[provider]:
             # Waiting for a slot (or a stopped process) may have outlived the envelope.
-            task.check_window()
-            try:
-                return await asyncio.wait_for(driver.execute(task), op.timeout_s)
-            except TimeoutError:
-                return Outcome("unknown", b"", "timeout", f"no answer within {op.timeout_s}s")
-            except WindowClosed:
-                raise
-            except DriverError as exc:
-                return Outcome("failed", b"", exc.code, str(exc))
+            if not task.window_open():
+                task.check_window()
+            return await self.running.run(task, driver.execute(task), op.timeout_s, op.op_class == "read")
 
     async def _reconcile_locally(self, provider: str, task: Task, unclear: Outcome) -> Outcome:
         """For a reconcilable mutation, ask the driver's reconcile-read before giving up as unknown."""

@@ -58,6 +58,10 @@ class ClaimReply:
     key_sets: dict[str, Any] | None = None
     # A newer signed trust bundle (collector/trust.py verifies it); no task then.
     trust: dict[str, Any] | None = None
+    # Protocol 3: what to do with tasks we hold, by dispatch id ("continue", "cancel", "terminate"),
+    # and how long a cancelled driver may take to stop before it is stopped by force.
+    verdicts: dict[str, str] = field(default_factory=dict)
+    cancel_grace_s: float = 10.0
 
 
 def ssl_context(paths: StatePaths) -> ssl.SSLContext:
@@ -255,17 +259,33 @@ def read_claim_answer(
     settled = settled_version(head.get("protocol"))
     trip = _round_trip(sent, received, head.get("server_time_ms"), head.get("held_ms"))
     offers = list(head.get("offers", []))
+    held = _held_verdicts(head, settled)
     if isinstance(head.get("key_sets"), dict):
-        return ClaimReply(None, None, trip, [], key_sets=dict(head["key_sets"])), settled
+        return ClaimReply(None, None, trip, [], key_sets=dict(head["key_sets"]), **held), settled
     if isinstance(head.get("config"), dict):
-        return ClaimReply(None, None, trip, [], dict(head["config"])), settled
+        return ClaimReply(None, None, trip, [], dict(head["config"]), **held), settled
     if isinstance(head.get("trust"), dict):
-        return ClaimReply(None, None, trip, [], trust=dict(head["trust"])), settled
+        return ClaimReply(None, None, trip, [], trust=dict(head["trust"]), **held), settled
     if "envelope" not in head:
-        return ClaimReply(None, None, trip, offers), settled
+        return ClaimReply(None, None, trip, offers, **held), settled
     marker = b'"envelope":'
     envelope = raw[raw.index(marker) + len(marker) : -1]
-    return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers), settled
+    return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers, **held), settled
+
+
+VERDICTS = frozenset({"continue", "cancel", "terminate"})
+
+
+def _held_verdicts(head: Mapping[str, Any], settled: int) -> dict[str, Any]:
+    """The verdicts on held tasks an answer carries (protocol 3), those we know how to act on."""
+    raw = head.get("verdicts")
+    if settled < protocol.floor_of("cancel") or not isinstance(raw, dict):
+        return {}
+    grace = head.get("cancel_grace_s")
+    out: dict[str, Any] = {"verdicts": {str(k): v for k, v in raw.items() if v in VERDICTS}}
+    if isinstance(grace, int | float) and not isinstance(grace, bool) and 0 < grace <= 3600:
+        out["cancel_grace_s"] = float(grace)
+    return out
 
 
 def _refused(status: int, raw: bytes) -> GatewayRefused:

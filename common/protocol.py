@@ -21,6 +21,7 @@ rules; in short:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,13 @@ from common.errors import InvalidArgument
 HISTORY: dict[int, str] = {
     1: "HTTPS claim, report and capabilities; the WSS control socket with the same operations",
     2: "version negotiation on every claim; the settled version on every message; bye (a clean shutdown)",
+    3: "cancel of running work (claim answers carry cancels, reports may say cancelled); resume verdicts "
+    "(a claim marked resume is answered continue, cancel or terminate for every task it holds)",
+}
+# The lowest version whose collectors honour each feature. A task that needs a feature is placed only on
+# a collector whose settled version reaches its floor; older collectors keep running everything else.
+FEATURE_FLOORS: dict[str, int] = {
+    "cancel": 3,
 }
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)
@@ -95,6 +103,41 @@ def check_message(version: Any) -> int:
             f"(this gateway speaks {MIN_PROTOCOL_VERSION}-{PROTOCOL_VERSION})"
         )
     return int(version)
+
+
+def floor_of(feature: str) -> int:
+    """The lowest version a collector must speak to be given work that needs ``feature``."""
+    try:
+        return FEATURE_FLOORS[feature]
+    except KeyError:
+        known = ", ".join(sorted(FEATURE_FLOORS))
+        raise InvalidArgument(
+            f"unknown collector feature {feature[:64]!r} (known: {known})", code="feature_unknown"
+        ) from None
+
+
+def check_features(features: Iterable[str]) -> tuple[str, ...]:
+    """``features`` validated (each one known) and in a canonical order: sorted, without repeats."""
+    out = sorted(set(features))
+    for f in out:
+        floor_of(f)
+    return tuple(out)
+
+
+def features_floor(features: Iterable[str]) -> tuple[int, str]:
+    """The highest floor among ``features`` and the feature that sets it ((1, "") for none)."""
+    best = (MIN_PROTOCOL_VERSION, "")
+    for f in sorted(features):
+        floor = floor_of(f)
+        if floor > best[0]:
+            best = (floor, f)
+    return best
+
+
+def floor_condition(features: Iterable[str]) -> str:
+    """The task condition that says why no collector could take it: ``needs protocol ≥ N for <feature>``."""
+    floor, feature = features_floor(features)
+    return f"needs protocol \u2265 {floor} for {feature}"
 
 
 def header_version(value: str | None) -> int:

@@ -11,7 +11,7 @@ A compact ES256 JWS with these claims (``typ`` ``versus-report+jwt``):
 
     iss  collector id        iat  when it was signed (Unix s)
     tid  the dispatch id the report is about (the envelope's task_id)
-    out  outcome: running, success, failed, unknown or refused
+    out  outcome: running, success, failed, unknown, refused or cancelled
     rsh  SHA-256 of the result bytes, base64url without padding
     ecd  error code          emh  SHA-256 of the error message, base64url
 

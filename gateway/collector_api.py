@@ -59,6 +59,12 @@ _OUTCOMES = {
     "failed": bpb.REPORT_OUTCOME_FAILED,
     "unknown": bpb.REPORT_OUTCOME_UNKNOWN,
     "refused": bpb.REPORT_OUTCOME_REFUSED,
+    "cancelled": bpb.REPORT_OUTCOME_CANCELLED,
+}
+_VERDICTS = {
+    bpb.HELD_VERDICT_CONTINUE: "continue",
+    bpb.HELD_VERDICT_CANCEL: "cancel",
+    bpb.HELD_VERDICT_TERMINATE: "terminate",
 }
 _OP_CLASSES = {
     "read": task_pb2.OP_CLASS_READ,
@@ -137,6 +143,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
                 max_dispatches=body.max_tasks,
                 update_status=_update_status(body.update_status),
                 protocol_version=settled,
+                resume=body.resume,
             ),
             msg.request_id,
             timeout_s=hold + CALL_TIMEOUT_S,
@@ -155,16 +162,23 @@ async def claim_op(msg: ControlCall) -> ControlReply:
     ]  # fmt: skip
     # Instead of work: key set rotation steps the collector is behind on (it walks them first), a
     # newer signed config it applies, or a newer signed trust bundle (docs/day2.md).
+    # Protocol 3: what to do with tasks the collector holds (docs/protocol.md, cancel and resume).
+    verdicts: dict[str, Any] = {}
+    if reply.verdicts:
+        verdicts = {
+            "verdicts": {d: _VERDICTS[v] for d, v in sorted(reply.verdicts.items()) if v in _VERDICTS},
+            "cancel_grace_s": reply.cancel_grace_seconds,
+        }
     answers = (("key_sets", reply.key_sets_json), ("config", reply.config_json), ("trust", reply.trust_json))
     for name, document in answers:
         if document:
             CLAIM_OUTCOMES.labels(name).inc()
             body_out = {
                 "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "protocol": settled,
-                "offers": [], name: json.loads(document),
+                "offers": [], **verdicts, name: json.loads(document),
             }  # fmt: skip
             return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
-    if not reply.HasField("envelope") and not offers:
+    if not reply.HasField("envelope") and not offers and not verdicts:
         CLAIM_OUTCOMES.labels("empty").inc()
         return ControlReply(
             204,
@@ -176,7 +190,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
                 protocol.HEADER: str(settled),
             },
         )
-    CLAIM_OUTCOMES.labels("task" if reply.HasField("envelope") else "offers").inc()
+    CLAIM_OUTCOMES.labels("task" if reply.HasField("envelope") else "offers" if offers else "verdicts").inc()
     fields: dict[str, Any] = {
         "server_time": stamp,
         "server_time_ms": stamp_ms,
@@ -184,6 +198,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
         "hold_s": max_hold,
         "protocol": settled,
         "offers": offers,
+        **verdicts,
     }
     if not reply.HasField("envelope"):
         return ControlReply(200, json.dumps(fields, separators=(",", ":")).encode())
@@ -206,6 +221,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
 async def report_op(msg: ControlCall) -> ControlReply:
     """Record the result of one task dispatched to this collector."""
     body = parse_body(ReportBody, msg.raw)
+    body.check_version(msg.version)
     try:
         result = binascii.a2b_base64(body.result_b64, strict_mode=True)
     except ValueError:  # binascii.Error, or text that is not ASCII at all

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from common import protocol
 from common.limits import MAX_CLAIM_BATCH
 from common.protocol import Offer
 from gateway.body_fields import FreeText, Int64, Name
@@ -102,6 +103,12 @@ class ClaimBody(BaseModel):
         "`protocol` (or the X-Versus-Protocol header of a 204) is the settled version (docs/protocol.md)",
     )
 
+    resume: bool = Field(
+        default=False,
+        description="protocol 3: answer with a verdict (continue, cancel or terminate) on every task in "
+        "held_task_ids; a collector sets it on its first claim after a start or a failed claim",
+    )
+
     def offer(self) -> Offer:
         """The range the collector offers (no ``protocol`` member: a collector from before
         negotiation, which speaks version 1 only)."""
@@ -110,7 +117,9 @@ class ClaimBody(BaseModel):
 
 class ReportBody(BaseModel):
     task_id: Name = _ID
-    outcome: Literal["running", "success", "failed", "unknown", "refused"]
+    outcome: Literal["running", "success", "failed", "unknown", "refused", "cancelled"] = Field(
+        description="cancelled (protocol 3): stopped on a cancel before anything changed"
+    )
     result_b64: str = Field(default="", max_length=(MAX_RESULT_BYTES + 2) // 3 * 4)
     error_code: Name = Field(default="", max_length=128)
     error_message: FreeText = Field(default="", max_length=MAX_ERROR_MESSAGE)
@@ -121,6 +130,14 @@ class ReportBody(BaseModel):
         description="the collector's ES256 signature over what this report says (docs/threat-model.md); "
         "required: a report without one is refused with report_unsigned",
     )
+
+    def check_version(self, version: int) -> None:
+        """Refuse what a message written in ``version`` cannot say (protocol 3 added ``cancelled``)."""
+        floor = protocol.floor_of("cancel")
+        if self.outcome == "cancelled" and version < floor:
+            raise protocol.VersionUnsupported(
+                f"the outcome cancelled is written in protocol {floor} or later, not {version}"
+            )
 
 
 class ReportOut(BaseModel):

@@ -139,6 +139,7 @@ class CandidateLoader:
                     providers=providers,
                     in_flight=loads,
                     dispatch_kids=frozenset(r["dispatch_kids"]) if r["dispatch_kids"] is not None else None,
+                    protocol=view.protocols.get(cid, 1),
                 )
             )
         return out

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from common.errors import FailedPrecondition
 from common.keys import KeySet
 from common.logs import get_logger
+from common.protocol import features_floor
 from router import ladder, store
 from router.candidates import CandidateLoader
 from router.key_chains import KeyChains
@@ -89,6 +90,17 @@ SignedDoc = Mapping[str, str]
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimAnswer:
+    """What one claim hands the collector: dispatches, offers, a config to restart with, and
+    verdicts on tasks it holds (dispatch id -> "continue", "cancel" or "terminate")."""
+
+    claimed: tuple[Claimed, ...] = ()
+    offers: tuple[Offer, ...] = ()
+    restart: SignedDoc | None = None
+    verdicts: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ReportResult:
     duplicate: bool
     state: State
@@ -113,6 +125,8 @@ def _task_values(req: SubmitRequest, digest: bytes) -> dict[str, Any]:
         "deadline": req.deadline,
         "requires_fips": req.requires_fips,
         "labels": dict(req.labels),
+        "features": list(req.features),
+        "protocol_floor": features_floor(req.features)[0],
         "state": S.QUEUED.value,
     }
 

@@ -100,7 +100,7 @@ class Dispatching(RouterCore):
             # A collector that refused an envelope of this task as not valid for it is not asked again.
             refused = await store.refused_by(conn, task["task_id"])
             eligible = [c for c in eligible if c.collector_id not in refused]
-        condition = NO_ELIGIBLE
+        condition = placement.shortfall(req, candidates) or NO_ELIGIBLE
         if eligible:
             # Only a collector that holds one of the set's live keys can verify what we sign.
             keys, now_s = self.dispatch_keys(), int(time.time())
@@ -421,7 +421,7 @@ class Dispatching(RouterCore):
                 if task is None:
                     continue  # another replica has it, or it moved on
                 shape = (task["site_id"], task["tenant_id"], task["provider"], task["operation"],
-                         task["op_class"], task["requires_fips"])  # fmt: skip
+                         task["op_class"], task["requires_fips"], tuple(task["features"]))  # fmt: skip
                 if shape in blocked:
                     continue
                 if await self._place(conn, task, effects, refuse=False) == S.LEASED:
@@ -461,6 +461,7 @@ def _placement_request(task: Row) -> PlacementRequest:
         tenant_id=task["tenant_id"],
         target_ref=task["target_ref"],
         requires_fips=task["requires_fips"],
+        features=tuple(task["features"]),
     )
 
 

@@ -24,7 +24,9 @@ from common import rbac
 from common.errors import InvalidArgument, NotFound
 from common.grpc_server import Context
 from common.pb_time import timestamp as ts
+from common.protocol import check_features
 from router import store
+from router.cancels import CANCEL_GRACE_S
 from router.live import task_key
 from router.service import Router
 from router.sql import Row
@@ -46,10 +48,16 @@ OP_CLASS_TO_PB = {v: k for k, v in OP_CLASS_FROM_PB.items()}
 STATE_TO_PB = {State(name.removeprefix("TASK_STATE_").lower()): value
                for name, value in task_pb2.TaskState.items() if value}  # fmt: skip
 STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
+VERDICT_TO_PB = {
+    "continue": bridge_pb.HELD_VERDICT_CONTINUE,
+    "cancel": bridge_pb.HELD_VERDICT_CANCEL,
+    "terminate": bridge_pb.HELD_VERDICT_TERMINATE,
+}
 OUTCOME_FROM_PB = {
     bridge_pb.REPORT_OUTCOME_RUNNING: State.RUNNING,
     bridge_pb.REPORT_OUTCOME_SUCCESS: State.SUCCESS,
     bridge_pb.REPORT_OUTCOME_FAILED: State.FAILED,
+    bridge_pb.REPORT_OUTCOME_CANCELLED: State.CANCELLED,
     bridge_pb.REPORT_OUTCOME_UNKNOWN: State.UNKNOWN,
     # The collector refused the envelope, so it did not execute it.
     bridge_pb.REPORT_OUTCOME_REFUSED: State.FAILED,
@@ -87,6 +95,8 @@ def task_pb(task: Row, history: Sequence[Row] = ()) -> task_pb2.Task:
         condition=task["condition"] or "",
         created_at=ts(task["created_at"]),
         updated_at=ts(task["updated_at"]),
+        features=list(task["features"]),
+        cancel_requested_at=ts(task["cancel_requested_at"]) if task["cancel_requested_at"] else None,
     )
 
 
@@ -159,6 +169,7 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
             deadline=request.deadline.ToDatetime(tzinfo=dt.UTC),
             requires_fips=request.requires_fips,
             labels=dict(request.labels),
+            features=check_features(request.features),
         )
         task, existing = await self.router.submit(submitted)
         return pb.SubmitTaskResponse(task=task_pb(task), existing=existing)
@@ -294,7 +305,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             # Before the claim waits: a rollback is recorded (and audited) when it is reported.
             u = request.update_status
             await self.router.updates.record(request.collector_id, Report(u.state, u.version, u.detail, u.at))
-        claimed, offers, restart = await self.router.claim_with_offers(
+        answer = await self.router.claim_with_offers(
             request.collector_id,
             claim_seq=request.claim_seq,
             held_task_ids=frozenset(request.held_task_ids),
@@ -309,7 +320,9 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             max_dispatches=request.max_dispatches,
             free_slots=dict(request.free_slots),
             protocol_version=request.protocol_version or 1,
+            resume=request.resume,
         )
+        claimed, offers, restart = answer.claimed, answer.offers, answer.restart
         now = ts(dt.datetime.now(dt.UTC))
         reply = bridge_pb.ClaimResponse(
             server_time=now,
@@ -321,6 +334,10 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
         )  # fmt: skip
         if restart is not None:
             reply.config_json = json.dumps(restart)
+        for dispatch_id, said in answer.verdicts.items():
+            reply.verdicts[dispatch_id] = VERDICT_TO_PB[said]
+        if answer.verdicts:
+            reply.cancel_grace_seconds = CANCEL_GRACE_S
         if request.key_versions and self.router.key_chains is not None:
             steps = self.router.key_chains.behind(dict(request.key_versions))
             if steps:

@@ -9,15 +9,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from common import protocol
 from common.errors import Conflict, PermissionDenied, Unauthenticated
 from common.keys import KeyPurpose
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
 from router import collector_docs, fleet_state, ladder, store
-from router.core import MAX_CLAIM_WAIT_S, Claimed, Effects, Offer, SignedDoc, _now
-from router.live import WORK_TEXT
+from router.cancels import Cancels
+from router.core import MAX_CLAIM_WAIT_S, ClaimAnswer, Claimed, Effects, Offer, SignedDoc, _now
+from router.live import CANCEL_TEXT, WORK_TEXT
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, SUBMIT_TO_CLAIM
-from router.outcomes import Outcomes
 from router.states import State
 
 S = State
@@ -29,12 +30,12 @@ RETAKE_AFTER_S = (0.02, 0.1, 0.5, 2.0)
 NEWER_CLAIM = "newer-claim"
 
 
-class HandOut(Outcomes):
+class HandOut(Cancels):
     """Claims and what they carry."""
 
     async def claim(self, collector_id: str, **kwargs: Any) -> Claimed | None:
         """:meth:`claim_with_offers` for callers that take one dispatch at a time."""
-        claimed, _, _ = await self.claim_with_offers(collector_id, **kwargs)
+        claimed = (await self.claim_with_offers(collector_id, **kwargs)).claimed
         return claimed[0] if claimed else None
 
     async def _check_standing(
@@ -125,7 +126,8 @@ class HandOut(Outcomes):
         max_dispatches: int = 1,
         free_slots: Mapping[str, int] | None = None,
         protocol_version: int = 1,
-    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
+        resume: bool = False,
+    ) -> ClaimAnswer:
         """Hand the collector its next leased dispatches (up to ``max_dispatches``, capped at
         :data:`MAX_CLAIM_BATCH`) and any offers, waiting up to ``wait_s`` for either.
 
@@ -145,6 +147,10 @@ class HandOut(Outcomes):
         holds) are behind the store's it returns at once with no work: the
         caller attaches the rotation steps (router/key_chains.py) or the
         bundle (router/trust_delivery.py).
+
+        With ``protocol_version`` 3 or later the answer carries verdicts on held tasks: cancels
+        asked for since the last claim (it then returns without holding), and with ``resume`` a
+        verdict on every task in ``held_task_ids`` (router/cancels.py).
         """
         started = time.monotonic()
         # The session is checked by the heartbeat below (same round trip as recording the claim).
@@ -162,26 +168,34 @@ class HandOut(Outcomes):
             # The collector protocol version the gateway settled with it (docs/protocol.md).
             "protocol": str(protocol_version),
         }
-        adopted, came_back = await self.liveness.heartbeat(collector_id, session_id, time.time(), session)
-        if adopted < 0:
+        verdicts_spoken = protocol_version >= protocol.floor_of("cancel")
+        beat = await self.liveness.heartbeat(
+            collector_id, session_id, time.time(), session, take_cancels=verdicts_spoken
+        )
+        if beat.adopted < 0:
             raise _superseded()
-        if adopted == 1:
+        if beat.adopted == 1:
             # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
             await self.wake.publish(collector_id)
-        if came_back:
+        if beat.came_back or beat.adopted == 1:
+            # Back, or a new process (perhaps a newer build reaching a feature's floor): queued
+            # work it may now take is placed again.
             self._spawn(self._reevaluate_for(collector_id))
+        verdicts = dict.fromkeys(beat.cancels, "cancel")
+        if resume and verdicts_spoken:
+            verdicts.update(await self.verdicts(collector_id, held_task_ids))
         if restart is not None:
-            return (), (), restart
+            return ClaimAnswer(restart=restart, verdicts=verdicts)
         if key_versions and self.key_chains is not None:
             await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
             if self.key_chains.behind(key_versions):
-                return (), (), None
+                return ClaimAnswer(verdicts=verdicts)
         if key_versions and self.trust is not None and self.trust.behind(key_versions):
-            return (), (), None
+            return ClaimAnswer(verdicts=verdicts)
         with self._claim_in_progress(collector_id, claim_seq) as still_live:
             return await self._hand_out(
                 collector_id, claim_seq, held_task_ids, started, wait_s, draining, session_id,
-                config_version, max_dispatches, free_slots, still_live,
+                config_version, max_dispatches, free_slots, still_live, protocol_version, verdicts,
             )  # fmt: skip
 
     @contextlib.contextmanager
@@ -221,7 +235,9 @@ class HandOut(Outcomes):
         max_dispatches: int,
         free_slots: Mapping[str, int] | None,
         still_live: Callable[[], bool],
-    ) -> tuple[tuple[Claimed, ...], tuple[Offer, ...], SignedDoc | None]:
+        protocol_version: int,
+        verdicts: dict[str, str],
+    ) -> ClaimAnswer:
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
         limit = min(max(max_dispatches, 1), MAX_CLAIM_BATCH)
@@ -237,26 +253,34 @@ class HandOut(Outcomes):
             first = True
             while True:
                 if not still_live():
-                    return (), (), None  # a newer claim of the collector arrived: this one is abandoned
-                if not first and woken.payloads - {WORK_TEXT}:
+                    # A newer claim of the collector arrived: this one is abandoned (a cancel it
+                    # took is noted again, for the newer claim).
+                    for dispatch_id, said in verdicts.items():
+                        if said == "cancel":
+                            await self.liveness.note_cancel(collector_id, dispatch_id)
+                    return ClaimAnswer()
+                if not first and woken.payloads - {WORK_TEXT, CANCEL_TEXT}:
                     # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, config_version)
                     if restart is not None:
-                        return (), (), restart
+                        return ClaimAnswer(restart=restart, verdicts=verdicts)
+                if CANCEL_TEXT in woken.payloads and protocol_version >= protocol.floor_of("cancel"):
+                    verdicts.update(dict.fromkeys(await self.liveness.take_cancels(collector_id), "cancel"))
                 if WORK_TEXT in woken.payloads:
                     retakes = list(RETAKE_AFTER_S)
                 first = False
                 woken.clear()
                 taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
                 offers = await self._signed_offers(collector_id, taken)
-                got = await self._take(collector_id, claim_seq, limit, providers) if taking else ()
-                if got or offers:
-                    CLAIM_WAIT.observe(time.monotonic() - started)
-                    return got, offers, None
+                got = (
+                    await self._take(collector_id, claim_seq, limit, providers, protocol_version)
+                    if taking
+                    else ()
+                )
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if got or offers or verdicts or remaining <= 0:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return (), (), None
+                    return ClaimAnswer(got, offers, None, verdicts)
                 # Woken for work and found none: the row may be locked in passing (a queue pass
                 # that read the task as queued locks the version that is leased now, and holds it
                 # until it commits; the take skips locked rows). Look again shortly, a few times.
@@ -268,10 +292,15 @@ class HandOut(Outcomes):
                     pass
 
     async def _take(
-        self, collector_id: str, claim_seq: int, limit: int, providers: Sequence[str] | None = None
+        self,
+        collector_id: str,
+        claim_seq: int,
+        limit: int,
+        providers: Sequence[str] | None = None,
+        protocol_version: int = 1,
     ) -> tuple[Claimed, ...]:
         async with self.autocommit.connect() as conn:
-            rows = await store.take_leased(conn, collector_id, claim_seq, limit, providers)
+            rows = await store.take_leased(conn, collector_id, claim_seq, limit, providers, protocol_version)
         if rows:
             self.wake.taken(collector_id)
         now = _now()
@@ -294,6 +323,11 @@ class HandOut(Outcomes):
                 assert task is not None
                 await self._abandon(conn, d, effects, "expired")
                 if d["kind"] == "execute" and task["state"] == S.DISPATCHED.value:
+                    if await self._cancelled_instead(
+                        conn, task, S.DISPATCHED, f"collector {collector_id} never received it",
+                        d["dispatch_id"],
+                    ):  # fmt: skip
+                        continue
                     # The task keeps its device lease while it waits to be placed again.
                     await store.transition(
                         conn,

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
@@ -36,12 +36,29 @@ _SUPERSEDED = "versus:superseded:"
 _INFLIGHT = "versus:inflight:"
 _BUILT = "versus:inflight:built"
 _WAKE = "versus:wake:"
+# Dispatch ids whose cancel the collector has not been told of yet (router/cancels.py).
+_CANCELS = "versus:cancel:"
 
 log = get_logger("versus.router.live")
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What recording a claim found.
+
+    ``adopted`` is 1 if the session just became current, 0 if it already was and -1 if a newer
+    session superseded it (then nothing is recorded: a superseded process must not overwrite the
+    current session's details); ``came_back`` is True when the collector had not claimed within
+    the liveness window; ``cancels`` are the dispatch ids it must now be told to stop.
+    """
+
+    adopted: int
+    came_back: bool
+    cancels: tuple[str, ...] = ()
 
 
 class Liveness:
@@ -51,28 +68,45 @@ class Liveness:
 
     async def touch(self, collector_id: str, now: float, session: Mapping[str, str] | None = None) -> bool:
         """Record a claim (and what the collector said about itself); True when it just came back."""
-        _, came_back = await self.heartbeat(collector_id, "", now, session or {})
-        return came_back
+        beat = await self.heartbeat(collector_id, "", now, session or {})
+        return beat.came_back
 
     async def heartbeat(
-        self, collector_id: str, session_id: str, now: float, session: Mapping[str, str]
-    ) -> tuple[int, bool]:
-        """Adopt ``session_id`` and record the claim, atomically and in one round trip.
-
-        Returns (adopted, came_back): adopted is 1 if the session just became current, 0 if it
-        already was and -1 if a newer session superseded it (then nothing is recorded: a
-        superseded process must not overwrite the current session's details); came_back is
-        True when the collector had not claimed within the liveness window.
-        """
+        self,
+        collector_id: str,
+        session_id: str,
+        now: float,
+        session: Mapping[str, str],
+        take_cancels: bool = False,
+    ) -> Heartbeat:
+        """Adopt ``session_id`` and record the claim, atomically and in one round trip; with
+        ``take_cancels``, also take the cancels noted for the collector (:meth:`note_cancel`)."""
         fields: list[str] = ["last_claim", str(now)]
         for key, value in session.items():
             fields += [key, value]
-        adopted, previous = await self.redis.eval(
-            _HEARTBEAT, 3, _SESSION + collector_id, _SUPERSEDED + collector_id, _LIVE,
-            session_id, str(now), str(SESSION_TTL_S), collector_id, *fields,
+        adopted, previous, *cancels = await self.redis.eval(
+            _HEARTBEAT, 4,
+            _SESSION + collector_id, _SUPERSEDED + collector_id, _LIVE, _CANCELS + collector_id,
+            session_id, str(now), str(SESSION_TTL_S), collector_id, "1" if take_cancels else "0", *fields,
         )  # fmt: skip
         came_back = not previous or now - float(previous) > self.window_s
-        return int(adopted), came_back
+        return Heartbeat(int(adopted), came_back, tuple(text(c) for c in cancels))
+
+    async def note_cancel(self, collector_id: str, dispatch_id: str) -> None:
+        """Remember that the collector must be told to stop ``dispatch_id`` (its next claim takes it)."""
+        key = _CANCELS + collector_id
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.sadd(key, dispatch_id)
+            pipe.expire(key, SESSION_TTL_S)
+            await pipe.execute()
+
+    async def take_cancels(self, collector_id: str) -> tuple[str, ...]:
+        """The cancels noted for the collector, removed as they are read."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.smembers(_CANCELS + collector_id)
+            pipe.delete(_CANCELS + collector_id)
+            members, _ = await pipe.execute()
+        return tuple(sorted(text(m) for m in members))
 
     async def is_superseded(self, collector_id: str, session_id: str) -> bool:
         return bool(await self.redis.sismember(_SUPERSEDED + collector_id, session_id))
@@ -185,8 +219,8 @@ return 1
 """
 
 # Atomic so two sessions claiming at once cannot both become current.
-# KEYS: session hash, superseded set, live set. ARGV: session id ('' = none), now, ttl,
-# collector id, then field/value pairs for the session hash.
+# KEYS: session hash, superseded set, live set, noted cancels. ARGV: session id ('' = none), now,
+# ttl, collector id, take cancels ('1'/'0'), then field/value pairs for the session hash.
 _HEARTBEAT = """
 local adopted = 0
 if ARGV[1] ~= '' then
@@ -204,9 +238,17 @@ end
 local previous = redis.call('ZSCORE', KEYS[3], ARGV[4]) or ''
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
 redis.call('HDEL', KEYS[1], 'bye_at', 'bye_reason')
-if #ARGV > 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 5, #ARGV)) end
+if #ARGV > 5 then redis.call('HSET', KEYS[1], unpack(ARGV, 6, #ARGV)) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-return {adopted, previous}
+local out = {adopted, previous}
+if ARGV[5] == '1' then
+  local noted = redis.call('SMEMBERS', KEYS[4])
+  if #noted > 0 then
+    redis.call('DEL', KEYS[4])
+    for _, d in ipairs(noted) do out[#out + 1] = d end
+  end
+end
+return out
 """
 
 
@@ -263,11 +305,13 @@ class InFlight:
 
 @dataclass(frozen=True, slots=True)
 class PlacementView:
-    """What Redis says about some collectors: live ones, in-flight counts, self-declared drains."""
+    """What Redis says about some collectors: live ones, in-flight counts, self-declared drains and
+    the protocol version settled on each one's last claim."""
 
     live: set[str]
     loads: dict[str, dict[str, int]]
     draining: set[str]
+    protocols: dict[str, int] = field(default_factory=dict)
 
 
 # One command for the whole candidate list (a pipeline of per-collector commands cost more
@@ -280,11 +324,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 local out = {}
 for i = 4, #ARGV do
   local cid = ARGV[i]
-  local session = redis.call('HMGET', ARGV[2] .. cid, 'draining', 'bye_at')
+  local session = redis.call('HMGET', ARGV[2] .. cid, 'draining', 'bye_at', 'protocol')
   -- A collector that said goodbye and has not claimed since is offline: not live.
   out[#out + 1] = session[2] and '' or (redis.call('ZSCORE', KEYS[2], cid) or '')
   out[#out + 1] = redis.call('HGET', ARGV[1] .. cid, ARGV[3]) or '0'
   out[#out + 1] = session[1] or ''
+  out[#out + 1] = session[3] or '1'
 end
 return out
 """
@@ -306,18 +351,22 @@ async def placement_view(
         reply = await redis.eval(_PLACEMENT_VIEW, 2, _BUILT, _LIVE, *args) or []
     view = PlacementView(set(), {}, set())
     for i, cid in enumerate(collector_ids):
-        score, load, draining = reply[3 * i : 3 * i + 3] or (b"", b"0", b"")
+        score, load, draining, version = reply[4 * i : 4 * i + 4] or (b"", b"0", b"", b"1")
         if score and now - float(score) <= window_s:
             view.live.add(cid)
         view.loads[cid] = {provider: max(int(load), 0)}
         if draining == b"1":
             view.draining.add(cid)
+        view.protocols[cid] = int(version) if version.isdigit() else 1
     return view
 
 
 # Payload of a wake-up that only announces work: a woken claim skips its standing re-check.
 WORK = b"w"
 WORK_TEXT = WORK.decode()
+# Payload of a wake-up that says a cancel was noted for the collector (router/cancels.py).
+CANCEL = b"c"
+CANCEL_TEXT = CANCEL.decode()
 # Collectors whose last work announcement this process remembers; past it the notes start over.
 MAX_WORK_NOTES = 1_000_000
 

@@ -51,6 +51,8 @@ class Outcomes(Dispatching):
                 conn, fresh, S.UNKNOWN, f"{evidence}; deadline passed before reconciling"
             )
         if step == ladder.Step.RETRY:
+            if await self._cancelled_instead(conn, fresh, S.UNKNOWN, "a read is not retried"):
+                return S.CANCELLED
             await store.release_lease(conn, fresh["target_ref"], task_id)
             await store.transition(
                 conn, task_id, S.UNKNOWN, S.QUEUED, "read retried with a new dispatch", retry_at=None
@@ -73,6 +75,19 @@ class Outcomes(Dispatching):
             )
             return await self._dispatch_reconcile(conn, task_id, effects)
         return await self._indeterminate(conn, fresh, S.UNKNOWN, evidence)
+
+    async def _cancelled_instead(
+        self, conn: AsyncConnection, task: Row, current: State, why: str, dispatch_id: str | None = None
+    ) -> bool:
+        """Where the ladder would try again, a task whose cancel was asked for ends ``cancelled``
+        instead (router/cancels.py); whether it did."""
+        if task["cancel_requested_at"] is None:
+            return False
+        await store.release_lease(conn, task["target_ref"], task["task_id"])
+        await store.transition(
+            conn, task["task_id"], current, S.CANCELLED, f"cancel requested; {why}", dispatch_id
+        )
+        return True
 
     async def _indeterminate(self, conn: AsyncConnection, task: Row, current: State, evidence: str) -> State:
         await store.release_lease(conn, task["target_ref"], task["task_id"])
@@ -142,6 +157,10 @@ class Outcomes(Dispatching):
             )
             return S.SUCCESS
         if step == ladder.Step.RETRY:
+            if await self._cancelled_instead(
+                conn, task, S.RECONCILING, "reconcile-read: not applied; not retried", d["dispatch_id"]
+            ):
+                return S.CANCELLED
             await store.transition(
                 conn,
                 task_id,

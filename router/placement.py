@@ -3,8 +3,10 @@
 1. **Eligibility** - a collector is a candidate when it is active, not draining,
    live (claimed within the liveness window), serves the task's site and tenant,
    advertises the provider and operation at the task's op_class, has spare
-   capacity for that provider (in_flight < max_concurrency) and reports FIPS
-   when the task requires it.
+   capacity for that provider (in_flight < max_concurrency), reports FIPS
+   when the task requires it, and has settled a protocol version at or above
+   the floor of every feature the task needs (common/protocol.py; a floor is a
+   placement rule: older collectors keep running everything else).
 2. **Pick** - deterministic: the lowest load (in_flight / max_concurrency) wins,
    so work spreads across collectors; equal loads go to the highest rendezvous
    hash of (target_ref, collector_id), so a device keeps landing on the same
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 from common.envelope.canonical import OpClass
 from common.errors import FailedPrecondition
+from common.protocol import features_floor, floor_condition
 
 DEFAULT_TIMEOUT_S = 60
 
@@ -54,6 +57,8 @@ class Candidate:
     in_flight: Mapping[str, int] = field(default_factory=dict)
     # The dispatch key ids the collector was given (None: enrolled before they were recorded).
     dispatch_kids: frozenset[str] | None = None
+    # The protocol version settled on the collector's last claim (1 when it never said).
+    protocol: int = 1
 
     def load(self, provider: str) -> float:
         cap = self.providers[provider].max_concurrency
@@ -69,6 +74,13 @@ class PlacementRequest:
     tenant_id: str
     target_ref: str
     requires_fips: bool = False
+    # Collector features the task needs; each has a protocol floor (common/protocol.py).
+    features: tuple[str, ...] = ()
+
+    @property
+    def floor(self) -> int:
+        """The lowest protocol version a collector must have settled to run the task."""
+        return features_floor(self.features)[0]
 
 
 class OpClassMismatch(FailedPrecondition):
@@ -84,6 +96,7 @@ def eligible(req: PlacementRequest, candidates: Sequence[Candidate]) -> list[Can
     """Every candidate that may run the request now; raises :class:`OpClassMismatch` (see module doc)."""
     chosen: list[Candidate] = []
     mismatched: set[str] = set()
+    floor = req.floor
     for c in candidates:
         if not (c.active and c.site_id == req.site_id and c.tenant_id == req.tenant_id):
             continue
@@ -97,6 +110,8 @@ def eligible(req: PlacementRequest, candidates: Sequence[Candidate]) -> list[Can
             continue
         if c.draining or not c.live or (req.requires_fips and not c.fips):
             continue
+        if c.protocol < floor:
+            continue
         if c.in_flight.get(req.provider, 0) >= c.providers[req.provider].max_concurrency:
             continue
         chosen.append(c)
@@ -106,6 +121,24 @@ def eligible(req: PlacementRequest, candidates: Sequence[Candidate]) -> list[Can
             f"not {req.op_class}"
         )
     return chosen
+
+
+def shortfall(req: PlacementRequest, candidates: Sequence[Candidate]) -> str | None:
+    """The condition to show when the only thing keeping the task from a collector is its protocol:
+    ``needs protocol ≥ N for <feature>`` (None when some candidate reaches the floor, or when no
+    candidate would take it even at the floor)."""
+    if req.floor <= 1:
+        return None
+    below = at_floor = False
+    for c in candidates:
+        if c.active and c.live and c.site_id == req.site_id and c.tenant_id == req.tenant_id:
+            op = _advertised(c, req)
+            if op is not None and op.op_class == req.op_class:
+                if c.protocol >= req.floor:
+                    at_floor = True
+                else:
+                    below = True
+    return floor_condition(req.features) if below and not at_floor else None
 
 
 def _rendezvous(target_ref: str, collector_id: str) -> int:

@@ -1,5 +1,5 @@
-"""Reports from collectors (verified against their signatures), cancel, operator resolution and
-reads of a task with its history."""
+"""Reports from collectors (verified against their signatures), operator resolution and reads of
+a task with its history. Cancel is in router/cancels.py."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ from router.core import MAX_CACHED_REPORT_KEYS, Effects, ReportResult, _now
 from router.metrics import DISPATCH_STATES
 from router.outcomes import Outcomes
 from router.sql import Row
-from router.states import State, cancellable, check_transition
+from router.states import State, check_transition
 
 S = State
+# The dispatch states a final report leaves behind.
+ANSWERED = frozenset({S.SUCCESS, S.FAILED, S.UNKNOWN, S.CANCELLED})
 log = get_logger("versus.router")
 
 
 class Reports(Outcomes):
-    """Reports, cancel, resolve and reads."""
+    """Reports, resolve and reads."""
 
     async def report(
         self,
@@ -93,7 +95,7 @@ class Reports(Outcomes):
                     refusal = exc
             if refusal is None:
                 assert task is not None and d is not None
-                if d["reported_at"] is not None and d["state"] in (S.SUCCESS, S.FAILED, S.UNKNOWN):
+                if d["reported_at"] is not None and d["state"] in ANSWERED:
                     same = d["state"] == outcome.value and bytes(d["result"] or b"") == result
                     if same:
                         return ReportResult(True, State(task["state"]))
@@ -164,10 +166,16 @@ class Reports(Outcomes):
                 )
                 return S.RUNNING
             return current
+        if outcome == S.CANCELLED and not (
+            d["kind"] == "execute" and current in (S.DISPATCHED, S.RUNNING) and task["cancel_requested_at"]
+        ):
+            # Stopped without being asked (or on a dispatch that no longer decides the task): nothing
+            # changed, which for the task is a failure of this attempt, not a cancel.
+            outcome, error_code = S.FAILED, error_code or "cancelled_unrequested"
         if (
             d["kind"] == "execute"
             and current in (S.DISPATCHED, S.RUNNING)
-            and outcome in (S.SUCCESS, S.FAILED)
+            and outcome in (S.SUCCESS, S.FAILED, S.CANCELLED)
         ):
             # The common case, one statement: the answer, the device released, the task finished.
             check_transition(current, outcome)
@@ -247,6 +255,8 @@ class Reports(Outcomes):
         if d["kind"] == "reconcile":
             return await self._after_reconcile(conn, task, d, S.FAILED, b"", effects, refused=True)
         if verdict is ladder.Refusal.REROUTE and current == S.DISPATCHED:
+            if await self._cancelled_instead(conn, task, current, f"refused by {collector}", dispatch_id):
+                return S.CANCELLED
             # Never run, so safe anywhere else; placement skips every collector that refused it.
             await store.transition(
                 conn, task_id, S.DISPATCHED, S.QUEUED,
@@ -261,31 +271,6 @@ class Reports(Outcomes):
             conn, task_id, current, S.FAILED, error_code, dispatch_id, error_code=error_code,
         )  # fmt: skip
         return S.FAILED
-
-    async def cancel(self, task_id: str, reason: str) -> Row:
-        effects = Effects()
-        async with self.engine.begin() as conn:
-            task = await store.get_task(conn, task_id, lock=True)
-            if task is None:
-                raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
-            current = State(task["state"])
-            if current == S.CANCELLED:
-                return task
-            if not cancellable(current):
-                raise FailedPrecondition(
-                    f"a {current.value} task cannot be cancelled: it is with a collector or finished",
-                    code="not_cancellable",
-                )
-            if task["current_dispatch_id"] and current == S.LEASED:
-                d = await store.get_dispatch(conn, task["current_dispatch_id"], lock=True)
-                if d is not None and d["state"] == S.LEASED:
-                    await self._abandon(conn, d, effects, S.CANCELLED.value)
-            await store.release_lease(conn, task["target_ref"], task_id)
-            await store.transition(conn, task_id, current, S.CANCELLED, reason or "cancelled by caller")
-            cancelled = await store.get_task(conn, task_id)
-        await effects.run()
-        assert cancelled is not None
-        return cancelled
 
     async def resolve(self, task_id: str, outcome: State, note: str, actor: str) -> Row:
         if outcome not in (S.SUCCESS, S.FAILED):

@@ -6,7 +6,8 @@ One class put together from layers, each in its own module:
 - :mod:`router.dispatching` - submit and placement (leases, signed envelopes);
 - :mod:`router.outcomes` - the unknown-outcome ladder's I/O;
 - :mod:`router.handout` - claims: heartbeats, dispatches, offers and signed documents;
-- :mod:`router.reports` - reports, cancel, resolve, reads;
+- :mod:`router.cancels` - cancel, its delivery to collectors, resume verdicts;
+- :mod:`router.reports` - reports, resolve, reads;
 - :mod:`router.sweeps` - capabilities, collectors leaving, the sweeper.
 
 Each operation is one PostgreSQL transaction; Redis side effects (in-flight

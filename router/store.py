@@ -213,10 +213,11 @@ async def transitions(
 _INSERT_TASK = """
 WITH created AS (
     INSERT INTO tasks (task_id, idempotency_key, request_sha256, provider, operation, op_class,
-                       target_ref, site_id, tenant_id, params, deadline, requires_fips, labels, state)
+                       target_ref, site_id, tenant_id, params, deadline, requires_fips, labels, features,
+                       protocol_floor, state)
     VALUES (%(task_id)s, %(idempotency_key)s, %(request_sha256)s, %(provider)s, %(operation)s,
             %(op_class)s, %(target_ref)s, %(site_id)s, %(tenant_id)s, %(params)s, %(deadline)s,
-            %(requires_fips)s, %(labels)s, %(state)s)
+            %(requires_fips)s, %(labels)s, %(features)s, %(protocol_floor)s, %(state)s)
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING *
 ), history AS (
@@ -490,12 +491,14 @@ WITH picked AS (
     FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
     WHERE d.collector_id = %(collector_id)s AND d.state = 'leased' AND d.expires_at > now()
       AND (CAST(%(providers)s AS text[]) IS NULL OR d.provider = ANY(CAST(%(providers)s AS text[])))
+      AND t.protocol_floor <= %(protocol)s
     ORDER BY d.created_at
     LIMIT %(limit)s
     FOR UPDATE OF d, t SKIP LOCKED
 ), handed AS (
     UPDATE dispatches d
-    SET state = 'dispatched', handed_claim_seq = %(claim_seq)s, handed_at = now(), updated_at = now()
+    SET state = 'dispatched', handed_claim_seq = %(claim_seq)s, handed_at = now(), updated_at = now(),
+        handed_protocol = %(protocol)s
     FROM picked WHERE d.dispatch_id = picked.dispatch_id
     RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at
 ), moved AS (
@@ -516,12 +519,15 @@ async def take_leased(
     claim_seq: int,
     limit: int = 1,
     providers: Sequence[str] | None = None,
+    protocol: int = 1,
 ) -> list[dict[str, Any]]:
     """Hand out up to ``limit`` of the collector's oldest unexpired leased dispatches (``_TAKE``),
-    only of ``providers`` when given (those the collector has a free slot for)."""
+    only of ``providers`` when given (those the collector has a free slot for), and only of tasks
+    whose protocol floor the claim's settled ``protocol`` reaches (a collector rolled back to an
+    older build is not handed work it was placed with under its newer one)."""
     params = {
         "collector_id": collector_id, "claim_seq": claim_seq, "limit": limit,
-        "providers": None if providers is None else list(providers),
+        "providers": None if providers is None else list(providers), "protocol": protocol,
     }  # fmt: skip
     db = await sql(conn)
     rows = await db.all(_TAKE, params)
@@ -552,6 +558,32 @@ async def handed_out(conn: Db, collector_id: str, before_claim_seq: int) -> list
         f"SELECT * FROM dispatches d WHERE {_HANDED_OUT} FOR UPDATE SKIP LOCKED",
         {"collector": collector_id, "before": before_claim_seq},
     )
+
+
+_HELD = """
+SELECT d.dispatch_id, d.kind, d.state, d.reported_at, t.state AS task_state, t.current_dispatch_id,
+       t.cancel_requested_at
+FROM dispatches d JOIN tasks t ON t.task_id = d.task_id
+WHERE d.collector_id = %(collector)s AND d.dispatch_id = ANY(%(held)s)"""
+
+
+async def held_dispatches(conn: Db, collector_id: str, held: list[str]) -> list[dict[str, Any]]:
+    """The collector's dispatches among ``held`` with their tasks' state and cancel request
+    (router/cancels.py ``verdict``); unlocked: a verdict is advice read at one instant."""
+    return await (await sql(conn)).all(_HELD, {"collector": collector_id, "held": held})
+
+
+_UNANSWERED_CANCELS = """
+SELECT d.collector_id, d.dispatch_id
+FROM tasks t JOIN dispatches d ON d.dispatch_id = t.current_dispatch_id
+WHERE t.state IN ('dispatched', 'running') AND d.reported_at IS NULL
+  AND t.cancel_requested_at < now() - make_interval(secs => %(after)s)
+LIMIT 1000"""
+
+
+async def unanswered_cancels(conn: Db, after_s: float) -> list[dict[str, Any]]:
+    """Dispatches whose cancel was asked for over ``after_s`` seconds ago and not answered yet."""
+    return await (await sql(conn)).all(_UNANSWERED_CANCELS, {"after": after_s})
 
 
 _NEXT_QUEUED = """

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from common.envelope.canonical import MAX_PARAMS_BYTES, MAX_TEXT_BYTES, OpClass
 from common.errors import InvalidArgument, PayloadTooLarge
+from common.protocol import check_features
 
 MAX_DEADLINE = dt.timedelta(days=7)
 MAX_LABELS = 32
@@ -30,6 +31,8 @@ class SubmitRequest:
     deadline: dt.datetime
     requires_fips: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Collector features the task needs (common/protocol.py FEATURE_FLOORS), sorted, no repeats.
+    features: tuple[str, ...] = ()
 
 
 def _text(name: str, value: str) -> None:
@@ -61,6 +64,8 @@ def validate(req: SubmitRequest, now: dt.datetime) -> None:
         raise InvalidArgument(
             f"at most {MAX_LABELS} labels of at most {MAX_LABEL_CHARS} characters", code="labels_invalid"
         )
+    if check_features(req.features) != req.features:
+        raise InvalidArgument("features must be sorted and without repeats", code="features_invalid")
 
 
 def fingerprint(req: SubmitRequest) -> bytes:
@@ -80,4 +85,7 @@ def fingerprint(req: SubmitRequest) -> bytes:
         "requires_fips": req.requires_fips,
         "labels": dict(sorted(req.labels.items())),
     }
+    if req.features:
+        # Only when present, so the fingerprints of tasks from before features are unchanged.
+        doc["features"] = list(req.features)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()

@@ -12,8 +12,8 @@ from common.envelope import fence
 from common.envelope.canonical import OpClass
 from common.logs import get_logger
 from router import store
+from router.cancels import Cancels
 from router.core import Effects, _now
-from router.outcomes import Outcomes
 from router.sql import Row
 from router.states import State
 
@@ -21,7 +21,7 @@ S = State
 log = get_logger("versus.router")
 
 
-class Sweeps(Outcomes):
+class Sweeps(Cancels):
     """Capabilities, collector removal and the sweeper."""
 
     async def publish_capabilities(
@@ -87,7 +87,8 @@ class Sweeps(Outcomes):
         return moved
 
     async def sweep(self, batch: int = 200) -> dict[str, int]:
-        """One pass: unclaimed leases, silent holders, blown deadlines, orphan device leases."""
+        """One pass: unclaimed leases, silent holders, blown deadlines, orphan device leases, and
+        cancels not answered for a while (noted for their collectors again)."""
         counts = {"unclaimed": 0, "unknown": 0, "expired": 0, "leases": 0}
         effects = Effects()
         now_s = time.time()
@@ -135,4 +136,5 @@ class Sweeps(Outcomes):
         # Counter updates race with a rebuild after a Redis flush (a change committed before the
         # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
         await self.in_flight.rebuild()
+        counts["cancels"] = await self.renotify_cancels()
         return counts

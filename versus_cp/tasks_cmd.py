@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     submit.add_argument("--fips", action="store_true", help="only a FIPS collector may run it")
     submit.add_argument("--label", action="append", default=[], metavar="K=V")
+    submit.add_argument(
+        "--feature", action="append", default=[], metavar="NAME",
+        help="a collector feature the task needs, e.g. cancel (docs/protocol.md, floors)",
+    )  # fmt: skip
     submit.add_argument("--wait", action="store_true", help="watch the task until it settles")
     get = sub.add_parser("get", help="A task with its history.")
     get.add_argument("task_id")
@@ -126,7 +130,7 @@ def _submit_request(args: argparse.Namespace) -> pb.SubmitTaskRequest:
         provider=args.provider, operation=args.operation, op_class=CLASSES[args.op_class],
         target_ref=args.target, site_id=args.site, tenant_id=args.tenant, params=params,
         idempotency_key=args.key or f"cli-{secrets.token_hex(12)}", deadline=deadline,
-        requires_fips=args.fips, labels=labels,
+        requires_fips=args.fips, labels=labels, features=sorted(set(args.feature)),
     )  # fmt: skip
 
 
@@ -137,6 +141,8 @@ def _print_task(task: task_pb2.Task) -> None:
         ("site / tenant", f"{task.site_id} / {task.tenant_id}"), ("idempotency key", task.idempotency_key),
         ("attempts", task.attempts), ("deadline", when(task.deadline)),
         ("error", task.error_code or "-"), ("condition", task.condition or "-"),
+        ("features", ", ".join(task.features) or "-"),
+        ("cancel requested", when(task.cancel_requested_at) if task.HasField("cancel_requested_at") else "-"),
     ]))  # fmt: skip
     if task.evidence:
         print(f"\nEvidence\n  {task.evidence}")
@@ -192,6 +198,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     reply = _call(settings, "CancelTask", pb.CancelTaskRequest(task_id=args.task_id, reason=args.reason))
     if args.json:
         print_json(reply)
+    elif reply.task.state != task_pb2.TASK_STATE_CANCELLED and reply.task.HasField("cancel_requested_at"):
+        # Work a collector holds: asked to stop; the task ends when it answers (`tasks watch`).
+        print(f"task {reply.task.task_id} is {_state(reply.task.state)}; its collector was asked to stop it")
     else:
         print(f"task {reply.task.task_id} is {_state(reply.task.state)}")
     return 0

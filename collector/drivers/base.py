@@ -11,6 +11,7 @@ entry-point group; the class is built with a :class:`DriverContext`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from common.envelope.fence import window_open
 
-Status = Literal["success", "failed", "unknown"]
+Status = Literal["success", "failed", "unknown", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,26 @@ class Outcome:
     error_message: str = ""
 
 
+class StopSignal:
+    """A request to stop one task (a cancel, protocol 3), and whether its device writes began.
+
+    The collector sets it; a driver sees it through :meth:`Task.check_window` (which refuses to
+    start a write once a stop was asked for) and :meth:`Task.pause` (a sleep that ends early).
+    A driver that ignores it is stopped by force after the grace period.
+    """
+
+    __slots__ = ("event", "forced", "writes_started")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.writes_started = False
+        self.forced = False
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """What a driver is asked to do, taken from a verified envelope.
@@ -44,7 +65,9 @@ class Task:
     ``expires_at`` is the envelope's (server time) and ``clock`` the collector's
     server-corrected clock. A driver calls :meth:`check_window` right before each
     device write: past the window the control plane may already have handed the
-    device to another writer (docs/reliability.md, "Fencing").
+    device to another writer (docs/reliability.md, "Fencing"), and once a stop was
+    asked for no write may begin. A driver that waits uses :meth:`pause`, so a
+    cancel ends the wait at once (docs/drivers.md).
     """
 
     task_id: str
@@ -55,6 +78,7 @@ class Task:
     lease_epoch: int
     expires_at: int = 0
     clock: Callable[[], float] | None = field(default=None, compare=False, repr=False)
+    stop: StopSignal = field(default_factory=StopSignal, compare=False, repr=False)
 
     def window_open(self) -> bool:
         """Whether the envelope's window is still open by the collector's clock (always, without one)."""
@@ -63,11 +87,25 @@ class Task:
         return window_open(self.clock(), self.expires_at)
 
     def check_window(self) -> None:
-        """Raise :class:`WindowClosed` once the envelope's window has passed."""
+        """Call right before a device write: raise :class:`Stopped` once a stop was asked for,
+        :class:`WindowClosed` once the envelope's window has passed; otherwise the write may go
+        ahead (and the task counts as having begun changing the device)."""
+        if self.stop.requested:
+            raise Stopped("cancelled", "stopped on a cancel")
         if not self.window_open():
             raise WindowClosed(
                 "window_closed", f"the envelope expired at {self.expires_at}; the device was not touched"
             )
+        self.stop.writes_started = True
+
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or raise :class:`Stopped` as soon as a stop is asked for."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self.stop.event.wait()
+        except TimeoutError:
+            return
+        raise Stopped("cancelled", "stopped on a cancel")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +134,11 @@ class DriverError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
+
+
+class Stopped(DriverError):
+    """The driver stopped on a cancel (:class:`StopSignal`). Whether that changed anything is read
+    from ``StopSignal.writes_started``, not from the driver."""
 
 
 class WindowClosed(DriverError):

@@ -16,12 +16,13 @@ for a refusal that changes nothing (``{"fail": true}``), for a change the
 device does not confirm (``{"unclear": true}``) or for a check that cannot
 tell (``{"check_error": true}``: ``append.check`` fails with an error code). Every write is checked
 against the envelope's window first and leaves its evidence (lease epoch,
-dispatch, time) in ``<device>.writes``.
+dispatch, time) in ``<device>.writes``. Every delay ends early on a cancel
+(``Task.pause``), so a cancel before the write leaves the device untouched and
+one after it leaves the outcome to the unknown-outcome ladder.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -59,7 +60,7 @@ class StubDriver:
         params = json.loads(task.params or b"{}") if task.params.strip().startswith(b"{") else {}
         if task.operation == "echo":
             if params.get("sleep"):
-                await asyncio.sleep(float(params["sleep"]))
+                await task.pause(float(params["sleep"]))
             return Outcome("success", task.params)
         path = self.device(task.target_ref)
         if task.operation == "append.check":
@@ -74,12 +75,13 @@ class StubDriver:
             if params.get("hold"):
                 # Time between accepting the task and writing (a slow login, say): a stop here
                 # leaves a holder that may wake up after its window.
-                await asyncio.sleep(float(params["hold"]))
+                await task.pause(float(params["hold"]))
             task.check_window()
             self._write(path, task)
             delay = float(params.get("sleep", 0))
             if delay:
-                await asyncio.sleep(delay)
+                # The change is written, its confirmation not read yet: a stop here is an unknown.
+                await task.pause(delay)
             if params.get("unclear"):
                 return Outcome("unknown", b"", "stub_unclear", "the device did not confirm")
             return Outcome("success", b"applied")

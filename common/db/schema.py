@@ -203,6 +203,14 @@ tasks = Table(
     # An unknown outcome waits here until every envelope of the lost dispatch is past its fence
     # (router/fencing.py); the sweeper climbs the ladder once this time has passed.
     Column("retry_at", DateTime(timezone=True), nullable=True),
+    # Collector features the task needs (common/protocol.py FEATURE_FLOORS): placement keeps it
+    # from collectors whose protocol version is below any of their floors.
+    Column("features", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    # The highest floor among them: a claim settled below it is never handed the task.
+    Column("protocol_floor", Integer, nullable=False, server_default=text("1")),
+    # A cancel asked for while the task was with a collector (docs/protocol.md, cancel): the
+    # collector is told on its next claim; the task ends when it answers.
+    Column("cancel_requested_at", DateTime(timezone=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("op_class IN ('read', 'mutate_reconcilable', 'mutate_terminal')", name="op_class"),
@@ -231,6 +239,8 @@ dispatches = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("handed_claim_seq", BigInteger, nullable=True),
     Column("handed_at", DateTime(timezone=True), nullable=True),
+    # The protocol version settled with the collector on the claim that took it (what it honours).
+    Column("handed_protocol", Integer, nullable=True),
     Column("reported_at", DateTime(timezone=True), nullable=True),
     Column("result", LargeBinary, nullable=True),
     Column("error_code", Text, nullable=True),

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -138,15 +138,19 @@ class Platform:
         self.stub = task_router_pb2_grpc.TaskRouterServiceStub(self.channel)
 
     def submit(self, site_id: str, operation: str, op_class: str, target: str, params: dict[str, Any],
-               key: str, provider: str = "stub", deadline_s: float = 300) -> str:  # fmt: skip
+               key: str, provider: str = "stub", deadline_s: float = 300,
+               features: Sequence[str] = ()) -> str:  # fmt: skip
         deadline = Timestamp()
         deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=deadline_s))
         reply = self.stub.SubmitTask(pb.SubmitTaskRequest(
             provider=provider, operation=operation, op_class=OP_CLASSES[op_class], target_ref=target,
             site_id=site_id, tenant_id="acme", params=json.dumps(params).encode(), idempotency_key=key,
-            deadline=deadline,
+            deadline=deadline, features=list(features),
         ), timeout=10)  # fmt: skip
         return str(reply.task.task_id)
+
+    def cancel(self, task_id: str, reason: str = "") -> Any:
+        return self.stub.CancelTask(pb.CancelTaskRequest(task_id=task_id, reason=reason), timeout=10).task
 
     def task(self, task_id: str) -> pb.GetTaskResponse:
         return self.stub.GetTask(pb.GetTaskRequest(task_id=task_id), timeout=10)

@@ -4,6 +4,7 @@ the current one, against the current control plane (docs/protocol.md)."""
 from __future__ import annotations
 
 import io
+import json
 import signal
 import subprocess
 import sys
@@ -12,9 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from versus.router.v1 import task_pb2
 
+from collector.client import ssl_context
+from collector.request_auth import SignRequests
+from collector.state import StatePaths, load_key
 from common import protocol
 from router.placement import _rendezvous
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
@@ -114,3 +119,55 @@ def test_an_old_collector_runs_beside_a_new_one_and_only_the_new_one_says_goodby
     # The old collector cannot say goodbye: after its stop it is still seen as live, as before.
     assert old.stop() == 0
     assert _shown(cp, old_id)["session_state"] in ("SESSION_STATE_ACTIVE", "SESSION_STATE_STALE")
+
+
+def test_tasks_needing_a_newer_feature_go_only_to_the_new_collector_and_the_wait_names_the_floor(
+    mixed: tuple[ControlPlane, Collector, Collector, Platform],
+) -> None:
+    cp, old, new, platform = mixed
+    old_id = old.enroll()
+    new_id = new.enroll(old.site_id)
+    old.start()
+    wait_for(lambda: _shown(cp, old_id)["session"].get("protocol_version") == 1, timeout=60)
+    # Only the old collector is live: a task that needs cancel waits, and says which floor it needs.
+    waiting = platform.submit(old.site_id, "echo", "read", "dev-w", {}, "floor-wait", features=["cancel"])
+    wait_for(lambda: platform.task(waiting).task.condition == f"needs protocol ≥ {FLOOR} for cancel")
+    assert platform.task(waiting).task.state == task_pb2.TASK_STATE_QUEUED
+    new.start()
+    wait_for(lambda: _shown(cp, new_id)["session"].get("protocol_version") == protocol.PROTOCOL_VERSION)
+    assert _holder(platform.wait_state(waiting, {"success"})) == new_id
+    # Devices whose placement would favour the old collector: plain work goes there, work that
+    # needs the feature never does.
+    prefers_old = [t for i in range(300) if _rendezvous(t := f"dev-{i}", old_id) > _rendezvous(t, new_id)]
+    for i, target in enumerate(prefers_old[:3]):
+        needs = platform.submit(old.site_id, "echo", "read", target, {"i": i}, f"f-{i}", features=["cancel"])
+        assert _holder(platform.wait_state(needs, {"success"})) == new_id
+        plain = platform.submit(old.site_id, "echo", "read", target, {"i": i}, f"p-{i}")
+        assert _holder(platform.wait_state(plain, {"success"})) == old_id
+    # A collector outside the range this control plane speaks is refused, and told the range.
+    answer = _claim_as(cp, old, {"min": protocol.PROTOCOL_VERSION + 1, "max": protocol.PROTOCOL_VERSION + 5})
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"]) == (400, "version_unsupported")
+    assert error["details"] == {"min": protocol.MIN_PROTOCOL_VERSION, "max": protocol.PROTOCOL_VERSION}
+
+
+FLOOR = protocol.floor_of("cancel")
+
+
+def _holder(task: Any) -> str:
+    """The collector that ran the task (placement names it in the move to routed)."""
+    routed = [t for t in task.history if t.to_state == task_pb2.TASK_STATE_ROUTED]
+    return str(routed[-1].reason.removeprefix("collector "))
+
+
+def _claim_as(cp: ControlPlane, c: Collector, offer: dict[str, int]) -> httpx.Response:
+    """A claim signed with the enrolled collector's own key, offering ``offer``, to the real gateway."""
+    paths = StatePaths(c.state)
+    identity = json.loads(paths.identity.read_text())
+    key = load_key(paths.key)
+    with httpx.Client(base_url=identity["gateway_url"], verify=ssl_context(paths), timeout=30) as client:
+        return client.post(
+            "/api/collector/v1/claim",
+            json={"wait_s": 0, "session_id": "s-future", "protocol": offer},
+            auth=SignRequests(key, identity["collector_id"]),
+        )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.collector_harness import Collector
+from tests.e2e.collector_harness import Collector, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 
 pytestmark = pytest.mark.timeout(180)
@@ -67,6 +67,24 @@ def test_tasks_commands(start_control_plane: Callable[..., ControlPlane], tmp_pa
         watched = run_cli(["tasks", "watch", queued_id], cp.env)
         assert watched.returncode == 5  # settled, but not a success
         assert watched.stdout.strip().endswith("cancelled")
+
+        # Running work that needs cancel: the collector is asked to stop it, and the task ends cancelled.
+        running = run_cli(
+            ["tasks", "submit", *target, "--operation", "echo", "--class", "read", "--target", "dev-3",
+             "--params", '{"sleep": 60}', "--key", "cli-3", "--feature", "cancel", "--json"],
+            platform_env,
+        )  # fmt: skip
+        assert running.returncode == 0, running.stderr
+        running_task = json.loads(running.stdout)["task"]
+        assert running_task["features"] == ["cancel"]
+        wait_for(lambda: "dispatched" in run_cli(["tasks", "get", running_task["task_id"]], cp.env).stdout)
+        asked = run_cli(["tasks", "cancel", running_task["task_id"], "--reason", "too slow"], cp.env)
+        assert asked.returncode == 0, asked.stderr
+        assert "its collector was asked to stop it" in asked.stdout
+        watched = run_cli(["tasks", "watch", running_task["task_id"]], cp.env)
+        assert watched.returncode == 5 and watched.stdout.strip().endswith("cancelled")
+        shown = run_cli(["tasks", "get", running_task["task_id"]], cp.env).stdout
+        assert "cancel requested: too slow" in shown and "cancel" in shown
 
         # Only platform tokens submit: the admin token is refused (exit 3), bad params before sending (2).
         echo = ["tasks", "submit", *target, "--operation", "echo", "--class", "read", "--target", "d"]

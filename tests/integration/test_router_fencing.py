@@ -170,9 +170,11 @@ async def test_capacity_and_drain_ride_the_claim(env: RouterEnv) -> None:
     await env.router.submit(env.request("echo", target="dev-cap"))
 
     async def claim(**kw: Any) -> int:
-        got, _, _ = await env.router.claim_with_offers(
-            "col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0, **kw
-        )
+        got = (
+            await env.router.claim_with_offers(
+                "col-a", claim_seq=0, held_task_ids=frozenset(), wait_s=0, **kw
+            )
+        ).claimed
         return len(got)
 
     # No free slot for the provider, or draining: nothing is handed out (and the dispatch stays leased).

@@ -6,7 +6,16 @@ import pytest
 
 from router import ladder, placement
 from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
-from router.states import TERMINAL, TRANSITIONS, IllegalTransition, State, cancellable, check_transition
+from router.states import (
+    CANCEL_AT_ONCE,
+    CANCEL_BY_REQUEST,
+    TERMINAL,
+    TRANSITIONS,
+    IllegalTransition,
+    State,
+    cancellable,
+    check_transition,
+)
 
 S = State
 
@@ -25,7 +34,7 @@ def test_every_state_has_an_entry_and_terminals_are_final() -> None:
         (S.QUEUED, S.ROUTED), (S.ROUTED, S.LEASED), (S.LEASED, S.DISPATCHED), (S.DISPATCHED, S.RUNNING),
         (S.RUNNING, S.SUCCESS), (S.RUNNING, S.FAILED), (S.RUNNING, S.UNKNOWN), (S.UNKNOWN, S.RECONCILING),
         (S.RECONCILING, S.INDETERMINATE), (S.INDETERMINATE, S.SUCCESS), (S.QUEUED, S.EXPIRED),
-        (S.DISPATCHED, S.QUEUED),
+        (S.DISPATCHED, S.QUEUED), (S.RUNNING, S.CANCELLED), (S.UNKNOWN, S.CANCELLED),
     ],
 )  # fmt: skip
 def test_documented_transitions_are_legal(current: State, target: State) -> None:
@@ -36,7 +45,8 @@ def test_documented_transitions_are_legal(current: State, target: State) -> None
     ("current", "target"),
     [
         (S.SUCCESS, S.FAILED), (S.QUEUED, S.RUNNING), (S.RUNNING, S.QUEUED), (S.INDETERMINATE, S.QUEUED),
-        (S.CANCELLED, S.QUEUED), (S.DISPATCHED, S.CANCELLED), (S.UNKNOWN, S.SUCCESS), (S.EXPIRED, S.QUEUED),
+        (S.CANCELLED, S.QUEUED), (S.INDETERMINATE, S.CANCELLED), (S.UNKNOWN, S.SUCCESS),
+        (S.EXPIRED, S.QUEUED),
     ],
 )  # fmt: skip
 def test_illegal_transitions_are_rejected(current: State, target: State) -> None:
@@ -44,8 +54,12 @@ def test_illegal_transitions_are_rejected(current: State, target: State) -> None
         check_transition(current, target)
 
 
-def test_cancel_only_before_hand_out() -> None:
-    assert {s for s in State if cancellable(s)} == {S.QUEUED, S.ROUTED, S.LEASED}
+def test_cancel_at_once_before_hand_out_and_by_request_after() -> None:
+    assert {s for s in State if cancellable(s)} == CANCEL_AT_ONCE | CANCEL_BY_REQUEST
+    assert {S.QUEUED, S.ROUTED, S.LEASED} == CANCEL_AT_ONCE
+    assert {S.DISPATCHED, S.RUNNING, S.UNKNOWN, S.RECONCILING} == CANCEL_BY_REQUEST
+    # Finished work, and work waiting for an operator's verdict, is not cancelled.
+    assert not any(cancellable(s) for s in (*TERMINAL, S.INDETERMINATE))
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,32 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _HeldVerdict:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HeldVerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HeldVerdict.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HELD_VERDICT_UNSPECIFIED: _HeldVerdict.ValueType  # 0
+    HELD_VERDICT_CONTINUE: _HeldVerdict.ValueType  # 1
+    """Keep running it and report as usual."""
+    HELD_VERDICT_CANCEL: _HeldVerdict.ValueType  # 2
+    """A cancel was asked for: stop it (cooperatively, by force after the grace) and report."""
+    HELD_VERDICT_TERMINATE: _HeldVerdict.ValueType  # 3
+    """Nobody waits for it any more (it moved on without this collector): stop it now."""
+
+class HeldVerdict(_HeldVerdict, metaclass=_HeldVerdictEnumTypeWrapper):
+    """What a collector does with a task it holds (docs/protocol.md, resume verdicts)."""
+
+HELD_VERDICT_UNSPECIFIED: HeldVerdict.ValueType  # 0
+HELD_VERDICT_CONTINUE: HeldVerdict.ValueType  # 1
+"""Keep running it and report as usual."""
+HELD_VERDICT_CANCEL: HeldVerdict.ValueType  # 2
+"""A cancel was asked for: stop it (cooperatively, by force after the grace) and report."""
+HELD_VERDICT_TERMINATE: HeldVerdict.ValueType  # 3
+"""Nobody waits for it any more (it moved on without this collector): stop it now."""
+Global___HeldVerdict: _TypeAlias = HeldVerdict  # noqa: Y015
+
 class _ReportOutcome:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -34,6 +60,8 @@ class _ReportOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReportO
     REPORT_OUTCOME_FAILED: _ReportOutcome.ValueType  # 3
     REPORT_OUTCOME_UNKNOWN: _ReportOutcome.ValueType  # 4
     REPORT_OUTCOME_REFUSED: _ReportOutcome.ValueType  # 5
+    REPORT_OUTCOME_CANCELLED: _ReportOutcome.ValueType  # 6
+    """Stopped on a cancel before anything changed (protocol 3)."""
 
 class ReportOutcome(_ReportOutcome, metaclass=_ReportOutcomeEnumTypeWrapper):
     """Outcome a collector reports for one dispatch."""
@@ -44,6 +72,8 @@ REPORT_OUTCOME_SUCCESS: ReportOutcome.ValueType  # 2
 REPORT_OUTCOME_FAILED: ReportOutcome.ValueType  # 3
 REPORT_OUTCOME_UNKNOWN: ReportOutcome.ValueType  # 4
 REPORT_OUTCOME_REFUSED: ReportOutcome.ValueType  # 5
+REPORT_OUTCOME_CANCELLED: ReportOutcome.ValueType  # 6
+"""Stopped on a cancel before anything changed (protocol 3)."""
 Global___ReportOutcome: _TypeAlias = ReportOutcome  # noqa: Y015
 
 @_typing.final
@@ -105,6 +135,7 @@ class ClaimRequest(_message.Message):
     KEY_VERSIONS_FIELD_NUMBER: _builtins.int
     UPDATE_STATUS_FIELD_NUMBER: _builtins.int
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     draining: _builtins.bool
     agent_version: _builtins.str
@@ -125,6 +156,10 @@ class ClaimRequest(_message.Message):
     protocol_version: _builtins.int
     """The collector protocol version the gateway settled with the collector on this claim
     (common/protocol.py); 0 from a gateway that predates negotiation (read as 1).
+    """
+    resume: _builtins.bool
+    """The collector asks for a verdict on every task in held_task_ids (protocol 3): it sets this on
+    its first claim after a start or a failed claim, when it may have missed a cancel.
     """
     @_builtins.property
     def free_slots(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
@@ -166,10 +201,11 @@ class ClaimRequest(_message.Message):
         key_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         update_status: Global___UpdateStatus | None = ...,
         protocol_version: _builtins.int = ...,
+        resume: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["update_status", b"update_status", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "protocol_version", b"protocol_version", "session_id", b"session_id", "transport", b"transport", "update_status", b"update_status", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "claim_seq", b"claim_seq", "collector_id", b"collector_id", "config_version", b"config_version", "draining", b"draining", "free_slots", b"free_slots", "held_task_ids", b"held_task_ids", "key_versions", b"key_versions", "max_dispatches", b"max_dispatches", "protocol_version", b"protocol_version", "resume", b"resume", "session_id", b"session_id", "transport", b"transport", "update_status", b"update_status", "vault_mode", b"vault_mode", "wait", b"wait"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -269,6 +305,26 @@ Global___Offer: _TypeAlias = Offer  # noqa: Y015
 class ClaimResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class VerdictsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: Global___HeldVerdict.ValueType
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___HeldVerdict.ValueType = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ENVELOPE_FIELD_NUMBER: _builtins.int
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
@@ -277,6 +333,8 @@ class ClaimResponse(_message.Message):
     CONFIG_JSON_FIELD_NUMBER: _builtins.int
     KEY_SETS_JSON_FIELD_NUMBER: _builtins.int
     TRUST_JSON_FIELD_NUMBER: _builtins.int
+    VERDICTS_FIELD_NUMBER: _builtins.int
+    CANCEL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     config_json: _builtins.str
@@ -289,6 +347,8 @@ class ClaimResponse(_message.Message):
     """The newer signed trust bundle (CAs to trust) the collector is behind on, JSON
     (common/signed_doc.py, type ca_bundle); no envelope then.
     """
+    cancel_grace_seconds: _builtins.int
+    """How long a cancelled task's driver may take to stop before it is stopped by force."""
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope:
         """Unset when no task became available within the wait."""
@@ -303,6 +363,12 @@ class ClaimResponse(_message.Message):
     def more(self) -> _containers.RepeatedCompositeFieldContainer[Global___HandedDispatch]:
         """Dispatches after the first, when the request allowed more than one."""
 
+    @_builtins.property
+    def verdicts(self) -> _containers.ScalarMap[_builtins.str, Global___HeldVerdict.ValueType]:
+        """What the collector does with tasks it holds, by dispatch id (protocol 3): cancels noted since
+        its last claim, and on a resume claim a verdict for every held task.
+        """
+
     def __init__(
         self,
         *,
@@ -314,10 +380,12 @@ class ClaimResponse(_message.Message):
         config_json: _builtins.str = ...,
         key_sets_json: _builtins.str = ...,
         trust_json: _builtins.str = ...,
+        verdicts: _abc.Mapping[_builtins.str, Global___HeldVerdict.ValueType] | None = ...,
+        cancel_grace_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "server_time", b"server_time", "trust_json", b"trust_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "server_time", b"server_time", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -168,6 +168,8 @@ class Task(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUESTED_AT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     provider: _builtins.str
     operation: _builtins.str
@@ -197,6 +199,14 @@ class Task(_message.Message):
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Collector features the task needs (docs/protocol.md, floors)."""
+
+    @_builtins.property
+    def cancel_requested_at(self) -> _timestamp_pb2.Timestamp:
+        """When a cancel was asked for while a collector held the task; the task ends when it answers."""
+
     def __init__(
         self,
         *,
@@ -220,10 +230,12 @@ class Task(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         error_code: _builtins.str = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
+        cancel_requested_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "deadline", b"deadline", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "condition", b"condition", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "evidence", b"evidence", "history", b"history", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "provider", b"provider", "requires_fips", b"requires_fips", "result", b"result", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "tenant_id", b"tenant_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested_at", b"cancel_requested_at", "condition", b"condition", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "evidence", b"evidence", "features", b"features", "history", b"history", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "provider", b"provider", "requires_fips", b"requires_fips", "result", b"result", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "tenant_id", b"tenant_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from versus.router.v1 import task_pb2 as versus_dot_router_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"versus/router/v1/task_router.proto\x12\x10versus.router.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bversus/router/v1/task.proto\"\xfb\x02\n\x11SubmitTaskRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12+\n\x08op_class\x18\x03 \x01(\x0e\x32\x19.versus.router.v1.OpClass\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x0f\n\x07site_id\x18\x05 \x01(\t\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x0e\n\x06params\x18\x07 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rrequires_fips\x18\n \x01(\x08\x12?\n\x06labels\x18\x0b \x03(\x0b\x32/.versus.router.v1.SubmitTaskRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x12SubmitTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"7\n\x0fGetTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"9\n\x11WatchTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x12\x43\x61ncelTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"\xd8\x01\n\x15ListDispatchesRequest\x12+\n\x06states\x18\x01 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x03 \x01(\t\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x30\n\x0btask_states\x18\x07 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\"a\n\x16ListDispatchesResponse\x12.\n\ndispatches\x18\x01 \x03(\x0b\x32\x1a.versus.router.v1.Dispatch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\")\n\x12GetDispatchRequest\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\"i\n\x13GetDispatchResponse\x12,\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x1a.versus.router.v1.Dispatch\x12$\n\x04task\x18\x02 \x01(\x0b\x32\x16.versus.router.v1.Task\"\x81\x01\n\x1bResolveIndeterminateRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\nresolution\x18\x02 \x01(\x0e\x32\x1c.versus.router.v1.Resolution\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x11\n\x05\x61\x63tor\x18\x04 \x01(\tB\x02\x18\x01\"D\n\x1cResolveIndeterminateResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task*W\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x16\n\x12RESOLUTION_SUCCESS\x10\x01\x12\x15\n\x11RESOLUTION_FAILED\x10\x02\x32\xa5\x05\n\x11TaskRouterService\x12W\n\nSubmitTask\x12#.versus.router.v1.SubmitTaskRequest\x1a$.versus.router.v1.SubmitTaskResponse\x12N\n\x07GetTask\x12 .versus.router.v1.GetTaskRequest\x1a!.versus.router.v1.GetTaskResponse\x12V\n\tWatchTask\x12\".versus.router.v1.WatchTaskRequest\x1a#.versus.router.v1.WatchTaskResponse0\x01\x12W\n\nCancelTask\x12#.versus.router.v1.CancelTaskRequest\x1a$.versus.router.v1.CancelTaskResponse\x12\x63\n\x0eListDispatches\x12\'.versus.router.v1.ListDispatchesRequest\x1a(.versus.router.v1.ListDispatchesResponse\x12Z\n\x0bGetDispatch\x12$.versus.router.v1.GetDispatchRequest\x1a%.versus.router.v1.GetDispatchResponse\x12u\n\x14ResolveIndeterminate\x12-.versus.router.v1.ResolveIndeterminateRequest\x1a..versus.router.v1.ResolveIndeterminateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"versus/router/v1/task_router.proto\x12\x10versus.router.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bversus/router/v1/task.proto\"\x8d\x03\n\x11SubmitTaskRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12+\n\x08op_class\x18\x03 \x01(\x0e\x32\x19.versus.router.v1.OpClass\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x0f\n\x07site_id\x18\x05 \x01(\t\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x0e\n\x06params\x18\x07 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rrequires_fips\x18\n \x01(\x08\x12?\n\x06labels\x18\x0b \x03(\x0b\x32/.versus.router.v1.SubmitTaskRequest.LabelsEntry\x12\x10\n\x08\x66\x65\x61tures\x18\x0c \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x12SubmitTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"7\n\x0fGetTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"9\n\x11WatchTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x12\x43\x61ncelTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"\xd8\x01\n\x15ListDispatchesRequest\x12+\n\x06states\x18\x01 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x03 \x01(\t\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x30\n\x0btask_states\x18\x07 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\"a\n\x16ListDispatchesResponse\x12.\n\ndispatches\x18\x01 \x03(\x0b\x32\x1a.versus.router.v1.Dispatch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\")\n\x12GetDispatchRequest\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\"i\n\x13GetDispatchResponse\x12,\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x1a.versus.router.v1.Dispatch\x12$\n\x04task\x18\x02 \x01(\x0b\x32\x16.versus.router.v1.Task\"\x81\x01\n\x1bResolveIndeterminateRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\nresolution\x18\x02 \x01(\x0e\x32\x1c.versus.router.v1.Resolution\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x11\n\x05\x61\x63tor\x18\x04 \x01(\tB\x02\x18\x01\"D\n\x1cResolveIndeterminateResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task*W\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x16\n\x12RESOLUTION_SUCCESS\x10\x01\x12\x15\n\x11RESOLUTION_FAILED\x10\x02\x32\xa5\x05\n\x11TaskRouterService\x12W\n\nSubmitTask\x12#.versus.router.v1.SubmitTaskRequest\x1a$.versus.router.v1.SubmitTaskResponse\x12N\n\x07GetTask\x12 .versus.router.v1.GetTaskRequest\x1a!.versus.router.v1.GetTaskResponse\x12V\n\tWatchTask\x12\".versus.router.v1.WatchTaskRequest\x1a#.versus.router.v1.WatchTaskResponse0\x01\x12W\n\nCancelTask\x12#.versus.router.v1.CancelTaskRequest\x1a$.versus.router.v1.CancelTaskResponse\x12\x63\n\x0eListDispatches\x12\'.versus.router.v1.ListDispatchesRequest\x1a(.versus.router.v1.ListDispatchesResponse\x12Z\n\x0bGetDispatch\x12$.versus.router.v1.GetDispatchRequest\x1a%.versus.router.v1.GetDispatchResponse\x12u\n\x14ResolveIndeterminate\x12-.versus.router.v1.ResolveIndeterminateRequest\x1a..versus.router.v1.ResolveIndeterminateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,38 +37,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_RESOLVEINDETERMINATEREQUEST'].fields_by_name['actor']._loaded_options = None
   _globals['_RESOLVEINDETERMINATEREQUEST'].fields_by_name['actor']._serialized_options = b'\030\001'
-  _globals['_RESOLUTION']._serialized_start=1550
-  _globals['_RESOLUTION']._serialized_end=1637
+  _globals['_RESOLUTION']._serialized_start=1568
+  _globals['_RESOLUTION']._serialized_end=1655
   _globals['_SUBMITTASKREQUEST']._serialized_start=119
-  _globals['_SUBMITTASKREQUEST']._serialized_end=498
-  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_start=453
-  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_end=498
-  _globals['_SUBMITTASKRESPONSE']._serialized_start=500
-  _globals['_SUBMITTASKRESPONSE']._serialized_end=576
-  _globals['_GETTASKREQUEST']._serialized_start=578
-  _globals['_GETTASKREQUEST']._serialized_end=611
-  _globals['_GETTASKRESPONSE']._serialized_start=613
-  _globals['_GETTASKRESPONSE']._serialized_end=668
-  _globals['_WATCHTASKREQUEST']._serialized_start=670
-  _globals['_WATCHTASKREQUEST']._serialized_end=705
-  _globals['_WATCHTASKRESPONSE']._serialized_start=707
-  _globals['_WATCHTASKRESPONSE']._serialized_end=764
-  _globals['_CANCELTASKREQUEST']._serialized_start=766
-  _globals['_CANCELTASKREQUEST']._serialized_end=818
-  _globals['_CANCELTASKRESPONSE']._serialized_start=820
-  _globals['_CANCELTASKRESPONSE']._serialized_end=878
-  _globals['_LISTDISPATCHESREQUEST']._serialized_start=881
-  _globals['_LISTDISPATCHESREQUEST']._serialized_end=1097
-  _globals['_LISTDISPATCHESRESPONSE']._serialized_start=1099
-  _globals['_LISTDISPATCHESRESPONSE']._serialized_end=1196
-  _globals['_GETDISPATCHREQUEST']._serialized_start=1198
-  _globals['_GETDISPATCHREQUEST']._serialized_end=1239
-  _globals['_GETDISPATCHRESPONSE']._serialized_start=1241
-  _globals['_GETDISPATCHRESPONSE']._serialized_end=1346
-  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_start=1349
-  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_end=1478
-  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_start=1480
-  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_end=1548
-  _globals['_TASKROUTERSERVICE']._serialized_start=1640
-  _globals['_TASKROUTERSERVICE']._serialized_end=2317
+  _globals['_SUBMITTASKREQUEST']._serialized_end=516
+  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_start=471
+  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_end=516
+  _globals['_SUBMITTASKRESPONSE']._serialized_start=518
+  _globals['_SUBMITTASKRESPONSE']._serialized_end=594
+  _globals['_GETTASKREQUEST']._serialized_start=596
+  _globals['_GETTASKREQUEST']._serialized_end=629
+  _globals['_GETTASKRESPONSE']._serialized_start=631
+  _globals['_GETTASKRESPONSE']._serialized_end=686
+  _globals['_WATCHTASKREQUEST']._serialized_start=688
+  _globals['_WATCHTASKREQUEST']._serialized_end=723
+  _globals['_WATCHTASKRESPONSE']._serialized_start=725
+  _globals['_WATCHTASKRESPONSE']._serialized_end=782
+  _globals['_CANCELTASKREQUEST']._serialized_start=784
+  _globals['_CANCELTASKREQUEST']._serialized_end=836
+  _globals['_CANCELTASKRESPONSE']._serialized_start=838
+  _globals['_CANCELTASKRESPONSE']._serialized_end=896
+  _globals['_LISTDISPATCHESREQUEST']._serialized_start=899
+  _globals['_LISTDISPATCHESREQUEST']._serialized_end=1115
+  _globals['_LISTDISPATCHESRESPONSE']._serialized_start=1117
+  _globals['_LISTDISPATCHESRESPONSE']._serialized_end=1214
+  _globals['_GETDISPATCHREQUEST']._serialized_start=1216
+  _globals['_GETDISPATCHREQUEST']._serialized_end=1257
+  _globals['_GETDISPATCHRESPONSE']._serialized_start=1259
+  _globals['_GETDISPATCHRESPONSE']._serialized_end=1364
+  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_start=1367
+  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_end=1496
+  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_start=1498
+  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_end=1566
+  _globals['_TASKROUTERSERVICE']._serialized_start=1658
+  _globals['_TASKROUTERSERVICE']._serialized_end=2335
 # @@protoc_insertion_point(module_scope)

@@ -79,6 +79,7 @@ class SubmitTaskRequest(_message.Message):
     DEADLINE_FIELD_NUMBER: _builtins.int
     REQUIRES_FIPS_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    FEATURES_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     operation: _builtins.str
     op_class: _task_pb2.OpClass.ValueType
@@ -93,6 +94,12 @@ class SubmitTaskRequest(_message.Message):
     def deadline(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def features(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Collector features the task needs, e.g. "cancel" (docs/protocol.md, floors): the task is
+        placed only on collectors whose protocol version reaches every feature's floor.
+        """
+
     def __init__(
         self,
         *,
@@ -107,10 +114,11 @@ class SubmitTaskRequest(_message.Message):
         deadline: _timestamp_pb2.Timestamp | None = ...,
         requires_fips: _builtins.bool = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        features: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "params", b"params", "provider", b"provider", "requires_fips", b"requires_fips", "site_id", b"site_id", "target_ref", b"target_ref", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline", "features", b"features", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "params", b"params", "provider", b"provider", "requires_fips", b"requires_fips", "site_id", b"site_id", "target_ref", b"target_ref", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

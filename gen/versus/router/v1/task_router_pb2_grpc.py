@@ -99,7 +99,10 @@ class TaskRouterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelTask(self, request, context):
-        """Cancel a task that has not reached a terminal state.
+        """Cancel a task that has not reached a terminal state. Work not yet handed to a collector
+        is cancelled at once; work a collector holds is asked to stop (collectors speaking
+        protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
+        ends when the collector answers (docs/protocol.md, cancel).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,11 @@ class TaskRouterServiceStub:
     WatchTask: _grpc.UnaryStreamMultiCallable[_task_router_pb2.WatchTaskRequest, _task_router_pb2.WatchTaskResponse]
     """Stream of task changes until the task reaches a terminal state."""
     CancelTask: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.CancelTaskRequest, _task_router_pb2.CancelTaskResponse]
-    """Cancel a task that has not reached a terminal state."""
+    """Cancel a task that has not reached a terminal state. Work not yet handed to a collector
+    is cancelled at once; work a collector holds is asked to stop (collectors speaking
+    protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
+    ends when the collector answers (docs/protocol.md, cancel).
+    """
     ListDispatches: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.ListDispatchesRequest, _task_router_pb2.ListDispatchesResponse]
     """Dispatch queue, filterable and paginated."""
     GetDispatch: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.GetDispatchRequest, _task_router_pb2.GetDispatchResponse]
@@ -64,7 +68,11 @@ class TaskRouterServiceAsyncStub(TaskRouterServiceStub):
     WatchTask: _aio.UnaryStreamMultiCallable[_task_router_pb2.WatchTaskRequest, _task_router_pb2.WatchTaskResponse]  # type: ignore[assignment]
     """Stream of task changes until the task reaches a terminal state."""
     CancelTask: _aio.UnaryUnaryMultiCallable[_task_router_pb2.CancelTaskRequest, _task_router_pb2.CancelTaskResponse]  # type: ignore[assignment]
-    """Cancel a task that has not reached a terminal state."""
+    """Cancel a task that has not reached a terminal state. Work not yet handed to a collector
+    is cancelled at once; work a collector holds is asked to stop (collectors speaking
+    protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
+    ends when the collector answers (docs/protocol.md, cancel).
+    """
     ListDispatches: _aio.UnaryUnaryMultiCallable[_task_router_pb2.ListDispatchesRequest, _task_router_pb2.ListDispatchesResponse]  # type: ignore[assignment]
     """Dispatch queue, filterable and paginated."""
     GetDispatch: _aio.UnaryUnaryMultiCallable[_task_router_pb2.GetDispatchRequest, _task_router_pb2.GetDispatchResponse]  # type: ignore[assignment]
@@ -107,7 +115,11 @@ class TaskRouterServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _task_router_pb2.CancelTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_task_router_pb2.CancelTaskResponse, _abc.Awaitable[_task_router_pb2.CancelTaskResponse]]:
-        """Cancel a task that has not reached a terminal state."""
+        """Cancel a task that has not reached a terminal state. Work not yet handed to a collector
+        is cancelled at once; work a collector holds is asked to stop (collectors speaking
+        protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
+        ends when the collector answers (docs/protocol.md, cancel).
+        """
 
     @_abc_1.abstractmethod
     def ListDispatches(

@@ -1,0 +1,103 @@
+"""The drivers running now, and stopping them on the control plane's verdicts (protocol 3).
+
+A claim answer may carry a verdict on a task this collector holds
+(docs/protocol.md, cancel and resume verdicts):
+
+- ``continue``: nothing to do;
+- ``cancel``: ask the driver to stop (:class:`collector.drivers.base.StopSignal`),
+  and stop it by force once the grace period has passed;
+- ``terminate``: nobody waits for the task any more: stop it by force now.
+
+What a stopped task reports is decided here, from whether its device writes had
+begun, never from the driver's word alone (:func:`stopped_outcome`): a read, or
+a mutation stopped before its first write, is ``cancelled``; a mutation stopped
+after it is ``unknown``, and the unknown-outcome ladder finds out what landed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from collector.drivers.base import DriverError, Outcome, Stopped, Task, WindowClosed
+from common.logs import get_logger
+
+log = get_logger("versus.collector")
+
+
+def stopped_outcome(task: Task, read: bool) -> Outcome:
+    """What a task stopped on a cancel (cooperatively or by force) reports. Pure."""
+    how = "by force after the grace period" if task.stop.forced else "on a cancel"
+    if read or not task.stop.writes_started:
+        return Outcome("cancelled", b"", "cancelled", f"stopped {how} before changing anything")
+    return Outcome(
+        "unknown", b"", "cancelled_mid_change",
+        f"stopped {how} after its change began; whether the device applied it is not known",
+    )  # fmt: skip
+
+
+class RunningTasks:
+    """Drivers in flight by dispatch id (the envelope's task id)."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, tuple[Task, asyncio.Task[Outcome]]] = {}
+
+    def __contains__(self, dispatch_id: object) -> bool:
+        return dispatch_id in self._running
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    async def run(
+        self, task: Task, execution: Coroutine[Any, Any, Outcome], timeout_s: float, read: bool
+    ) -> Outcome:
+        """Run one driver call to its outcome: its own, a timeout's (unknown), an error's (failed),
+        or a stop's (:func:`stopped_outcome`). :class:`WindowClosed` is raised, as before."""
+        runner = asyncio.ensure_future(asyncio.wait_for(execution, timeout_s))
+        self._running[task.task_id] = (task, runner)
+        try:
+            await asyncio.wait([runner])
+        except asyncio.CancelledError:
+            runner.cancel()  # the collector itself is stopping hard: take the driver with it
+            raise
+        finally:
+            self._running.pop(task.task_id, None)
+        if runner.cancelled():
+            return stopped_outcome(task, read)
+        try:
+            return runner.result()
+        except TimeoutError:
+            return Outcome("unknown", b"", "timeout", f"no answer within {timeout_s:g}s")
+        except WindowClosed:
+            raise
+        except Stopped:
+            return stopped_outcome(task, read)
+        except DriverError as exc:
+            return Outcome("failed", b"", exc.code, str(exc))
+
+    def apply(self, verdicts: Mapping[str, str], grace_s: float) -> None:
+        """Act on the verdicts for tasks running here (others were finished or never ran here)."""
+        loop = asyncio.get_running_loop()
+        for dispatch_id, said in verdicts.items():
+            entry = self._running.get(dispatch_id)
+            if entry is None or said == "continue":
+                continue
+            task, runner = entry
+            if said == "cancel" and not task.stop.requested:
+                log.info("cancel: asking the driver to stop", task_id=dispatch_id, grace_s=grace_s)
+                task.stop.event.set()
+                loop.call_later(grace_s, _force, task, runner)
+            elif said == "terminate":
+                log.warning(
+                    "terminate: nobody waits for this task any more; stopping it", task_id=dispatch_id
+                )
+                task.stop.event.set()
+                _force(task, runner)
+
+
+def _force(task: Task, runner: asyncio.Task[Outcome]) -> None:
+    if not runner.done():
+        log.warning("driver did not stop in time; stopping it by force", task_id=task.task_id)
+        task.stop.forced = True
+        runner.cancel()

@@ -1,0 +1,195 @@
+"""Per-feature protocol floors (placement), resume verdicts, and how a collector stops a task on a
+cancel: pure code fed values (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from collector.drivers.base import DriverContext, Outcome, Task
+from collector.drivers.stub import StubDriver
+from collector.running import RunningTasks, stopped_outcome
+from common import protocol
+from common.errors import InvalidArgument
+from router import placement
+from router.cancels import Verdict, verdict
+from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
+from router.submit import SubmitRequest, fingerprint, validate
+
+NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+
+def _cand(cid: str, version: int, **kw: Any) -> Candidate:
+    ops = {"echo": OperationCap("read")}
+    values: dict[str, Any] = {
+        "collector_id": cid, "site_id": "s1", "tenant_id": "t1", "active": True, "draining": False,
+        "live": True, "fips": False, "providers": {"stub": ProviderCap(4, ops)}, "protocol": version,
+    }  # fmt: skip
+    values.update(kw)
+    return Candidate(**values)
+
+
+def _req(*features: str) -> PlacementRequest:
+    return PlacementRequest("stub", "echo", "read", "s1", "t1", "dev-1", features=tuple(features))
+
+
+# --- floors -----------------------------------------------------------------------------------------
+def test_every_feature_has_a_floor_within_the_versions_this_build_speaks() -> None:
+    assert protocol.FEATURE_FLOORS, "at least one feature has a floor"
+    for feature, floor in protocol.FEATURE_FLOORS.items():
+        assert protocol.MIN_PROTOCOL_VERSION < floor <= protocol.PROTOCOL_VERSION, feature
+        assert feature in protocol.HISTORY[floor], f"the history of version {floor} names {feature}"
+
+
+def test_an_unknown_feature_is_refused_with_the_known_ones_named() -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        protocol.floor_of("teleport")
+    assert refused.value.code == "feature_unknown"
+    assert "cancel" in refused.value.message
+    assert protocol.check_features(["cancel", "cancel"]) == ("cancel",)
+    assert protocol.features_floor(()) == (1, "")
+    assert protocol.features_floor(["cancel"]) == (3, "cancel")
+
+
+def test_a_task_needing_a_feature_goes_only_to_collectors_at_its_floor() -> None:
+    old, new = _cand("old", 1), _cand("new", 3)
+    assert [c.collector_id for c in placement.eligible(_req("cancel"), [old, new])] == ["new"]
+    # Everything else still runs on the old collector: the floor is a placement rule.
+    assert {c.collector_id for c in placement.eligible(_req(), [old, new])} == {"old", "new"}
+
+
+def test_the_condition_names_the_floor_only_when_the_floor_is_what_keeps_the_task_waiting() -> None:
+    assert placement.shortfall(_req("cancel"), [_cand("old", 2)]) == "needs protocol ≥ 3 for cancel"
+    # A collector at the floor exists (merely busy): the floor is not the reason.
+    busy = _cand("new", 3, in_flight={"stub": 4})
+    assert placement.shortfall(_req("cancel"), [_cand("old", 2), busy]) is None
+    # No collector would take it even at the floor (none live): not the floor either.
+    assert placement.shortfall(_req("cancel"), [_cand("old", 2, live=False)]) is None
+    assert placement.shortfall(_req(), [_cand("old", 1)]) is None
+
+
+def test_submitted_features_are_validated_and_part_of_the_request_fingerprint() -> None:
+    base = SubmitRequest("stub", "echo", "read", "dev-1", "s1", "t1", b"", "k1", NOW + dt.timedelta(hours=1))
+    validate(base, NOW)
+    with_cancel = SubmitRequest(**{**_fields(base), "features": ("cancel",)})
+    validate(with_cancel, NOW)
+    assert fingerprint(with_cancel) != fingerprint(base)
+    unsorted = SubmitRequest(**{**_fields(base), "features": ("cancel", "cancel")})
+    with pytest.raises(InvalidArgument) as refused:
+        validate(unsorted, NOW)
+    assert refused.value.code == "features_invalid"
+
+
+def _fields(req: SubmitRequest) -> dict[str, Any]:
+    return {name: getattr(req, name) for name in SubmitRequest.__dataclass_fields__}
+
+
+# --- resume verdicts ----------------------------------------------------------------------------------
+def _held(**kw: Any) -> dict[str, Any]:
+    row = {
+        "dispatch_id": "d1", "kind": "execute", "state": "running", "reported_at": None,
+        "task_state": "running", "current_dispatch_id": "d1", "cancel_requested_at": None,
+    }  # fmt: skip
+    row.update(kw)
+    return row
+
+
+def test_verdicts_on_held_tasks() -> None:
+    assert verdict(_held()) is Verdict.CONTINUE
+    assert verdict(_held(cancel_requested_at=NOW)) is Verdict.CANCEL
+    # Nobody waits for it: unknown here, moved to another dispatch, or the task ended.
+    assert verdict(None) is Verdict.TERMINATE
+    assert verdict(_held(current_dispatch_id="d2", task_state="dispatched")) is Verdict.TERMINATE
+    assert verdict(_held(state="unknown", task_state="reconciling")) is Verdict.TERMINATE
+    assert verdict(_held(task_state="cancelled")) is Verdict.TERMINATE
+    # Already answered: its report is on its way again.
+    assert verdict(_held(state="success", reported_at=NOW, task_state="success")) is Verdict.CONTINUE
+    # A reconcile-read decides how the task ends, cancel or not.
+    reconcile = _held(kind="reconcile", task_state="reconciling", cancel_requested_at=NOW)
+    assert verdict(reconcile) is Verdict.CONTINUE
+
+
+# --- stopping a task on the collector -----------------------------------------------------------------
+def test_what_a_stopped_task_reports_depends_on_whether_its_writes_began() -> None:
+    task = Task("d1", "append", "dev", "k", b"", 1)
+    assert stopped_outcome(task, read=False).status == "cancelled"
+    task.stop.writes_started = True
+    unclear = stopped_outcome(task, read=False)
+    assert (unclear.status, unclear.error_code) == ("unknown", "cancelled_mid_change")
+    assert stopped_outcome(task, read=True).status == "cancelled"
+
+
+def _stub_task(tmp_path: Path, operation: str, **params: float) -> tuple[StubDriver, Task]:
+    driver = StubDriver(DriverContext(tmp_path))
+    return driver, Task("d1", operation, "dev", "key-1", json.dumps(params).encode(), 1)
+
+
+async def _cancel_soon(running: RunningTasks, verdicts: dict[str, str], grace_s: float) -> None:
+    while "d1" not in running:  # noqa: ASYNC110 - polls the registry the code under test fills
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    running.apply(verdicts, grace_s)
+
+
+@pytest.mark.parametrize(
+    ("operation", "params", "read", "status", "applied"),
+    [
+        ("echo", {"sleep": 30}, True, "cancelled", 0),
+        # Stopped while holding before its write: the device is untouched.
+        ("append", {"hold": 30}, False, "cancelled", 0),
+        # Stopped after its write, before the device confirmed: the outcome is unknown.
+        ("append", {"sleep": 30}, False, "unknown", 1),
+    ],
+)
+async def test_a_cooperative_driver_stops_at_once_on_a_cancel(
+    tmp_path: Path, operation: str, params: dict[str, float], read: bool, status: str, applied: int
+) -> None:
+    driver, task = _stub_task(tmp_path, operation, **params)
+    running = RunningTasks()
+    stopper = asyncio.ensure_future(_cancel_soon(running, {"d1": "cancel"}, grace_s=30))
+    async with asyncio.timeout(5):  # far below the 30 s the driver would otherwise take
+        outcome = await running.run(task, driver.execute(task), 60, read)
+    await stopper
+    assert outcome.status == status
+    assert not task.stop.forced
+    device = driver.device("dev")
+    assert (device.read_text().splitlines() if device.exists() else []).count("key-1") == applied
+
+
+async def test_a_driver_that_ignores_the_cancel_is_stopped_by_force_after_the_grace() -> None:
+    async def stubborn() -> Outcome:
+        await asyncio.sleep(30)  # not Task.pause: deaf to the stop signal
+        return Outcome("success")
+
+    task = Task("d1", "echo", "dev", "k", b"", 1)
+    running = RunningTasks()
+    stopper = asyncio.ensure_future(_cancel_soon(running, {"d1": "cancel"}, grace_s=0.2))
+    async with asyncio.timeout(5):
+        outcome = await running.run(task, stubborn(), 60, read=True)
+    await stopper
+    assert task.stop.forced and outcome.status == "cancelled"
+    assert "by force" in outcome.error_message
+
+
+async def test_terminate_stops_at_once_and_continue_changes_nothing() -> None:
+    async def slow() -> Outcome:
+        await asyncio.sleep(0.3)
+        return Outcome("success", b"done")
+
+    task = Task("d1", "echo", "dev", "k", b"", 1)
+    running = RunningTasks()
+    stopper = asyncio.ensure_future(_cancel_soon(running, {"d1": "continue", "other": "terminate"}, 0.1))
+    assert await running.run(task, slow(), 60, read=True) == Outcome("success", b"done")
+    await stopper
+    task = Task("d1", "echo", "dev", "k", b"", 1)
+    stopper = asyncio.ensure_future(_cancel_soon(running, {"d1": "terminate"}, grace_s=30))
+    async with asyncio.timeout(5):
+        outcome = await running.run(task, asyncio.sleep(30, Outcome("success")), 60, read=True)
+    await stopper
+    assert task.stop.forced and outcome.status == "cancelled"
+    assert len(running) == 0
