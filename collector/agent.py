@@ -28,6 +28,7 @@ from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.key_sets import PinnedKeys
+from collector.output import TaskOutput, UploadFailed, saved_digest
 from collector.renewal import Renewer
 from collector.running import RunningTasks
 from collector.signed_config import ConfigStore, OfferCheck
@@ -39,6 +40,7 @@ from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock, VerifyContext, verify
 from common.logs import get_logger
+from common.protocol import floor_of
 from common.signed_doc import DocumentError
 
 log = get_logger("versus.collector")
@@ -213,7 +215,8 @@ class Agent:
                 task_id, task_key(task_id), Result("unknown", b"", "collector_restarted", "interrupted")
             )
         for pending in self.journal.pending_reports():
-            self._spawn(self._report(pending.task_id, pending.result))
+            digest = saved_digest(self.options.state_dir, pending.task_id)
+            self._spawn(self._report(pending.task_id, pending.result, digest))
         self.journal.prune()
 
     async def _publish_capabilities(self) -> None:
@@ -489,9 +492,15 @@ class Agent:
             self.journal.record_result(f.task_id, f.idempotency_key, known)
             self._spawn(self._report(f.task_id, known))
             return None
+        # A stream only where the control plane takes one (protocol 4); it starts at the first write.
+        output = None
+        if self.client.protocol >= floor_of("output_stream"):
+            output = TaskOutput(
+                self.options.state_dir, f.task_id, self.client.output, self.options.max_backoff_s
+            )
         task = Task(
             f.task_id, f.operation, f.target_ref, f.idempotency_key, accepted.envelope.params, f.lease_epoch,
-            expires_at=f.expires_at, clock=self._now,
+            expires_at=f.expires_at, clock=self._now, output=output,
         )  # fmt: skip
         self.in_flight[f.provider] = self.in_flight.get(f.provider, 0) + 1
         self._spawn(self._execute(f.provider, task, read))
@@ -514,13 +523,22 @@ class Agent:
         finally:
             self.in_flight[provider] -= 1
             self.slot_freed.set()
+        digest = None
+        stream = task.output if isinstance(task.output, TaskOutput) and task.output.started else None
+        if stream is not None:
+            try:
+                digest = await stream.finish()  # the report vouches only for output the control plane holds
+            except UploadFailed as exc:
+                stream = None
+                if read and outcome.status == "success":
+                    outcome = Outcome("failed", b"", exc.code, f"the output could not be delivered: {exc}")
         result = Result(outcome.status, outcome.result, outcome.error_code, outcome.error_message)
         # A read's answer is about that moment only (a reconcile-read above all): it must never
         # answer a later envelope with the same idempotency key, so it is journaled per task; so
         # is a cancel that changed nothing, which leaves the key free for a later attempt.
         key = task_key(task.task_id) if read or outcome.status == "cancelled" else task.idempotency_key
         self.journal.record_result(task.task_id, key, result)
-        await self._report(task.task_id, result)
+        await self._report(task.task_id, result, digest, stream)
 
     async def _run_driver(self, provider: str, task: Task) -> Outcome:
         driver = self.drivers.get(provider)
@@ -552,7 +570,13 @@ class Agent:
         return unclear
 
     # --- reporting ----------------------------------------------------------------------------------
-    async def _report(self, task_id: str, result: Result) -> None:
+    async def _report(
+        self,
+        task_id: str,
+        result: Result,
+        digest: tuple[int, str] | None = None,
+        stream: TaskOutput | None = None,
+    ) -> None:
         body: dict[str, Any] = {
             "task_id": task_id,
             "outcome": result.outcome,
@@ -561,14 +585,21 @@ class Agent:
         }
         if result.outcome != "refused":
             body["result_b64"] = base64.b64encode(result.result).decode()
-        await self._send_report(task_id, body)
+        if digest is not None:
+            body["output"] = {"length": digest[0], "sha256": digest[1]}
+        await self._send_report(task_id, body, stream=stream)
+        if digest is not None:
+            (stream or TaskOutput(self.options.state_dir, task_id, self.client.output)).remove()
 
     async def _report_refusal(self, task_id: str, code: str, message: str) -> None:
         body = {"task_id": task_id, "outcome": "refused", "error_code": code, "error_message": message[:4000]}
         await self._send_report(task_id, body, journaled=False)
 
-    async def _send_report(self, task_id: str, body: Mapping[str, Any], journaled: bool = True) -> None:
-        """Resend the same report until acknowledged; never re-execute. A duplicate ack counts as success."""
+    async def _send_report(
+        self, task_id: str, body: Mapping[str, Any], journaled: bool = True, stream: TaskOutput | None = None
+    ) -> None:
+        """Resend the same report until acknowledged; never re-execute. A duplicate ack counts as success.
+        A report naming more output than the control plane holds sends the rest of ``stream`` first."""
         attempt = 0
         deadline = None
         while True:
@@ -576,6 +607,16 @@ class Agent:
                 await self.client.report(dict(body))
                 break
             except GatewayRefused as exc:
+                acked = exc.details.get("acked")
+                if exc.code == "output_incomplete" and stream is not None and isinstance(acked, int):
+                    log.warning("the control plane holds less output than reported; sending the rest",
+                                task_id=task_id, acked=acked)  # fmt: skip
+                    try:
+                        await stream.upload_again_from(acked)
+                    except UploadFailed as failed:
+                        log.error("output refused; report not sent", task_id=task_id, code=failed.code)
+                        break
+                    continue
                 if exc.code not in RETRYABLE_REPORT_REFUSALS:
                     # 403/409: the control plane will never accept it; the journal keeps the evidence.
                     log.error("report refused", task_id=task_id, code=exc.code)

@@ -39,10 +39,11 @@ class GatewayUnavailable(Exception):
 class GatewayRefused(Exception):
     """The gateway answered 4xx; ``code`` is its stable error code."""
 
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None):
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
+        self.details: dict[str, Any] = dict(details or {})
 
 
 @dataclass
@@ -214,6 +215,24 @@ class GatewayClient:
         _, raw, _ = await self._call("bye", {"session_id": session_id, "reason": reason}, timeout_s=5)
         return bool(json.loads(raw).get("current"))
 
+    async def output(self, dispatch_id: str, offset: int, data: bytes) -> int:
+        """One chunk of a task's output at ``offset`` (protocol 4, always over HTTPS); the ack: where
+        the next chunk starts. A gap or overlap is :class:`GatewayRefused` with ``details["acked"]``."""
+        try:
+            response = await self._http.post(
+                "/output",
+                params={"task_id": dispatch_id, "offset": offset},
+                content=data,
+                headers={"Content-Type": "application/octet-stream", protocol.HEADER: str(self.protocol)},
+            )
+        except httpx.HTTPError as exc:
+            raise GatewayUnavailable(f"output: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise GatewayUnavailable(f"output: HTTP {response.status_code}")
+        if response.status_code >= 400:
+            raise _refused(response.status_code, response.content)
+        return int(response.json()["acked"])
+
     async def renew(self, csr_pem: str) -> dict[str, Any]:
         """A new certificate for the collector's key (``/renew``, always over HTTPS)."""
         try:
@@ -291,7 +310,10 @@ def _held_verdicts(head: Mapping[str, Any], settled: int) -> dict[str, Any]:
 def _refused(status: int, raw: bytes) -> GatewayRefused:
     try:
         error = json.loads(raw)["error"]
-        return GatewayRefused(status, str(error["code"]), str(error["message"]))
+        details = error.get("details")
+        return GatewayRefused(
+            status, str(error["code"]), str(error["message"]), details if isinstance(details, dict) else None
+        )
     except (ValueError, KeyError, TypeError):
         return GatewayRefused(status, f"http_{status}", raw[:200].decode(errors="replace"))
 

@@ -39,6 +39,12 @@ def frame_token(
     return bound_token(key, collector_id, collector_jwt.FRAME, path, collector_jwt.frame_body(body))
 
 
+def _output(output: object) -> dict[str, Any]:
+    if not isinstance(output, Mapping):
+        return {}
+    return {"output_length": int(output["length"]), "output_sha256": str(output["sha256"])}
+
+
 def signed_report(
     key: ec.EllipticCurvePrivateKey, collector_id: str, body: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -50,6 +56,7 @@ def signed_report(
         base64.b64decode(str(body.get("result_b64", ""))),
         str(body.get("error_code", "")),
         str(body.get("error_message", "")),
+        **_output(body.get("output")),
     )
     return {**body, "signature": report_signature.sign(key, statement, int(time.time()))}
 

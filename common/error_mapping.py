@@ -7,7 +7,10 @@ that the same error would carry on the per-call HTTPS path (4400, 4401, ...).
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from redis import exceptions as redis_exc
@@ -60,6 +63,8 @@ _GRPC_TO_KIND: dict[grpc.StatusCode, type[errors.VersusError]] = {
 
 # Trailing metadata key carrying the stable code across gRPC hops.
 GRPC_CODE_METADATA_KEY = "versus-error-code"
+# And the error's details (JSON), when it has any: machine-readable context such as an ack offset.
+GRPC_DETAILS_METADATA_KEY = "versus-error-details"
 
 
 def _infrastructure(error: BaseException) -> errors.VersusError | None:
@@ -97,9 +102,28 @@ def public_error(error: BaseException) -> errors.VersusError:
     return errors.VersusError("internal error", code="internal")
 
 
-def from_grpc(code: grpc.StatusCode, details: str, versus_code: str | None) -> errors.VersusError:
-    """Rebuild a domain error from a gRPC failure so the gateway can re-map it for collectors."""
+def from_grpc(
+    code: grpc.StatusCode, details: str, versus_code: str | None, error_details: str | None = None
+) -> errors.VersusError:
+    """Rebuild a domain error from a gRPC failure so the gateway can re-map it for collectors
+    (``error_details``: the JSON of its details, from trailing metadata)."""
     kind = _GRPC_TO_KIND.get(
         code, errors.Unavailable if code == grpc.StatusCode.CANCELLED else errors.VersusError
     )
-    return kind(details or code.name.lower(), code=versus_code or None)
+    parsed: Any = None
+    if error_details:
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(error_details)
+    return kind(
+        details or code.name.lower(),
+        code=versus_code or None,
+        details=parsed if isinstance(parsed, dict) else None,
+    )
+
+
+def trailing_metadata(error: errors.VersusError) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that carries ``error``'s code (and details) to the caller."""
+    pairs = [(GRPC_CODE_METADATA_KEY, error.code)]
+    if error.details:
+        pairs.append((GRPC_DETAILS_METADATA_KEY, json.dumps(error.details, separators=(",", ":"))))
+    return tuple(pairs)

@@ -146,8 +146,11 @@ async def call_mapped(
             ) from None
         # grpc.aio returns its own Metadata type, iterable as (key, value) pairs.
         metadata_pairs: Any = exc.trailing_metadata() or ()
-        versus_code = next((v for k, v in metadata_pairs if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
+        pairs = {k: v for k, v in metadata_pairs if isinstance(v, str)}
         error: VersusError = error_mapping.from_grpc(
-            code, exc.details() or "", versus_code if isinstance(versus_code, str) else None
+            code,
+            exc.details() or "",
+            pairs.get(error_mapping.GRPC_CODE_METADATA_KEY),
+            pairs.get(error_mapping.GRPC_DETAILS_METADATA_KEY),
         )
         raise error from None

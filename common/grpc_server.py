@@ -258,7 +258,7 @@ async def _abort_for(
             log.exception("unhandled error in rpc", service=service, method=method)
         elif not isinstance(exc, VersusError):
             log.warning("dependency unavailable", service=service, method=method, error=type(exc).__name__)
-        context.set_trailing_metadata(((error_mapping.GRPC_CODE_METADATA_KEY, public.code),))
+        context.set_trailing_metadata(error_mapping.trailing_metadata(public))
         await context.abort(code, public.message)
 
 

@@ -9,3 +9,12 @@ MAX_CLAIM_BATCH = 32
 # Largest collector release artifact the control plane publishes and the gateway serves
 # (router/update_repo.py, gateway/updates_api.py).
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+
+# Streamed task output (protocol 4, router/output.py): the largest chunk one request carries, and
+# the defaults for what one task and one tenant may hold (settings VERSUS_OUTPUT_TASK_LIMIT_BYTES,
+# VERSUS_OUTPUT_TENANT_QUOTA_BYTES) and how long output is kept after its task ended
+# (VERSUS_OUTPUT_RETENTION_S).
+MAX_OUTPUT_CHUNK = 1024 * 1024
+OUTPUT_TASK_LIMIT_BYTES = 1024 * 1024 * 1024
+OUTPUT_TENANT_QUOTA_BYTES = 10 * 1024 * 1024 * 1024
+OUTPUT_RETENTION_S = 7 * 24 * 3600

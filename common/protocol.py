@@ -33,11 +33,14 @@ HISTORY: dict[int, str] = {
     2: "version negotiation on every claim; the settled version on every message; bye (a clean shutdown)",
     3: "cancel of running work (claim answers carry cancels, reports may say cancelled); resume verdicts "
     "(a claim marked resume is answered continue, cancel or terminate for every task it holds)",
+    4: "output_stream: a task's output streamed in chunks at byte offsets (POST output), acked up to the "
+    "contiguous length stored, resumed from the ack; the final report names the output's length and SHA-256",
 }
 # The lowest version whose collectors honour each feature. A task that needs a feature is placed only on
 # a collector whose settled version reaches its floor; older collectors keep running everything else.
 FEATURE_FLOORS: dict[str, int] = {
     "cancel": 3,
+    "output_stream": 4,
 }
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)

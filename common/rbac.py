@@ -142,6 +142,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_ROUTER}/SubmitTask": _PLATFORM,
     f"/{_ROUTER}/GetTask": _PLATFORM | _VIEW,
     f"/{_ROUTER}/WatchTask": _PLATFORM | _VIEW,
+    f"/{_ROUTER}/ReadOutput": _PLATFORM | _VIEW,
     f"/{_ROUTER}/CancelTask": _PLATFORM | _OPERATE,
     f"/{_ROUTER}/ListDispatches": _VIEW,
     f"/{_ROUTER}/GetDispatch": _VIEW,
@@ -151,6 +152,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_BRIDGE}/Report": _SERVICE,
     f"/{_BRIDGE}/PublishCapabilities": _SERVICE,
     f"/{_BRIDGE}/Goodbye": _SERVICE,
+    f"/{_BRIDGE}/AppendOutput": _SERVICE,
     f"/{_TUNNEL}/OpenTunnel": _PLATFORM | _OPERATE,
     f"/{_TUNNEL}/RelayTunnel": _SERVICE,
     # API tokens and audit.

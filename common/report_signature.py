@@ -14,6 +14,8 @@ A compact ES256 JWS with these claims (``typ`` ``versus-report+jwt``):
     out  outcome: running, success, failed, unknown, refused or cancelled
     rsh  SHA-256 of the result bytes, base64url without padding
     ecd  error code          emh  SHA-256 of the error message, base64url
+    oln  length of the streamed output (decimal), and
+    osh  its SHA-256 (hex): both only when the report names an output (protocol 4)
 
 Pure code: the caller finds the key.
 """
@@ -34,6 +36,8 @@ from common.errors import PermissionDenied
 ALGORITHM = "ES256"
 TYPE = "versus-report+jwt"
 MAX_CHARS = 2048
+# Claims present only when the report carries what they cover.
+OPTIONAL_CLAIMS = ("oln", "osh")
 
 
 class ReportSignatureError(PermissionDenied):
@@ -50,9 +54,12 @@ class ReportStatement:
     result: bytes = b""
     error_code: str = ""
     error_message: str = ""
+    # The streamed output the report names (protocol 4); None: none.
+    output_length: int | None = None
+    output_sha256: str = ""
 
     def claims(self) -> dict[str, str]:
-        return {
+        claims = {
             "iss": self.collector_id,
             "tid": self.dispatch_id,
             "out": self.outcome,
@@ -60,6 +67,10 @@ class ReportStatement:
             "ecd": self.error_code,
             "emh": b64url.sha256(self.error_message.encode()),
         }
+        if self.output_length is not None:
+            claims["oln"] = str(self.output_length)
+            claims["osh"] = self.output_sha256.lower()
+        return claims
 
 
 def sign(key: ec.EllipticCurvePrivateKey, statement: ReportStatement, now: int) -> str:
@@ -80,7 +91,11 @@ def verify(signature: str, public_key: ec.EllipticCurvePublicKey, statement: Rep
         )
     except jwt.PyJWTError:
         raise ReportSignatureError("the report signature does not verify with the collector's key") from None
-    for name, value in statement.claims().items():
+    expected = statement.claims()
+    if any(name in claims and name not in expected for name in OPTIONAL_CLAIMS):
+        # Signed with an output the report no longer names: something on the way removed it.
+        raise ReportSignatureError("the report differs from what the collector signed (output)")
+    for name, value in expected.items():
         got = claims.get(name)
         if not isinstance(got, str) or not secrets.compare_digest(got.encode(), value.encode()):
             raise ReportSignatureError(f"the report differs from what the collector signed ({name})")

@@ -18,6 +18,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from common import limits
 from common.errors import ConfigError
 
 CONFIG_FILE_ENV = "VERSUS_CONFIG"
@@ -136,6 +137,25 @@ class Settings(BaseSettings):
         description="CA of operator-supplied gateway certificates, handed to collectors at enrollment.",
     )
 
+    output_task_limit_bytes: int = Field(
+        default=limits.OUTPUT_TASK_LIMIT_BYTES,
+        ge=limits.MAX_OUTPUT_CHUNK,
+        le=2**40,
+        description="Most streamed output one task attempt may store (protocol 4, docs/protocol.md).",
+    )
+    output_tenant_quota_bytes: int = Field(
+        default=limits.OUTPUT_TENANT_QUOTA_BYTES,
+        ge=limits.MAX_OUTPUT_CHUNK,
+        le=2**50,
+        description="Most streamed output one tenant's tasks may store at once; output is removed as it "
+        "passes retention.",
+    )
+    output_retention_s: int = Field(
+        default=limits.OUTPUT_RETENTION_S,
+        ge=60,
+        le=365 * 24 * 3600,
+        description="How long a task's streamed output is kept after the task ended (seconds).",
+    )
     update_soak_s: int = Field(
         default=3600,
         ge=0,

@@ -41,6 +41,7 @@ from gateway import (
     enroll_api,
     openapi_bodies,
     openapi_errors,
+    output_api,
     tunnel_ws,
     updates_api,
 )
@@ -234,6 +235,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app.include_router(enroll_api.router)
     app.include_router(collector_api.router)
+    app.include_router(output_api.router)
     app.include_router(updates_api.router)
     app.include_router(control_ws.router)
     app.include_router(tunnel_ws.router)

@@ -236,6 +236,9 @@ async def report_op(msg: ControlCall) -> ControlReply:
             error_code=body.error_code,
             error_message=body.error_message,
             signature=body.signature,
+            output=bpb.OutputDigest(length=body.output.length, sha256=body.output.sha256.lower())
+            if body.output
+            else None,
         ),
         msg.request_id,
     )

@@ -115,6 +115,13 @@ class ClaimBody(BaseModel):
         return Offer(self.protocol.min, self.protocol.max) if self.protocol else Offer(1, 1)
 
 
+class OutputDigestBody(BaseModel):
+    """The streamed output a final report vouches for (protocol 4)."""
+
+    length: int = Field(ge=0, le=2**62)
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+
+
 class ReportBody(BaseModel):
     task_id: Name = _ID
     outcome: Literal["running", "success", "failed", "unknown", "refused", "cancelled"] = Field(
@@ -130,6 +137,11 @@ class ReportBody(BaseModel):
         description="the collector's ES256 signature over what this report says (docs/threat-model.md); "
         "required: a report without one is refused with report_unsigned",
     )
+    output: OutputDigestBody | None = Field(
+        default=None,
+        description="protocol 4: the length and SHA-256 of the output streamed for this task (POST output); "
+        "checked against what the control plane stored",
+    )
 
     def check_version(self, version: int) -> None:
         """Refuse what a message written in ``version`` cannot say (protocol 3 added ``cancelled``)."""
@@ -137,6 +149,11 @@ class ReportBody(BaseModel):
         if self.outcome == "cancelled" and version < floor:
             raise protocol.VersionUnsupported(
                 f"the outcome cancelled is written in protocol {floor} or later, not {version}"
+            )
+        floor = protocol.floor_of("output_stream")
+        if self.output is not None and version < floor:
+            raise protocol.VersionUnsupported(
+                f"a report's output is written in protocol {floor} or later, not {version}"
             )
 
 

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from common import limits
 from common.errors import FailedPrecondition
 from common.keys import KeySet
 from common.logs import get_logger
@@ -159,6 +160,10 @@ class RouterCore:
         self._report_keys: dict[str, ec.EllipticCurvePublicKey] = {}
         self.max_attempts = max_attempts
         self.dispatch_ttl_s = dispatch_ttl_s
+        # Streamed output bounds and retention (router/output.py); the server sets them from settings.
+        self.output_task_limit = limits.OUTPUT_TASK_LIMIT_BYTES
+        self.output_tenant_quota = limits.OUTPUT_TENANT_QUOTA_BYTES
+        self.output_retention_s = float(limits.OUTPUT_RETENTION_S)
         self.liveness = Liveness(redis)
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)

@@ -28,6 +28,7 @@ from common.protocol import check_features
 from router import store
 from router.cancels import CANCEL_GRACE_S
 from router.live import task_key
+from router.output import Appended
 from router.service import Router
 from router.sql import Row
 from router.states import TERMINAL, State
@@ -52,6 +53,11 @@ VERDICT_TO_PB = {
     "continue": bridge_pb.HELD_VERDICT_CONTINUE,
     "cancel": bridge_pb.HELD_VERDICT_CANCEL,
     "terminate": bridge_pb.HELD_VERDICT_TERMINATE,
+}
+APPENDED_TO_PB = {
+    Appended.APPENDED: bridge_pb.APPEND_OUTCOME_APPENDED,
+    Appended.GAP: bridge_pb.APPEND_OUTCOME_GAP,
+    Appended.OVERLAP: bridge_pb.APPEND_OUTCOME_OVERLAP,
 }
 OUTCOME_FROM_PB = {
     bridge_pb.REPORT_OUTCOME_RUNNING: State.RUNNING,
@@ -97,6 +103,8 @@ def task_pb(task: Row, history: Sequence[Row] = ()) -> task_pb2.Task:
         updated_at=ts(task["updated_at"]),
         features=list(task["features"]),
         cancel_requested_at=ts(task["cancel_requested_at"]) if task["cancel_requested_at"] else None,
+        output_length=int(task.get("output_length") or 0),
+        output_sha256=task.get("output_sha256") or "",
     )
 
 
@@ -207,6 +215,16 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), WATCH_FALLBACK_S)
+
+    async def ReadOutput(
+        self, request: pb.ReadOutputRequest, context: Context
+    ) -> AsyncIterator[pb.ReadOutputResponse]:
+        await self._visible(request.task_id)
+        async for chunk in self.router.read_output(request.task_id, request.offset, request.follow):
+            yield pb.ReadOutputResponse(
+                offset=chunk.offset, data=chunk.data, complete=chunk.complete, length=chunk.length,
+                sha256=chunk.sha256,
+            )  # fmt: skip
 
     async def CancelTask(self, request: pb.CancelTaskRequest, context: Context) -> pb.CancelTaskResponse:
         await self._visible(request.task_id)
@@ -367,6 +385,7 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             request.error_message,
             refused=request.outcome == bridge_pb.REPORT_OUTCOME_REFUSED,
             signature=request.signature,
+            output=(request.output.length, request.output.sha256) if request.HasField("output") else None,
         )
         return bridge_pb.ReportResponse(duplicate=result.duplicate, state=STATE_TO_PB[result.state])
 
@@ -378,6 +397,16 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             request.collector_id, request.capability_epoch, manifest, request.fips, request.agent_version
         )
         return bridge_pb.PublishCapabilitiesResponse(capability_epoch=epoch)
+
+    async def AppendOutput(
+        self, request: bridge_pb.AppendOutputRequest, context: Context
+    ) -> bridge_pb.AppendOutputResponse:
+        if not request.collector_id:
+            raise InvalidArgument("collector_id is required", code="collector_id_missing")
+        outcome, acked = await self.router.append_output(
+            request.collector_id, request.dispatch_id, request.offset, request.data
+        )
+        return bridge_pb.AppendOutputResponse(outcome=APPENDED_TO_PB[outcome], acked=acked)
 
     async def Goodbye(self, request: bridge_pb.GoodbyeRequest, context: Context) -> bridge_pb.GoodbyeResponse:
         if not request.collector_id:

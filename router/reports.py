@@ -17,6 +17,7 @@ from router import ladder, store
 from router.core import MAX_CACHED_REPORT_KEYS, Effects, ReportResult, _now
 from router.metrics import DISPATCH_STATES
 from router.outcomes import Outcomes
+from router.output import Outputs
 from router.sql import Row
 from router.states import State, check_transition
 
@@ -26,7 +27,7 @@ ANSWERED = frozenset({S.SUCCESS, S.FAILED, S.UNKNOWN, S.CANCELLED})
 log = get_logger("versus.router")
 
 
-class Reports(Outcomes):
+class Reports(Outcomes, Outputs):
     """Reports, resolve and reads."""
 
     async def report(
@@ -40,6 +41,7 @@ class Reports(Outcomes):
         *,
         refused: bool = False,
         signature: str | None = None,
+        output: tuple[int, str] | None = None,
     ) -> ReportResult:
         """Record a collector's report on a dispatch it was given; see docs/router.md for the rules.
 
@@ -49,6 +51,8 @@ class Reports(Outcomes):
         checked against its key in PostgreSQL before anything is recorded, then kept with the
         dispatch. Every report from a collector carries one (the bridge passes ``""`` when it is
         missing, which is refused); ``None`` is for callers inside the router's own process.
+        ``output``: the (length, SHA-256 hex) of the output the collector streamed (protocol 4),
+        checked against what is stored (router/output.py).
         """
         statement = ReportStatement(
             collector_id,
@@ -57,6 +61,8 @@ class Reports(Outcomes):
             result,
             error_code,
             error_message,
+            output_length=None if output is None else output[0],
+            output_sha256="" if output is None else output[1],
         )
         if refused:
             outcome = S.FAILED
@@ -108,6 +114,10 @@ class Reports(Outcomes):
                     )
                 # The report's signature is kept with the dispatch, in the same statement as the report.
                 signed = {"report_signature": signature} if signature is not None else {}
+                mismatch = "" if refused else await self._check_output(conn, d, output)
+                if mismatch and outcome == S.SUCCESS:
+                    outcome, error_code = S.FAILED, mismatch
+                    error_message = "the output stored differs from what the collector says it sent"
                 if refused:
                     state = await self._refused(conn, task, d, error_code, error_message, effects, signed)
                 else:
@@ -296,6 +306,11 @@ class Reports(Outcomes):
             task = await store.get_task(conn, task_id)
             if task is None:
                 raise NotFound(f"task {task_id!r} does not exist", code="task_not_found")
+            if task["current_dispatch_id"]:
+                # The current attempt's streamed output, so far (router/output.py).
+                d = await store.get_dispatch(conn, task["current_dispatch_id"])
+                if d is not None:
+                    task = {**task, "output_length": d["output_length"], "output_sha256": d["output_sha256"]}
             return task, await store.history(conn, task_id)
 
 

@@ -162,6 +162,9 @@ async def serve(settings: Settings) -> None:
         database_url, pool_size=20, max_overflow=20, pre_ping=False, application_name="versus-router"
     )
     router = Router(engine, create_redis(redis_url), keys.get)
+    router.output_task_limit = settings.output_task_limit_bytes
+    router.output_tenant_quota = settings.output_tenant_quota_bytes
+    router.output_retention_s = float(settings.output_retention_s)
     router.key_chains = KeyChains(state)
     router.trust = TrustDelivery(BundleSource.from_settings(settings, state), keys.get, engine)
     router.tunnels = TunnelHub(router.redis, settings.router_address)

@@ -14,6 +14,7 @@ from common.logs import get_logger
 from router import store
 from router.cancels import Cancels
 from router.core import Effects, _now
+from router.output import Outputs
 from router.sql import Row
 from router.states import State
 
@@ -21,7 +22,7 @@ S = State
 log = get_logger("versus.router")
 
 
-class Sweeps(Cancels):
+class Sweeps(Cancels, Outputs):
     """Capabilities, collector removal and the sweeper."""
 
     async def publish_capabilities(
@@ -137,4 +138,5 @@ class Sweeps(Cancels):
         # rebuild may be applied again after it); re-syncing from PostgreSQL each pass bounds the drift.
         await self.in_flight.rebuild()
         counts["cancels"] = await self.renotify_cancels()
+        counts["outputs_purged"] = await self.purge_outputs()
         return counts

@@ -2,10 +2,11 @@
 
     versus-cp tasks submit --site S --tenant T --provider P --operation O --class CLASS --target T
                            [--params JSON | --params-file FILE] [--key K] [--deadline SECONDS]
-                           [--fips] [--label K=V ...] [--wait]
+                           [--fips] [--label K=V ...] [--feature NAME ...] [--wait]
     versus-cp tasks get TASK_ID
     versus-cp tasks watch TASK_ID          # each state change until the task settles
     versus-cp tasks cancel TASK_ID [--reason TEXT]
+    versus-cp tasks output TASK_ID [--offset N] [--follow] [--out FILE]   # streamed output
 
 Submitting needs a platform token (``versus-cp access create NAME --role platform --tenant T``, then
 ``VERSUS_API_TOKEN``); get and watch work with any viewer, cancel with an operator. Every
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import secrets
 import sys
@@ -83,9 +85,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     get.add_argument("task_id")
     watch = sub.add_parser("watch", help="Print each state change until the task settles.")
     watch.add_argument("task_id")
-    cancel = sub.add_parser("cancel", help="Cancel a task that was not handed to a collector yet.")
+    cancel = sub.add_parser(
+        "cancel", help="Cancel a task (one a collector holds is asked to stop it; protocol 3)."
+    )
     cancel.add_argument("task_id")
     cancel.add_argument("--reason", default="")
+    output = sub.add_parser("output", help="Write a task's streamed output (protocol 4) to stdout or a file.")
+    output.add_argument("task_id")
+    output.add_argument("--offset", type=int, default=0, help="start at this byte (default 0)")
+    output.add_argument(
+        "--follow", action="store_true", help="keep writing as output arrives, until the task ends"
+    )
+    output.add_argument("--out", type=Path, help="write here instead of stdout")
     for p in (submit, get, watch, cancel):
         p.add_argument("--json", action="store_true")
 
@@ -178,7 +189,42 @@ def _watch(settings: Settings, task_id: str, as_json: bool) -> int:
     return 0 if last.state == task_pb2.TASK_STATE_SUCCESS else EXIT_NOT_SUCCESS
 
 
+def _output(settings: Settings, args: argparse.Namespace) -> int:
+    """ReadOutput to a file or stdout, one chunk at a time; checks the SHA-256 when it reads it all."""
+    if args.offset < 0:
+        raise InvalidArgument("--offset must not be negative", code="offset_invalid")
+    address = settings.router_address
+    request = pb.ReadOutputRequest(task_id=args.task_id, offset=args.offset, follow=args.follow)
+    sha, written, last = hashlib.sha256(), 0, None
+    sink = open(args.out, "wb") if args.out else sys.stdout.buffer  # noqa: SIM115 - closed below
+    try:
+        with sync_channel(address, token_files.operator_token(settings)) as channel:
+            stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+            try:
+                for message in stub.ReadOutput(request):
+                    sink.write(message.data)
+                    sha.update(message.data)
+                    written += len(message.data)
+                    last = message
+            except grpc.RpcError as exc:
+                raise rpc.error_from(exc, address) from None
+    finally:
+        sink.flush()
+        if args.out:
+            sink.close()
+    whole = last is not None and last.sha256 and args.offset == 0 and written == last.length
+    if whole and last is not None and sha.hexdigest() != last.sha256:
+        print("versus-cp: the output read differs from its recorded SHA-256", file=sys.stderr)
+        return 1
+    if args.out:
+        done = "complete" if last is not None and last.complete else "so far"
+        print(f"{written} bytes written to {args.out} ({done})", file=sys.stderr)
+    return 0
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action == "output":
+        return _output(settings, args)
     if args.action == "submit":
         reply = _call(settings, "SubmitTask", _submit_request(args))
         if args.json and not args.wait:

@@ -38,6 +38,13 @@ class Outcome:
     error_message: str = ""
 
 
+class OutputSink(Protocol):
+    """A task's output stream: what a driver writes goes to the control plane as it grows, with
+    bounded memory whatever its size (collector/output.py)."""
+
+    async def write(self, data: bytes) -> None: ...
+
+
 class StopSignal:
     """A request to stop one task (a cancel, protocol 3), and whether its device writes began.
 
@@ -79,6 +86,9 @@ class Task:
     expires_at: int = 0
     clock: Callable[[], float] | None = field(default=None, compare=False, repr=False)
     stop: StopSignal = field(default_factory=StopSignal, compare=False, repr=False)
+    # Where the driver streams the task's output (protocol 4); None when the control plane cannot
+    # take a stream from this collector now (below the output_stream floor).
+    output: OutputSink | None = field(default=None, compare=False, repr=False)
 
     def window_open(self) -> bool:
         """Whether the envelope's window is still open by the collector's clock (always, without one)."""

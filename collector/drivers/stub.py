@@ -4,6 +4,8 @@
     append        mutate_reconcilable  appends the idempotency key to the device file; check: append.check
     append.check  read                 success if the key is in the device file, failed if not
     apply_once    mutate_terminal      appends to the device file, not safely repeatable
+    dump          read                 streams {"bytes": n} bytes of output, deterministic from
+                                       {"seed": s} (dump_blocks), through Task.output (protocol 4)
 
 Each device is a file ``<state>/stub-devices/<target_ref>``, so tests can count
 exactly how often each mutation was applied. ``VERSUS_STUB_DEVICE_DIR`` puts
@@ -23,14 +25,17 @@ one after it leaves the outcome to the unknown-outcome ladder.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import random
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Task
+from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Stopped, Task
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # Beside each device file: one JSON line per write (key, lease epoch, dispatch, expires_at, time).
@@ -46,6 +51,7 @@ class StubDriver:
         "append": Operation("mutate_reconcilable", timeout_s=60, reconcile_operation="append.check"),
         "append.check": Operation("read", timeout_s=30),
         "apply_once": Operation("mutate_terminal", timeout_s=60),
+        "dump": Operation("read", timeout_s=600),
     }
 
     def __init__(self, ctx: DriverContext):
@@ -62,6 +68,8 @@ class StubDriver:
             if params.get("sleep"):
                 await task.pause(float(params["sleep"]))
             return Outcome("success", task.params)
+        if task.operation == "dump":
+            return await _dump(task, params)
         path = self.device(task.target_ref)
         if task.operation == "append.check":
             if params.get("check_error"):
@@ -96,3 +104,31 @@ class StubDriver:
                     "expires_at": task.expires_at, "at": time.time()}  # fmt: skip
         with path.with_name(path.name + WRITES_SUFFIX).open("a") as fh:
             fh.write(json.dumps(evidence, separators=(",", ":")) + "\n")
+
+
+# Bytes generated per write of ``dump``.
+DUMP_BLOCK = 64 * 1024
+
+
+def dump_blocks(seed: str, size: int, block: int = DUMP_BLOCK) -> Iterator[bytes]:
+    """The bytes ``dump`` writes for ``seed`` and ``size``, block by block (tests recompute them)."""
+    rng = random.Random(seed)  # noqa: S311 - test data, not secrets
+    left = size
+    while left > 0:
+        n = min(block, left)
+        yield rng.randbytes(n)
+        left -= n
+
+
+async def _dump(task: Task, params: dict[str, object]) -> Outcome:
+    if task.output is None:
+        raise DriverError(
+            "output_stream_unsupported", "this collector cannot stream output to the control plane now"
+        )
+    size = int(str(params.get("bytes", 0)))
+    for data in dump_blocks(str(params.get("seed", "")), size):
+        if task.stop.requested:
+            raise Stopped("cancelled", "stopped on a cancel")
+        await task.output.write(data)
+        await asyncio.sleep(0)  # let the upload run beside the driver
+    return Outcome("success", json.dumps({"bytes": size}).encode())

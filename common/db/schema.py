@@ -241,6 +241,11 @@ dispatches = Table(
     Column("handed_at", DateTime(timezone=True), nullable=True),
     # The protocol version settled with the collector on the claim that took it (what it honours).
     Column("handed_protocol", Integer, nullable=True),
+    # Streamed output (protocol 4, router/output.py): bytes stored so far (the ack), its SHA-256
+    # once the final report verified it, and when retention removed the bytes.
+    Column("output_length", BigInteger, nullable=False, server_default=text("0")),
+    Column("output_sha256", Text, nullable=True),
+    Column("output_purged_at", DateTime(timezone=True), nullable=True),
     Column("reported_at", DateTime(timezone=True), nullable=True),
     Column("result", LargeBinary, nullable=True),
     Column("error_code", Text, nullable=True),
@@ -253,6 +258,24 @@ dispatches = Table(
     Index(None, "collector_id", "state", "created_at"),
     Index(None, "state", "expires_at"),
     Index(None, "task_id"),
+)
+
+# The streamed output of dispatches, in chunks at their byte offsets (router/output.py). Owned by
+# the router.
+output_chunks = Table(
+    "output_chunks",
+    metadata,
+    Column("dispatch_id", Text, ForeignKey("dispatches.dispatch_id", ondelete="CASCADE"), primary_key=True),
+    Column("start", BigInteger, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# Output bytes each tenant holds, bounded by its quota (router/output.py). Owned by the router.
+tenant_output = Table(
+    "tenant_output",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("bytes", BigInteger, nullable=False),
 )
 
 # Every state change of every task, in order. Owned by the router.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from collector.drivers.stub import dump_blocks
 from tests.e2e.collector_harness import Collector, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 
@@ -85,6 +86,21 @@ def test_tasks_commands(start_control_plane: Callable[..., ControlPlane], tmp_pa
         assert watched.returncode == 5 and watched.stdout.strip().endswith("cancelled")
         shown = run_cli(["tasks", "get", running_task["task_id"]], cp.env).stdout
         assert "cancel requested: too slow" in shown and "cancel" in shown
+
+        # Streamed output (3 MiB: several chunks) written to a file, checked against its SHA-256.
+        dumped = run_cli(
+            ["tasks", "submit", *target, "--operation", "dump", "--class", "read", "--target", "dev-4",
+             "--params", '{"bytes": 3145728, "seed": "cli"}', "--feature", "output_stream", "--key", "cli-4",
+             "--wait", "--json"],
+            platform_env,
+        )  # fmt: skip
+        assert dumped.returncode == 0, dumped.stderr + collector.log()
+        dump_id = json.loads(dumped.stdout.splitlines()[0])["task_id"]
+        saved = tmp_path / "dump.bin"
+        read = run_cli(["tasks", "output", dump_id, "--out", str(saved)], cp.env)
+        assert read.returncode == 0, read.stderr
+        assert "3145728 bytes written" in read.stderr and "(complete)" in read.stderr
+        assert saved.read_bytes() == b"".join(dump_blocks("cli", 3145728))
 
         # Only platform tokens submit: the admin token is refused (exit 3), bad params before sending (2).
         echo = ["tasks", "submit", *target, "--operation", "echo", "--class", "read", "--target", "d"]

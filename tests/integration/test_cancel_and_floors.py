@@ -138,7 +138,9 @@ async def test_a_task_needing_a_feature_waits_with_the_floor_named_until_a_colle
     got = (await _claim(stack, old, {"min": 1, "max": 2}, claim_seq=1)).json()
     assert got["dispatch_id"] and _state(await _task(stack, other.task_id)) == "dispatched"
     # A collector that settles 3 comes: the waiting task is placed on it, and only on it.
-    new = await _connected(stack, "col-v3", V3)
+    new = await stack.enroll("col-v3")
+    assert (await stack.publish(new)).status_code == 200
+    # Its first claim makes it live at 3: the waiting task is placed on it and handed to that claim.
     handed = await _claim(stack, new, V3, claim_seq=1, wait_s=5)
     assert handed.status_code == 200
     placed = await _task(stack, task.task_id)

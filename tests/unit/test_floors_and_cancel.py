@@ -1,23 +1,29 @@
-"""Per-feature protocol floors (placement), resume verdicts, and how a collector stops a task on a
-cancel: pure code fed values (docs/protocol.md)."""
+"""Per-feature protocol floors (placement), resume verdicts, how a collector stops a task on a cancel,
+and how it streams a task's output over a failing link: code above the adapters, fed values
+(docs/protocol.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from collector import output as output_module
+from collector.client import GatewayRefused, GatewayUnavailable
 from collector.drivers.base import DriverContext, Outcome, Task
-from collector.drivers.stub import StubDriver
+from collector.drivers.stub import StubDriver, dump_blocks
+from collector.output import TaskOutput, UploadFailed
 from collector.running import RunningTasks, stopped_outcome
 from common import protocol
 from common.errors import InvalidArgument
 from router import placement
 from router.cancels import Verdict, verdict
+from router.output import Appended, place
 from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
 from router.submit import SubmitRequest, fingerprint, validate
 
@@ -193,3 +199,63 @@ async def test_terminate_stops_at_once_and_continue_changes_nothing() -> None:
     await stopper
     assert task.stop.forced and outcome.status == "cancelled"
     assert len(running) == 0
+
+
+# --- streamed output on the collector -----------------------------------------------------------------
+class FlakyServer:
+    """The control plane's rules for output (router/output.py ``place``), over a link that fails: some
+    requests never arrive, some answers are lost after the chunk was stored."""
+
+    def __init__(self) -> None:
+        self.stored = bytearray()
+        self.calls = 0
+
+    async def send(self, dispatch_id: str, offset: int, data: bytes) -> int:
+        self.calls += 1
+        if self.calls % 5 == 1:
+            raise GatewayUnavailable("the request never arrived")
+        where = place(offset, len(self.stored))
+        if where is not Appended.APPENDED:
+            raise GatewayRefused(409, f"output_{where.value}", "resume", {"acked": len(self.stored)})
+        self.stored += data
+        if self.calls % 5 == 3:
+            raise GatewayUnavailable("stored, but the answer was lost")
+        return len(self.stored)
+
+
+async def test_an_output_reaches_the_control_plane_whole_across_lost_requests_and_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output_module, "CHUNK", 1000)
+    server = FlakyServer()
+    out = TaskOutput(tmp_path, "d1", server.send, max_backoff_s=0.01)
+    written = hashlib.sha256()
+    for block in dump_blocks("seed", 25_000, block=777):
+        await out.write(block)
+        written.update(block)
+    async with asyncio.timeout(10):
+        length, sha = await out.finish()
+    assert (length, sha) == (25_000, written.hexdigest())
+    assert hashlib.sha256(server.stored).hexdigest() == sha
+    assert server.calls > 25  # every lost request and answer was made good
+    out.remove()
+    assert not any((tmp_path / "output").iterdir())
+
+
+async def test_a_refused_output_stops_the_upload_and_says_why(tmp_path: Path) -> None:
+    async def quota(dispatch_id: str, offset: int, data: bytes) -> int:
+        raise GatewayRefused(429, "output_quota_exceeded", "the tenant holds too much output")
+
+    out = TaskOutput(tmp_path, "d2", quota)
+    await out.write(b"x" * 10)
+    with pytest.raises(UploadFailed) as failed:
+        await out.finish()
+    assert failed.value.code == "output_quota_exceeded"
+
+
+async def test_a_task_that_writes_no_output_creates_nothing(tmp_path: Path) -> None:
+    async def never(dispatch_id: str, offset: int, data: bytes) -> int:
+        raise AssertionError("nothing to send")
+
+    out = TaskOutput(tmp_path, "d3", never)
+    assert not out.started and not (tmp_path / "output").exists()

@@ -4,6 +4,7 @@ sides (docs/protocol.md, compatibility rules)."""
 from __future__ import annotations
 
 import json
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,12 @@ from collector.client import read_claim_answer, settled_version
 from collector.ws_control import parse_frame
 from common import protocol
 from common.errors import InvalidArgument, VersusError
+from common.limits import MAX_OUTPUT_CHUNK
 from gateway.collector_bodies import ByeBody, CapabilitiesBody, ClaimBody, ReportBody
 from gateway.control_ws import _parse
 from gateway.enroll_api import parse_body
+from gateway.output_api import check_version as check_output_version
+from gateway.output_api import parse_target
 
 VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "protocol"
 BODIES: dict[str, type[BaseModel]] = {
@@ -54,10 +58,24 @@ def test_every_supported_version_has_its_golden_frames() -> None:
     assert set(protocol.HISTORY) == set(versions)
 
 
+class OutputChunk(BaseModel):
+    dispatch_id: str
+    offset: int
+    data: bytes
+
+
 def _read(message: dict[str, Any]) -> tuple[str, int, BaseModel]:
     """What the gateway reads from a collector message: its type, version and body."""
     if message["transport"] == "wss":
         _, kind, _, raw, version = _parse(message["frame"])
+    elif "body_hex" in message:  # an output chunk: binary, its dispatch and offset in the query
+        path, _, query = message["path"].partition("?")
+        version = check_output_version(message["headers"].get(protocol.HEADER))
+        fields = dict(urllib.parse.parse_qsl(query))
+        dispatch_id, offset = parse_target(fields.get("task_id", ""), fields.get("offset", ""))
+        data = bytes.fromhex(message["body_hex"])
+        assert len(data) <= MAX_OUTPUT_CHUNK
+        return path.rsplit("/", 1)[1], version, OutputChunk(dispatch_id=dispatch_id, offset=offset, data=data)
     else:
         kind = message["path"].rsplit("/", 1)[1]
         version = protocol.header_version(message["headers"].get(protocol.HEADER))

@@ -76,6 +76,32 @@ REPORT_OUTCOME_CANCELLED: ReportOutcome.ValueType  # 6
 """Stopped on a cancel before anything changed (protocol 3)."""
 Global___ReportOutcome: _TypeAlias = ReportOutcome  # noqa: Y015
 
+class _AppendOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _AppendOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AppendOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    APPEND_OUTCOME_UNSPECIFIED: _AppendOutcome.ValueType  # 0
+    APPEND_OUTCOME_APPENDED: _AppendOutcome.ValueType  # 1
+    """Stored; acked moved past it."""
+    APPEND_OUTCOME_GAP: _AppendOutcome.ValueType  # 2
+    """The chunk starts past the stored length: bytes are missing in between. Resume from acked."""
+    APPEND_OUTCOME_OVERLAP: _AppendOutcome.ValueType  # 3
+    """The chunk starts before the stored length (a resend whose ack was lost, say). Resume from acked."""
+
+class AppendOutcome(_AppendOutcome, metaclass=_AppendOutcomeEnumTypeWrapper):
+    """What became of an appended chunk."""
+
+APPEND_OUTCOME_UNSPECIFIED: AppendOutcome.ValueType  # 0
+APPEND_OUTCOME_APPENDED: AppendOutcome.ValueType  # 1
+"""Stored; acked moved past it."""
+APPEND_OUTCOME_GAP: AppendOutcome.ValueType  # 2
+"""The chunk starts past the stored length: bytes are missing in between. Resume from acked."""
+APPEND_OUTCOME_OVERLAP: AppendOutcome.ValueType  # 3
+"""The chunk starts before the stored length (a resend whose ack was lost, say). Resume from acked."""
+Global___AppendOutcome: _TypeAlias = AppendOutcome  # noqa: Y015
+
 @_typing.final
 class ClaimRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -429,6 +455,7 @@ class ReportRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     LEASE_EPOCH_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     task_id: _builtins.str
     """The envelope's task_id: the dispatch being reported."""
@@ -443,6 +470,12 @@ class ReportRequest(_message.Message):
     """The collector's ES256 signature over what this report says (common/report_signature.py);
     the router checks it against the collector's key before recording anything, and keeps it.
     """
+    @_builtins.property
+    def output(self) -> Global___OutputDigest:
+        """The dispatch's streamed output as the collector wrote it (protocol 4): its length in bytes and
+        SHA-256 (hex), checked against what the router stored. Unset: no output was streamed.
+        """
+
     def __init__(
         self,
         *,
@@ -455,14 +488,90 @@ class ReportRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         lease_epoch: _builtins.int = ...,
         signature: _builtins.str = ...,
+        output: Global___OutputDigest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "error_code", b"error_code", "error_message", b"error_message", "idempotency_key", b"idempotency_key", "lease_epoch", b"lease_epoch", "outcome", b"outcome", "result", b"result", "signature", b"signature", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "error_code", b"error_code", "error_message", b"error_message", "idempotency_key", b"idempotency_key", "lease_epoch", b"lease_epoch", "outcome", b"outcome", "output", b"output", "result", b"result", "signature", b"signature", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportRequest: _TypeAlias = ReportRequest  # noqa: Y015
+
+@_typing.final
+class OutputDigest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LENGTH_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    length: _builtins.int
+    sha256: _builtins.str
+    def __init__(
+        self,
+        *,
+        length: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputDigest: _TypeAlias = OutputDigest  # noqa: Y015
+
+@_typing.final
+class AppendOutputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    DISPATCH_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    dispatch_id: _builtins.str
+    """The envelope's task_id: the dispatch whose output this is."""
+    offset: _builtins.int
+    """Where the chunk starts; it must be exactly the length stored so far."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        dispatch_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "data", b"data", "dispatch_id", b"dispatch_id", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendOutputRequest: _TypeAlias = AppendOutputRequest  # noqa: Y015
+
+@_typing.final
+class AppendOutputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
+    outcome: Global___AppendOutcome.ValueType
+    acked: _builtins.int
+    """The highest contiguous offset durably stored: where the next chunk starts."""
+    def __init__(
+        self,
+        *,
+        outcome: Global___AppendOutcome.ValueType = ...,
+        acked: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "outcome", b"outcome"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AppendOutputResponse: _TypeAlias = AppendOutputResponse  # noqa: Y015
 
 @_typing.final
 class ReportResponse(_message.Message):

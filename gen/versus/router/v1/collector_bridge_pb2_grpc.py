@@ -57,6 +57,11 @@ class CollectorBridgeServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeResponse.FromString,
                 _registered_method=True)
+        self.AppendOutput = channel.unary_unary(
+                '/versus.router.v1.CollectorBridgeService/AppendOutput',
+                request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputResponse.FromString,
+                _registered_method=True)
 
 
 class CollectorBridgeServiceServicer:
@@ -93,6 +98,13 @@ class CollectorBridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendOutput(self, request, context):
+        """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorBridgeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +127,11 @@ def add_CollectorBridgeServiceServicer_to_server(servicer, server):
                     servicer.Goodbye,
                     request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeResponse.SerializeToString,
+            ),
+            'AppendOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendOutput,
+                    request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,6 +245,33 @@ class CollectorBridgeService:
             '/versus.router.v1.CollectorBridgeService/Goodbye',
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.GoodbyeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.router.v1.CollectorBridgeService/AppendOutput',
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

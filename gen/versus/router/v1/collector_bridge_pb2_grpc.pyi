@@ -44,6 +44,8 @@ class CollectorBridgeServiceStub:
     """Publish the collector's driver manifest."""
     Goodbye: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.GoodbyeRequest, _collector_bridge_pb2.GoodbyeResponse]
     """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
+    AppendOutput: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.AppendOutputRequest, _collector_bridge_pb2.AppendOutputResponse]
+    """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
 
 @_typing.type_check_only
 class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
@@ -61,6 +63,8 @@ class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
     """Publish the collector's driver manifest."""
     Goodbye: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.GoodbyeRequest, _collector_bridge_pb2.GoodbyeResponse]  # type: ignore[assignment]
     """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
+    AppendOutput: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.AppendOutputRequest, _collector_bridge_pb2.AppendOutputResponse]  # type: ignore[assignment]
+    """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
 
 class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal API used by the gateway to translate authenticated collector
@@ -99,5 +103,13 @@ class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_collector_bridge_pb2.GoodbyeResponse, _abc.Awaitable[_collector_bridge_pb2.GoodbyeResponse]]:
         """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
+
+    @_abc_1.abstractmethod
+    def AppendOutput(
+        self,
+        request: _collector_bridge_pb2.AppendOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_collector_bridge_pb2.AppendOutputResponse, _abc.Awaitable[_collector_bridge_pb2.AppendOutputResponse]]:
+        """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
 
 def add_CollectorBridgeServiceServicer_to_server(servicer: CollectorBridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

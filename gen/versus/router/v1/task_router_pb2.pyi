@@ -433,3 +433,64 @@ class ResolveIndeterminateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveIndeterminateResponse: _TypeAlias = ResolveIndeterminateResponse  # noqa: Y015
+
+@_typing.final
+class ReadOutputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    offset: _builtins.int
+    """Start here (0: from the beginning)."""
+    follow: _builtins.bool
+    """Keep the stream open for output still arriving, until the task is terminal."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        follow: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "offset", b"offset", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadOutputRequest: _TypeAlias = ReadOutputRequest  # noqa: Y015
+
+@_typing.final
+class ReadOutputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Where data starts."""
+    data: _builtins.bytes
+    complete: _builtins.bool
+    """Set on the last message: no more output will come. With sha256 when the output was verified."""
+    length: _builtins.int
+    """The whole output's length and SHA-256 (hex), on the last message when known."""
+    sha256: _builtins.str
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        complete: _builtins.bool = ...,
+        length: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "data", b"data", "length", b"length", "offset", b"offset", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadOutputResponse: _TypeAlias = ReadOutputResponse  # noqa: Y015

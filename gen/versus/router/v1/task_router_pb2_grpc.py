@@ -70,6 +70,11 @@ class TaskRouterServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateResponse.FromString,
                 _registered_method=True)
+        self.ReadOutput = channel.unary_stream(
+                '/versus.router.v1.TaskRouterService/ReadOutput',
+                request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ReadOutputRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ReadOutputResponse.FromString,
+                _registered_method=True)
 
 
 class TaskRouterServiceServicer:
@@ -129,6 +134,14 @@ class TaskRouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadOutput(self, request, context):
+        """A task's streamed output from an offset: what is stored, then (with follow) what arrives,
+        until the task is terminal. Chunks come in order, each at its offset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskRouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +179,11 @@ def add_TaskRouterServiceServicer_to_server(servicer, server):
                     servicer.ResolveIndeterminate,
                     request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateResponse.SerializeToString,
+            ),
+            'ReadOutput': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadOutput,
+                    request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ReadOutputRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ReadOutputResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -358,6 +376,33 @@ class TaskRouterService:
             '/versus.router.v1.TaskRouterService/ResolveIndeterminate',
             versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_task__router__pb2.ResolveIndeterminateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/versus.router.v1.TaskRouterService/ReadOutput',
+            versus_dot_router_dot_v1_dot_task__router__pb2.ReadOutputRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_task__router__pb2.ReadOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

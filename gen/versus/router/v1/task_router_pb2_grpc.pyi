@@ -53,6 +53,10 @@ class TaskRouterServiceStub:
     """One dispatch with its task's evidence and history."""
     ResolveIndeterminate: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.ResolveIndeterminateRequest, _task_router_pb2.ResolveIndeterminateResponse]
     """Operator verdict on an indeterminate task (audited)."""
+    ReadOutput: _grpc.UnaryStreamMultiCallable[_task_router_pb2.ReadOutputRequest, _task_router_pb2.ReadOutputResponse]
+    """A task's streamed output from an offset: what is stored, then (with follow) what arrives,
+    until the task is terminal. Chunks come in order, each at its offset.
+    """
 
 @_typing.type_check_only
 class TaskRouterServiceAsyncStub(TaskRouterServiceStub):
@@ -79,6 +83,10 @@ class TaskRouterServiceAsyncStub(TaskRouterServiceStub):
     """One dispatch with its task's evidence and history."""
     ResolveIndeterminate: _aio.UnaryUnaryMultiCallable[_task_router_pb2.ResolveIndeterminateRequest, _task_router_pb2.ResolveIndeterminateResponse]  # type: ignore[assignment]
     """Operator verdict on an indeterminate task (audited)."""
+    ReadOutput: _aio.UnaryStreamMultiCallable[_task_router_pb2.ReadOutputRequest, _task_router_pb2.ReadOutputResponse]  # type: ignore[assignment]
+    """A task's streamed output from an offset: what is stored, then (with follow) what arrives,
+    until the task is terminal. Chunks come in order, each at its offset.
+    """
 
 class TaskRouterServiceServicer(metaclass=_abc_1.ABCMeta):
     """Platform-facing API: modules submit operations and follow them to an outcome."""
@@ -144,5 +152,15 @@ class TaskRouterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_task_router_pb2.ResolveIndeterminateResponse, _abc.Awaitable[_task_router_pb2.ResolveIndeterminateResponse]]:
         """Operator verdict on an indeterminate task (audited)."""
+
+    @_abc_1.abstractmethod
+    def ReadOutput(
+        self,
+        request: _task_router_pb2.ReadOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_task_router_pb2.ReadOutputResponse], _abc.AsyncIterator[_task_router_pb2.ReadOutputResponse]]:
+        """A task's streamed output from an offset: what is stored, then (with follow) what arrives,
+        until the task is terminal. Chunks come in order, each at its offset.
+        """
 
 def add_TaskRouterServiceServicer_to_server(servicer: TaskRouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
