@@ -301,6 +301,9 @@ class Agent:
             self.resume = False
             if reply.verdicts:
                 self.running.apply(reply.verdicts, reply.cancel_grace_s)
+            for revoke in reply.revokes:
+                results = self.running.revoke(revoke["dispatch_ids"], kill=revoke["action"] == "kill")
+                self._spawn(self._ack_revocation(revoke["revocation_id"], results))
             self._observe_clock(reply.round_trip)
             self._write_runtime()
             if reply.key_sets is not None:
@@ -590,6 +593,23 @@ class Agent:
         await self._send_report(task_id, body, stream=stream)
         if digest is not None:
             (stream or TaskOutput(self.options.state_dir, task_id, self.client.output)).remove()
+
+    async def _ack_revocation(self, revocation_id: str, results: Mapping[str, str]) -> None:
+        """Tell the control plane what was scrubbed, until it has it (a lost ack leaves the
+        revocation unanswered: the next resume claim carries it again and we answer again)."""
+        attempt = 0
+        while not self.stopping.is_set():
+            try:
+                await self.client.revoked(revocation_id, results)
+                return
+            except GatewayRefused as exc:
+                log.error("revocation ack refused", revocation_id=revocation_id, code=exc.code)
+                return
+            except GatewayUnavailable as exc:
+                await self._sleep(
+                    backoff(attempt, base=0.5, cap=self.options.max_backoff_s), f"revoked: {exc}"
+                )
+                attempt += 1
 
     async def _report_refusal(self, task_id: str, code: str, message: str) -> None:
         body = {"task_id": task_id, "outcome": "refused", "error_code": code, "error_message": message[:4000]}

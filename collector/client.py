@@ -63,6 +63,8 @@ class ClaimReply:
     # and how long a cancelled driver may take to stop before it is stopped by force.
     verdicts: dict[str, str] = field(default_factory=dict)
     cancel_grace_s: float = 10.0
+    # Protocol 5: credentials to take back from running tasks (collector/running.py revoke).
+    revokes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def ssl_context(paths: StatePaths) -> ssl.SSLContext:
@@ -215,6 +217,11 @@ class GatewayClient:
         _, raw, _ = await self._call("bye", {"session_id": session_id, "reason": reason}, timeout_s=5)
         return bool(json.loads(raw).get("current"))
 
+    async def revoked(self, revocation_id: str, results: Mapping[str, str]) -> bool:
+        """Tell the control plane what was scrubbed for a revocation (protocol 5)."""
+        body = {"revocation_id": revocation_id, "results": dict(results)}
+        return bool(json.loads((await self._call("revoked", body))[1]).get("recorded"))
+
     async def output(self, dispatch_id: str, offset: int, data: bytes) -> int:
         """One chunk of a task's output at ``offset`` (protocol 4, always over HTTPS); the ack: where
         the next chunk starts. A gap or overlap is :class:`GatewayRefused` with ``details["acked"]``."""
@@ -299,12 +306,39 @@ def _held_verdicts(head: Mapping[str, Any], settled: int) -> dict[str, Any]:
     """The verdicts on held tasks an answer carries (protocol 3), those we know how to act on."""
     raw = head.get("verdicts")
     if settled < protocol.floor_of("cancel") or not isinstance(raw, dict):
-        return {}
+        return _revokes(head, settled)
     grace = head.get("cancel_grace_s")
-    out: dict[str, Any] = {"verdicts": {str(k): v for k, v in raw.items() if v in VERDICTS}}
+    out: dict[str, Any] = {
+        "verdicts": {str(k): v for k, v in raw.items() if v in VERDICTS},
+        **_revokes(head, settled),
+    }
     if isinstance(grace, int | float) and not isinstance(grace, bool) and 0 < grace <= 3600:
         out["cancel_grace_s"] = float(grace)
     return out
+
+
+def _well_formed_revoke(r: object) -> bool:
+    return (
+        isinstance(r, dict)
+        and isinstance(r.get("revocation_id"), str)
+        and r.get("action") in ("scrub", "kill")
+        and isinstance(r.get("dispatch_ids"), list)
+        and all(isinstance(d, str) for d in r["dispatch_ids"])
+    )
+
+
+def _revokes(head: Mapping[str, Any], settled: int) -> dict[str, Any]:
+    """The credential revocations an answer carries (protocol 5), well formed ones only."""
+    raw = head.get("revokes")
+    if settled < protocol.floor_of("credential_revoke") or not isinstance(raw, list):
+        return {}
+    good = [
+        {"revocation_id": r["revocation_id"], "action": r["action"], "dispatch_ids": list(r["dispatch_ids"]),
+         "credential_ref": str(r.get("credential_ref", ""))}
+        for r in raw
+        if _well_formed_revoke(r)
+    ]  # fmt: skip
+    return {"revokes": good} if good else {}
 
 
 def _refused(status: int, raw: bytes) -> GatewayRefused:

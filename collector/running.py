@@ -17,7 +17,7 @@ after it is ``unknown``, and the unknown-outcome ladder finds out what landed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 from collector.drivers.base import DriverError, Outcome, Stopped, Task, WindowClosed
@@ -27,7 +27,18 @@ log = get_logger("versus.collector")
 
 
 def stopped_outcome(task: Task, read: bool) -> Outcome:
-    """What a task stopped on a cancel (cooperatively or by force) reports. Pure."""
+    """What a task stopped on a cancel or a revoke with kill (cooperatively or by force) reports.
+
+    Pure. A revoke is not a cancel: nothing asked for the task to end, so a task it stopped before
+    any change failed (``credential_revoked``)."""
+    if task.stop.reason == "credential_revoked":
+        if read or not task.stop.writes_started:
+            return Outcome("failed", b"", "credential_revoked", "stopped: its credential was revoked")
+        return Outcome(
+            "unknown", b"", "credential_revoked_mid_change",
+            "stopped after its change began, its credential revoked; whether the device applied it "
+            "is not known",
+        )  # fmt: skip
     how = "by force after the grace period" if task.stop.forced else "on a cancel"
     if read or not task.stop.writes_started:
         return Outcome("cancelled", b"", "cancelled", f"stopped {how} before changing anything")
@@ -94,6 +105,31 @@ class RunningTasks:
                 )
                 task.stop.event.set()
                 _force(task, runner)
+
+    def revoke(self, dispatch_ids: Iterable[str], kill: bool) -> dict[str, str]:
+        """Take a credential back from these dispatches (protocol 5): wipe what each task holds and,
+        with ``kill``, stop the tasks that held one. What was actually done, per dispatch."""
+        results: dict[str, str] = {}
+        for dispatch_id in dispatch_ids:
+            entry = self._running.get(dispatch_id)
+            if entry is None or not entry[0].held:
+                results[dispatch_id] = "not_held"  # finished, never started here, or took none
+                continue
+            task, runner = entry
+            try:
+                for held in task.held:
+                    held.scrub()
+            except Exception as exc:  # reported to the control plane as failed
+                results[dispatch_id] = f"failed: {type(exc).__name__}"
+                continue
+            results[dispatch_id] = "scrubbed"
+            if kill:
+                task.stop.reason = "credential_revoked"
+                task.stop.event.set()
+                _force(task, runner)
+                results[dispatch_id] = "killed"
+        log.warning("credential revoked from running tasks", results=results, kill=kill)
+        return results
 
 
 def _force(task: Task, runner: asyncio.Task[Outcome]) -> None:

@@ -35,12 +35,15 @@ HISTORY: dict[int, str] = {
     "(a claim marked resume is answered continue, cancel or terminate for every task it holds)",
     4: "output_stream: a task's output streamed in chunks at byte offsets (POST output), acked up to the "
     "contiguous length stored, resumed from the ack; the final report names the output's length and SHA-256",
+    5: "credential_revoke: claim answers carry revokes of credentials running tasks hold (scrub, or "
+    "scrub and kill); the collector acks what it actually scrubbed (POST revoked)",
 }
 # The lowest version whose collectors honour each feature. A task that needs a feature is placed only on
 # a collector whose settled version reaches its floor; older collectors keep running everything else.
 FEATURE_FLOORS: dict[str, int] = {
     "cancel": 3,
     "output_stream": 4,
+    "credential_revoke": 5,
 }
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)

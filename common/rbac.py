@@ -102,6 +102,7 @@ _ROUTER = "versus.router.v1.TaskRouterService"
 _BRIDGE = "versus.router.v1.CollectorBridgeService"
 _TUNNEL = "versus.router.v1.TunnelService"
 _ACCESS = "versus.access.v1.AccessService"
+_CREDENTIAL = "versus.credential.v1.CredentialService"
 
 # "/package.Service/Method" -> roles allowed to call it.
 POLICY: dict[str, frozenset[Role]] = {
@@ -153,6 +154,11 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_BRIDGE}/PublishCapabilities": _SERVICE,
     f"/{_BRIDGE}/Goodbye": _SERVICE,
     f"/{_BRIDGE}/AppendOutput": _SERVICE,
+    f"/{_BRIDGE}/AckRevocation": _SERVICE,
+    # Credentials: operators (and platforms, for their tenants' tasks) take them back from running work.
+    f"/{_CREDENTIAL}/RevokeCredential": _PLATFORM | _OPERATE,
+    f"/{_CREDENTIAL}/GetRevocation": _PLATFORM | _VIEW,
+    f"/{_CREDENTIAL}/ListRevocations": _PLATFORM | _VIEW,
     f"/{_TUNNEL}/OpenTunnel": _PLATFORM | _OPERATE,
     f"/{_TUNNEL}/RelayTunnel": _SERVICE,
     # API tokens and audit.

@@ -41,6 +41,7 @@ from gateway.collector_bodies import (
     ClaimBody,
     ReportBody,
     ReportOut,
+    RevokedBody,
     UpdateStatusBody,
 )
 from gateway.enroll_api import parse_body
@@ -53,6 +54,7 @@ MAX_CLAIM_BODY = 64 * 1024
 MAX_REPORT_BODY = 2 * 1024 * 1024
 MAX_CAPABILITIES_BODY = 256 * 1024
 MAX_BYE_BODY = 4 * 1024
+MAX_REVOKED_BODY = 256 * 1024
 _OUTCOMES = {
     "running": bpb.REPORT_OUTCOME_RUNNING,
     "success": bpb.REPORT_OUTCOME_SUCCESS,
@@ -162,13 +164,20 @@ async def claim_op(msg: ControlCall) -> ControlReply:
     ]  # fmt: skip
     # Instead of work: key set rotation steps the collector is behind on (it walks them first), a
     # newer signed config it applies, or a newer signed trust bundle (docs/day2.md).
-    # Protocol 3: what to do with tasks the collector holds (docs/protocol.md, cancel and resume).
+    # Protocol 3: what to do with tasks the collector holds (docs/protocol.md, cancel and resume);
+    # protocol 5: credentials to take back from them.
     verdicts: dict[str, Any] = {}
     if reply.verdicts:
         verdicts = {
             "verdicts": {d: _VERDICTS[v] for d, v in sorted(reply.verdicts.items()) if v in _VERDICTS},
             "cancel_grace_s": reply.cancel_grace_seconds,
         }
+    if reply.revokes:
+        verdicts["revokes"] = [
+            {"revocation_id": r.revocation_id, "credential_ref": r.credential_ref, "action": r.action,
+             "dispatch_ids": list(r.dispatch_ids)}
+            for r in reply.revokes
+        ]  # fmt: skip
     answers = (("key_sets", reply.key_sets_json), ("config", reply.config_json), ("trust", reply.trust_json))
     for name, document in answers:
         if document:
@@ -305,6 +314,20 @@ async def bye_op(msg: ControlCall) -> ControlReply:
     return ControlReply(200, json.dumps(out, separators=(",", ":")).encode())
 
 
+async def revoked_op(msg: ControlCall) -> ControlReply:
+    """What the collector scrubbed for a credential revocation (protocol 5)."""
+    RevokedBody.check_version(msg.version)
+    body = parse_body(RevokedBody, msg.raw)
+    reply = await call(
+        msg.state.backends.bridge.AckRevocation,
+        bpb.AckRevocationRequest(
+            collector_id=msg.collector_id, revocation_id=body.revocation_id, results=body.results
+        ),
+        msg.request_id,
+    )
+    return ControlReply(200, json.dumps({"recorded": reply.recorded}).encode())
+
+
 Operation = Callable[[ControlCall], Awaitable[ControlReply]]
 
 # Frame type -> (operation, body limit): the one table both transports dispatch through.
@@ -313,6 +336,7 @@ OPERATIONS: dict[str, tuple[Operation, int]] = {
     "report": (report_op, MAX_REPORT_BODY),
     "capabilities": (capabilities_op, MAX_CAPABILITIES_BODY),
     "bye": (bye_op, MAX_BYE_BODY),
+    "revoked": (revoked_op, MAX_REVOKED_BODY),
 }
 
 
@@ -389,6 +413,13 @@ async def report(request: Request) -> Response:
 async def capabilities(request: Request) -> Response:
     """Publish the driver manifest; queued work is re-evaluated against it at once."""
     return await _http(request, "capabilities")
+
+
+@router.post("/revoked")
+async def revoked(request: Request) -> Response:
+    """What this collector scrubbed for a credential revocation its claim carried (protocol 5), per
+    dispatch: `{"recorded": true}` once the control plane has it."""
+    return await _http(request, "revoked")
 
 
 @router.post("/bye")

@@ -37,6 +37,28 @@ class ProtocolOffer(BaseModel):
         return self
 
 
+class RevokedBody(BaseModel):
+    """What the collector scrubbed for a credential revocation (protocol 5)."""
+
+    revocation_id: Name = _ID
+    results: dict[
+        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")],
+        Annotated[str, Field(max_length=200)],
+    ] = Field(
+        max_length=MAX_HELD_TASK_IDS,
+        description='per dispatch id: "scrubbed", "not_held", "killed" or "failed: <why>"',
+    )
+
+    @staticmethod
+    def check_version(version: int) -> None:
+        """``revoked`` exists from protocol 5."""
+        floor = protocol.floor_of("credential_revoke")
+        if version < floor:
+            raise protocol.VersionUnsupported(
+                f"revoked is a protocol {floor} message; this one is written in {version}"
+            )
+
+
 class ByeBody(BaseModel):
     """A clean shutdown (protocol 2): the session ends; the collector is offline, not lost."""
 

@@ -99,6 +99,8 @@ class ClaimAnswer:
     offers: tuple[Offer, ...] = ()
     restart: SignedDoc | None = None
     verdicts: Mapping[str, str] = field(default_factory=dict)
+    # Credential revocations for tasks it runs (router/revocations.py ``revokes_for``).
+    revokes: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -356,6 +356,11 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             reply.verdicts[dispatch_id] = VERDICT_TO_PB[said]
         if answer.verdicts:
             reply.cancel_grace_seconds = CANCEL_GRACE_S
+        for r in answer.revokes:
+            reply.revokes.add(
+                revocation_id=r["revocation_id"], credential_ref=r["credential_ref"], action=r["action"],
+                dispatch_ids=list(r["dispatch_ids"]),
+            )  # fmt: skip
         if request.key_versions and self.router.key_chains is not None:
             steps = self.router.key_chains.behind(dict(request.key_versions))
             if steps:
@@ -407,6 +412,16 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             request.collector_id, request.dispatch_id, request.offset, request.data
         )
         return bridge_pb.AppendOutputResponse(outcome=APPENDED_TO_PB[outcome], acked=acked)
+
+    async def AckRevocation(
+        self, request: bridge_pb.AckRevocationRequest, context: Context
+    ) -> bridge_pb.AckRevocationResponse:
+        if not request.collector_id:
+            raise InvalidArgument("collector_id is required", code="collector_id_missing")
+        recorded = await self.router.ack_revocation(
+            request.collector_id, request.revocation_id, dict(request.results)
+        )
+        return bridge_pb.AckRevocationResponse(recorded=recorded)
 
     async def Goodbye(self, request: bridge_pb.GoodbyeRequest, context: Context) -> bridge_pb.GoodbyeResponse:
         if not request.collector_id:

@@ -17,8 +17,9 @@ from common.logs import get_logger
 from router import collector_docs, fleet_state, ladder, store
 from router.cancels import Cancels
 from router.core import MAX_CLAIM_WAIT_S, ClaimAnswer, Claimed, Effects, Offer, SignedDoc, _now
-from router.live import CANCEL_TEXT, WORK_TEXT
+from router.live import CANCEL_TEXT, REVOKE_TEXT, WORK_TEXT
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, SUBMIT_TO_CLAIM
+from router.revocations import Revocations
 from router.states import State
 
 S = State
@@ -30,7 +31,7 @@ RETAKE_AFTER_S = (0.02, 0.1, 0.5, 2.0)
 NEWER_CLAIM = "newer-claim"
 
 
-class HandOut(Cancels):
+class HandOut(Cancels, Revocations):
     """Claims and what they carry."""
 
     async def claim(self, collector_id: str, **kwargs: Any) -> Claimed | None:
@@ -169,9 +170,11 @@ class HandOut(Cancels):
             "protocol": str(protocol_version),
         }
         verdicts_spoken = protocol_version >= protocol.floor_of("cancel")
+        revokes_spoken = protocol_version >= protocol.floor_of("credential_revoke")
         beat = await self.liveness.heartbeat(
-            collector_id, session_id, time.time(), session, take_cancels=verdicts_spoken
-        )
+            collector_id, session_id, time.time(), session,
+            take_cancels=verdicts_spoken, take_revokes=revokes_spoken,
+        )  # fmt: skip
         if beat.adopted < 0:
             raise _superseded()
         if beat.adopted == 1:
@@ -184,18 +187,19 @@ class HandOut(Cancels):
         verdicts = dict.fromkeys(beat.cancels, "cancel")
         if resume and verdicts_spoken:
             verdicts.update(await self.verdicts(collector_id, held_task_ids))
+        revokes = await self.revokes_for(collector_id, beat.revokes, resume) if revokes_spoken else ()
         if restart is not None:
-            return ClaimAnswer(restart=restart, verdicts=verdicts)
+            return ClaimAnswer(restart=restart, verdicts=verdicts, revokes=revokes)
         if key_versions and self.key_chains is not None:
             await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
             if self.key_chains.behind(key_versions):
-                return ClaimAnswer(verdicts=verdicts)
+                return ClaimAnswer(verdicts=verdicts, revokes=revokes)
         if key_versions and self.trust is not None and self.trust.behind(key_versions):
-            return ClaimAnswer(verdicts=verdicts)
+            return ClaimAnswer(verdicts=verdicts, revokes=revokes)
         with self._claim_in_progress(collector_id, claim_seq) as still_live:
             return await self._hand_out(
                 collector_id, claim_seq, held_task_ids, started, wait_s, draining, session_id,
-                config_version, max_dispatches, free_slots, still_live, protocol_version, verdicts,
+                config_version, max_dispatches, free_slots, still_live, protocol_version, verdicts, revokes,
             )  # fmt: skip
 
     @contextlib.contextmanager
@@ -237,6 +241,7 @@ class HandOut(Cancels):
         still_live: Callable[[], bool],
         protocol_version: int,
         verdicts: dict[str, str],
+        revokes: tuple[Mapping[str, Any], ...],
     ) -> ClaimAnswer:
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
@@ -258,14 +263,21 @@ class HandOut(Cancels):
                     for dispatch_id, said in verdicts.items():
                         if said == "cancel":
                             await self.liveness.note_cancel(collector_id, dispatch_id)
+                    for revoke in revokes:
+                        await self.liveness.note_revoke(collector_id, revoke["revocation_id"])
                     return ClaimAnswer()
-                if not first and woken.payloads - {WORK_TEXT, CANCEL_TEXT}:
+                if not first and woken.payloads - {WORK_TEXT, CANCEL_TEXT, REVOKE_TEXT}:
                     # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                     restart = await self._check_standing(collector_id, session_id, config_version)
                     if restart is not None:
-                        return ClaimAnswer(restart=restart, verdicts=verdicts)
+                        return ClaimAnswer(restart=restart, verdicts=verdicts, revokes=revokes)
                 if CANCEL_TEXT in woken.payloads and protocol_version >= protocol.floor_of("cancel"):
                     verdicts.update(dict.fromkeys(await self.liveness.take_cancels(collector_id), "cancel"))
+                if REVOKE_TEXT in woken.payloads and protocol_version >= protocol.floor_of(
+                    "credential_revoke"
+                ):
+                    noted = await self.liveness.take_revokes(collector_id)
+                    revokes = (*revokes, *await self.revokes_for(collector_id, noted, False))
                 if WORK_TEXT in woken.payloads:
                     retakes = list(RETAKE_AFTER_S)
                 first = False
@@ -278,9 +290,9 @@ class HandOut(Cancels):
                     else ()
                 )
                 remaining = deadline - time.monotonic()
-                if got or offers or verdicts or remaining <= 0:
+                if got or offers or verdicts or revokes or remaining <= 0:
                     CLAIM_WAIT.observe(time.monotonic() - started)
-                    return ClaimAnswer(got, offers, None, verdicts)
+                    return ClaimAnswer(got, offers, None, verdicts, revokes)
                 # Woken for work and found none: the row may be locked in passing (a queue pass
                 # that read the task as queued locks the version that is leased now, and holds it
                 # until it commits; the take skips locked rows). Look again shortly, a few times.

@@ -38,12 +38,18 @@ _BUILT = "versus:inflight:built"
 _WAKE = "versus:wake:"
 # Dispatch ids whose cancel the collector has not been told of yet (router/cancels.py).
 _CANCELS = "versus:cancel:"
+# Credential revocations the collector has not been told of yet (router/revocations.py).
+_REVOKES = "versus:revoke:"
 
 log = get_logger("versus.router.live")
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _words(value: bytes | str) -> tuple[str, ...]:
+    return tuple(sorted(text(value).split()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +59,14 @@ class Heartbeat:
     ``adopted`` is 1 if the session just became current, 0 if it already was and -1 if a newer
     session superseded it (then nothing is recorded: a superseded process must not overwrite the
     current session's details); ``came_back`` is True when the collector had not claimed within
-    the liveness window; ``cancels`` are the dispatch ids it must now be told to stop.
+    the liveness window; ``cancels`` are the dispatch ids it must now be told to stop and
+    ``revokes`` the credential revocations it must now be told of.
     """
 
     adopted: int
     came_back: bool
     cancels: tuple[str, ...] = ()
+    revokes: tuple[str, ...] = ()
 
 
 class Liveness:
@@ -78,33 +86,49 @@ class Liveness:
         now: float,
         session: Mapping[str, str],
         take_cancels: bool = False,
+        take_revokes: bool = False,
     ) -> Heartbeat:
         """Adopt ``session_id`` and record the claim, atomically and in one round trip; with
-        ``take_cancels``, also take the cancels noted for the collector (:meth:`note_cancel`)."""
+        ``take_cancels`` / ``take_revokes``, also take the cancels and credential revocations noted
+        for the collector (:meth:`note_cancel`, :meth:`note_revoke`)."""
         fields: list[str] = ["last_claim", str(now)]
         for key, value in session.items():
             fields += [key, value]
-        adopted, previous, *cancels = await self.redis.eval(
-            _HEARTBEAT, 4,
+        flags = ("c" if take_cancels else "") + ("r" if take_revokes else "")
+        adopted, previous, cancels, revokes = await self.redis.eval(
+            _HEARTBEAT, 5,
             _SESSION + collector_id, _SUPERSEDED + collector_id, _LIVE, _CANCELS + collector_id,
-            session_id, str(now), str(SESSION_TTL_S), collector_id, "1" if take_cancels else "0", *fields,
+            _REVOKES + collector_id,
+            session_id, str(now), str(SESSION_TTL_S), collector_id, flags or "-", *fields,
         )  # fmt: skip
         came_back = not previous or now - float(previous) > self.window_s
-        return Heartbeat(int(adopted), came_back, tuple(text(c) for c in cancels))
+        return Heartbeat(int(adopted), came_back, _words(cancels), _words(revokes))
 
     async def note_cancel(self, collector_id: str, dispatch_id: str) -> None:
         """Remember that the collector must be told to stop ``dispatch_id`` (its next claim takes it)."""
-        key = _CANCELS + collector_id
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.sadd(key, dispatch_id)
-            pipe.expire(key, SESSION_TTL_S)
-            await pipe.execute()
+        await self._note(_CANCELS + collector_id, dispatch_id)
 
     async def take_cancels(self, collector_id: str) -> tuple[str, ...]:
         """The cancels noted for the collector, removed as they are read."""
+        return await self._take(_CANCELS + collector_id)
+
+    async def note_revoke(self, collector_id: str, revocation_id: str) -> None:
+        """Remember that the collector must be told of a credential revocation."""
+        await self._note(_REVOKES + collector_id, revocation_id)
+
+    async def take_revokes(self, collector_id: str) -> tuple[str, ...]:
+        return await self._take(_REVOKES + collector_id)
+
+    async def _note(self, key: str, member: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.smembers(_CANCELS + collector_id)
-            pipe.delete(_CANCELS + collector_id)
+            pipe.sadd(key, member)
+            pipe.expire(key, SESSION_TTL_S)
+            await pipe.execute()
+
+    async def _take(self, key: str) -> tuple[str, ...]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.smembers(key)
+            pipe.delete(key)
             members, _ = await pipe.execute()
         return tuple(sorted(text(m) for m in members))
 
@@ -219,12 +243,14 @@ return 1
 """
 
 # Atomic so two sessions claiming at once cannot both become current.
-# KEYS: session hash, superseded set, live set, noted cancels. ARGV: session id ('' = none), now,
-# ttl, collector id, take cancels ('1'/'0'), then field/value pairs for the session hash.
+# KEYS: session hash, superseded set, live set, noted cancels, noted revokes. ARGV: session id
+# ('' = none), now, ttl, collector id, what to take ('c' cancels, 'r' revokes, '-' nothing), then
+# field/value pairs for the session hash. Returns adopted, the previous claim's time, and the
+# cancels and revokes taken (space-separated).
 _HEARTBEAT = """
 local adopted = 0
 if ARGV[1] ~= '' then
-  if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {-1, ''} end
+  if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {-1, '', '', ''} end
   local current = redis.call('HGET', KEYS[1], 'session_id')
   if current ~= ARGV[1] then
     if current then
@@ -240,15 +266,14 @@ redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
 redis.call('HDEL', KEYS[1], 'bye_at', 'bye_reason')
 if #ARGV > 5 then redis.call('HSET', KEYS[1], unpack(ARGV, 6, #ARGV)) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-local out = {adopted, previous}
-if ARGV[5] == '1' then
-  local noted = redis.call('SMEMBERS', KEYS[4])
-  if #noted > 0 then
-    redis.call('DEL', KEYS[4])
-    for _, d in ipairs(noted) do out[#out + 1] = d end
-  end
+local function take(key, wanted)
+  if not string.find(ARGV[5], wanted, 1, true) then return '' end
+  local noted = redis.call('SMEMBERS', key)
+  if #noted == 0 then return '' end
+  redis.call('DEL', key)
+  return table.concat(noted, ' ')
 end
-return out
+return {adopted, previous, take(KEYS[4], 'c'), take(KEYS[5], 'r')}
 """
 
 
@@ -367,6 +392,9 @@ WORK_TEXT = WORK.decode()
 # Payload of a wake-up that says a cancel was noted for the collector (router/cancels.py).
 CANCEL = b"c"
 CANCEL_TEXT = CANCEL.decode()
+# ... and that a credential revocation was noted for it (router/revocations.py).
+REVOKE = b"r"
+REVOKE_TEXT = REVOKE.decode()
 # Collectors whose last work announcement this process remembers; past it the notes start over.
 MAX_WORK_NOTES = 1_000_000
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from versus.access.v1 import access_pb2, access_pb2_grpc
+from versus.credential.v1 import credential_pb2, credential_pb2_grpc
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from versus.router.v1 import (
     collector_bridge_pb2,
@@ -34,6 +35,7 @@ from common.state_dir import ensure_writable
 from common.trust_bundle import BundleSource
 from router import store
 from router.access_api import AccessServicer
+from router.credential_api import CredentialServicer
 from router.enrollment_client import EnrollmentClient
 from router.fleet import Fleet
 from router.fleet_api import FleetServicer
@@ -74,6 +76,11 @@ def registrations(router: Router, clock: Callable[[], float] = time.time) -> lis
             collector_bridge_pb2.DESCRIPTOR.services_by_name["CollectorBridgeService"].full_name,
             CollectorBridgeServicer(router),
             collector_bridge_pb2_grpc.add_CollectorBridgeServiceServicer_to_server,
+        ),
+        ServiceRegistration(
+            credential_pb2.DESCRIPTOR.services_by_name["CredentialService"].full_name,
+            CredentialServicer(router),
+            credential_pb2_grpc.add_CredentialServiceServicer_to_server,
         ),
         ServiceRegistration(
             fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,

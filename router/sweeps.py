@@ -15,6 +15,7 @@ from router import store
 from router.cancels import Cancels
 from router.core import Effects, _now
 from router.output import Outputs
+from router.revocations import Revocations
 from router.sql import Row
 from router.states import State
 
@@ -22,7 +23,7 @@ S = State
 log = get_logger("versus.router")
 
 
-class Sweeps(Cancels, Outputs):
+class Sweeps(Cancels, Outputs, Revocations):
     """Capabilities, collector removal and the sweeper."""
 
     async def publish_capabilities(
@@ -139,4 +140,5 @@ class Sweeps(Cancels, Outputs):
         await self.in_flight.rebuild()
         counts["cancels"] = await self.renotify_cancels()
         counts["outputs_purged"] = await self.purge_outputs()
+        counts["revokes_noted"] = await self.sweep_revocations()
         return counts

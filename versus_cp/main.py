@@ -38,6 +38,7 @@ from versus_cp import (
     __version__,
     access_cmd,
     ca_cmd,
+    credentials_cmd,
     endpoints,
     enrollment_cmd,
     fleet_cmd,
@@ -136,6 +137,11 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         "Submit, get, watch and cancel tasks as a platform module would.",
         tasks_cmd.run,
         tasks_cmd.add_arguments,
+    ),
+    "credentials": (
+        "Take device credentials back from running tasks (scrub, or scrub and kill).",
+        credentials_cmd.run,
+        credentials_cmd.add_arguments,
     ),
     "queue": (
         "The dispatch queue: list by outcome, show evidence, resolve indeterminate tasks.",

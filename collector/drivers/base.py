@@ -12,7 +12,7 @@ entry-point group; the class is built with a :class:`DriverContext`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -45,6 +45,42 @@ class OutputSink(Protocol):
     async def write(self, data: bytes) -> None: ...
 
 
+class HeldCredential(Mapping[str, Any]):
+    """A task's copy of a device credential (:meth:`Task.hold`): readable until the control plane
+    revokes it (protocol 5), then wiped and refused (:class:`CredentialRevoked`).
+
+    Wiping drops this copy's references to the secret values; Python cannot overwrite the string
+    objects themselves, and a session the driver already authenticated with them stays open
+    (revoke with ``kill`` to end it). docs/protocol.md, "Credential revocation", says so too.
+    """
+
+    __slots__ = ("_data", "revoked")
+
+    def __init__(self, material: Mapping[str, Any]):
+        self._data: dict[str, Any] = dict(material)
+        self.revoked = False
+
+    def __getitem__(self, key: str) -> Any:
+        if self.revoked:
+            raise CredentialRevoked("credential_revoked", "the credential was revoked while the task ran")
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        if self.revoked:
+            raise CredentialRevoked("credential_revoked", "the credential was revoked while the task ran")
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return 0 if self.revoked else len(self._data)
+
+    def __repr__(self) -> str:  # secret
+        return f"HeldCredential({'revoked' if self.revoked else f'{len(self._data)} fields'})"
+
+    def scrub(self) -> None:
+        self._data.clear()
+        self.revoked = True
+
+
 class StopSignal:
     """A request to stop one task (a cancel, protocol 3), and whether its device writes began.
 
@@ -53,12 +89,14 @@ class StopSignal:
     A driver that ignores it is stopped by force after the grace period.
     """
 
-    __slots__ = ("event", "forced", "writes_started")
+    __slots__ = ("event", "forced", "reason", "writes_started")
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.writes_started = False
         self.forced = False
+        # Why: "cancel" (a cancel, protocol 3) or "credential_revoked" (a revoke with kill, protocol 5).
+        self.reason = "cancel"
 
     @property
     def requested(self) -> bool:
@@ -89,6 +127,8 @@ class Task:
     # Where the driver streams the task's output (protocol 4); None when the control plane cannot
     # take a stream from this collector now (below the output_stream floor).
     output: OutputSink | None = field(default=None, compare=False, repr=False)
+    # The credentials the driver took for this task (hold), so a revocation can wipe them.
+    held: list[HeldCredential] = field(default_factory=list, compare=False, repr=False)
 
     def window_open(self) -> bool:
         """Whether the envelope's window is still open by the collector's clock (always, without one)."""
@@ -107,6 +147,13 @@ class Task:
                 "window_closed", f"the envelope expired at {self.expires_at}; the device was not touched"
             )
         self.stop.writes_started = True
+
+    def hold(self, material: Mapping[str, Any]) -> HeldCredential:
+        """Take a credential for this task: the copy a revocation wipes (protocol 5). Drivers read
+        their device credentials through it rather than keeping the raw mapping."""
+        held = HeldCredential(material)
+        self.held.append(held)
+        return held
 
     async def pause(self, seconds: float) -> None:
         """Wait ``seconds``, or raise :class:`Stopped` as soon as a stop is asked for."""
@@ -149,6 +196,10 @@ class DriverError(Exception):
 class Stopped(DriverError):
     """The driver stopped on a cancel (:class:`StopSignal`). Whether that changed anything is read
     from ``StopSignal.writes_started``, not from the driver."""
+
+
+class CredentialRevoked(DriverError):
+    """The task read a credential after it was revoked (:class:`HeldCredential`)."""
 
 
 class WindowClosed(DriverError):

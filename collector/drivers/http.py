@@ -37,9 +37,10 @@ class HttpDriver:
 
     async def execute(self, task: Task) -> Outcome:
         # One snapshot per task: a credential replaced on disk meanwhile applies from the next task.
-        target = self.credentials().get("http", {}).get(task.target_ref)
-        if target is None:
+        raw = self.credentials().get("http", {}).get(task.target_ref)
+        if raw is None:
             raise DriverError("no_credentials", f"no local http settings for {task.target_ref!r}")
+        target = task.hold(raw)  # the copy a revocation wipes
         params = json.loads(task.params or b"{}")
         method = "GET" if task.operation == "get" else str(params.get("method", "POST")).upper()
         headers = dict(params.get("headers", {}))

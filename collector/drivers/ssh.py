@@ -45,9 +45,10 @@ class SshDriver:
 
     async def execute(self, task: Task) -> Outcome:
         # One snapshot per task: a credential replaced on disk meanwhile applies from the next task.
-        target = self.credentials().get("ssh", {}).get(task.target_ref)
-        if target is None:
+        raw = self.credentials().get("ssh", {}).get(task.target_ref)
+        if raw is None:
             raise DriverError("no_credentials", f"no local ssh settings for {task.target_ref!r}")
+        target = task.hold(raw)  # the copy a revocation wipes
         if not target.get("host_key"):
             raise DriverError("host_key_missing", f"no pinned host key for {task.target_ref!r}")
         command = str(json.loads(task.params or b"{}").get("command", ""))

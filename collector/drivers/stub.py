@@ -12,7 +12,9 @@ exactly how often each mutation was applied. ``VERSUS_STUB_DEVICE_DIR`` puts
 the devices in a directory several collectors share, as real devices are
 reachable from every collector of a site (the fault-injection suite, chaos/,
 runs its collectors that way). Params may ask for a delay
-(``{"sleep": seconds}``, after the change; echo honours it too) to leave time
+(``{"sleep": seconds}``, after the change; echo honours it too, and with
+``{"credential": true}`` holds the device's stub credential from credentials.json,
+using it at the start and again at the end, for revocation tests) to leave time
 to kill the collector mid-task, for a delay before the write (``{"hold": s}``),
 for a refusal that changes nothing (``{"fail": true}``), for a change the
 device does not confirm (``{"unclear": true}``) or for a check that cannot
@@ -35,7 +37,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
-from collector.drivers.base import DriverContext, DriverError, Operation, Outcome, Stopped, Task
+from collector.drivers.base import (
+    DriverContext,
+    DriverError,
+    HeldCredential,
+    Operation,
+    Outcome,
+    Stopped,
+    Task,
+)
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # Beside each device file: one JSON line per write (key, lease epoch, dispatch, expires_at, time).
@@ -55,6 +65,7 @@ class StubDriver:
     }
 
     def __init__(self, ctx: DriverContext):
+        self.credentials = ctx.credentials
         shared = os.environ.get(DEVICE_DIR_ENV, "")
         self.devices = Path(shared) if shared else ctx.state_dir / "stub-devices"
         self.devices.mkdir(parents=True, exist_ok=True)
@@ -65,8 +76,11 @@ class StubDriver:
     async def execute(self, task: Task) -> Outcome:
         params = json.loads(task.params or b"{}") if task.params.strip().startswith(b"{") else {}
         if task.operation == "echo":
+            secret = self._credential(task) if params.get("credential") else None
             if params.get("sleep"):
                 await task.pause(float(params["sleep"]))
+            if secret is not None:
+                secret["token"]  # used again at the end: a revoked credential fails the task here
             return Outcome("success", task.params)
         if task.operation == "dump":
             return await _dump(task, params)
@@ -94,6 +108,16 @@ class StubDriver:
                 return Outcome("unknown", b"", "stub_unclear", "the device did not confirm")
             return Outcome("success", b"applied")
         raise DriverError("unknown_operation", f"stub has no operation {task.operation!r}")
+
+    def _credential(self, task: Task) -> HeldCredential:
+        """The device's stub credential (``{"stub": {target: {"token": ...}}}`` in credentials.json),
+        held for the task and used once at the start."""
+        raw = self.credentials().get("stub", {}).get(task.target_ref)
+        if raw is None:
+            raise DriverError("no_credentials", f"no local stub credential for {task.target_ref!r}")
+        secret = task.hold(raw)
+        secret["token"]
+        return secret
 
     def _write(self, path: Path, task: Task) -> None:
         """Apply the change: the key goes into the device file, and the write's evidence (lease

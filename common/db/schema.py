@@ -278,6 +278,40 @@ tenant_output = Table(
     Column("bytes", BigInteger, nullable=False),
 )
 
+# Credentials taken back from running tasks (router/revocations.py), and each collector's part in
+# it. Owned by the router.
+credential_revocations = Table(
+    "credential_revocations",
+    metadata,
+    Column("revocation_id", Text, primary_key=True),
+    Column("credential_ref", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("actor", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("action IN ('scrub', 'kill')", name="action"),
+    Index(None, "credential_ref", "created_at"),
+)
+
+revocation_targets = Table(
+    "revocation_targets",
+    metadata,
+    Column(
+        "revocation_id",
+        Text,
+        ForeignKey("credential_revocations.revocation_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("collector_id", Text, primary_key=True),
+    Column("dispatch_ids", ARRAY(Text), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("results", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("detail", Text, nullable=False, server_default=text("''")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("state IN ('pending', 'revoked', 'unreachable', 'failed')", name="state"),
+    Index(None, "collector_id", "state"),
+)
+
 # Every state change of every task, in order. Owned by the router.
 task_transitions = Table(
     "task_transitions",

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from versus.access.v1 import access_pb2
+from versus.credential.v1 import credential_pb2
 from versus.enrollment.v1 import enrollment_pb2
 from versus.fleet.v1 import fleet_pb2
 from versus.router.v1 import collector_bridge_pb2, task_router_pb2, tunnel_pb2
@@ -24,7 +25,15 @@ stack = gw.stack
 
 SERVICES = {
     s.full_name: s
-    for module in (access_pb2, enrollment_pb2, fleet_pb2, collector_bridge_pb2, task_router_pb2, tunnel_pb2)
+    for module in (
+        access_pb2,
+        credential_pb2,
+        enrollment_pb2,
+        fleet_pb2,
+        collector_bridge_pb2,
+        task_router_pb2,
+        tunnel_pb2,
+    )
     for s in module.DESCRIPTOR.services_by_name.values()
 }
 

@@ -17,7 +17,7 @@ from collector.ws_control import parse_frame
 from common import protocol
 from common.errors import InvalidArgument, VersusError
 from common.limits import MAX_OUTPUT_CHUNK
-from gateway.collector_bodies import ByeBody, CapabilitiesBody, ClaimBody, ReportBody
+from gateway.collector_bodies import ByeBody, CapabilitiesBody, ClaimBody, ReportBody, RevokedBody
 from gateway.control_ws import _parse
 from gateway.enroll_api import parse_body
 from gateway.output_api import check_version as check_output_version
@@ -29,6 +29,7 @@ BODIES: dict[str, type[BaseModel]] = {
     "report": ReportBody,
     "capabilities": CapabilitiesBody,
     "bye": ByeBody,
+    "revoked": RevokedBody,
 }
 
 
@@ -81,7 +82,7 @@ def _read(message: dict[str, Any]) -> tuple[str, int, BaseModel]:
         version = protocol.header_version(message["headers"].get(protocol.HEADER))
         raw = json.dumps(message["body"]).encode()
     body = parse_body(BODIES[kind], raw)
-    if isinstance(body, ReportBody):
+    if isinstance(body, ReportBody | RevokedBody):
         body.check_version(version)
     return kind, version, body
 
@@ -112,6 +113,7 @@ def test_the_collector_reads_every_gateway_answer_of_every_version(answer: dict[
     assert settled == answer["protocol"]
     assert reply.dispatch_id == answer.get("dispatch_id")
     assert reply.verdicts == answer.get("verdicts", {})
+    assert reply.revokes == answer.get("revokes", [])
     if answer.get("verdicts"):
         assert reply.cancel_grace_s == answer["cancel_grace_s"]
     if "envelope" in answer:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from versus.access.v1 import access_pb2
+from versus.credential.v1 import credential_pb2
 from versus.enrollment.v1 import enrollment_pb2
 from versus.fleet.v1 import fleet_pb2
 from versus.router.v1 import collector_bridge_pb2, task_router_pb2, tunnel_pb2
@@ -27,7 +28,15 @@ from common.rbac import POLICY, Principal, Role
 from versus_cp.main import exit_status
 from versus_cp.output import age, table
 
-MODULES = (access_pb2, enrollment_pb2, fleet_pb2, collector_bridge_pb2, task_router_pb2, tunnel_pb2)
+MODULES = (
+    access_pb2,
+    credential_pb2,
+    enrollment_pb2,
+    fleet_pb2,
+    collector_bridge_pb2,
+    task_router_pb2,
+    tunnel_pb2,
+)
 
 
 def test_the_policy_names_every_rpc_and_nothing_else() -> None:

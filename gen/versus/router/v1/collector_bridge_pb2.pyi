@@ -361,6 +361,7 @@ class ClaimResponse(_message.Message):
     TRUST_JSON_FIELD_NUMBER: _builtins.int
     VERDICTS_FIELD_NUMBER: _builtins.int
     CANCEL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    REVOKES_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     config_json: _builtins.str
@@ -395,6 +396,12 @@ class ClaimResponse(_message.Message):
         its last claim, and on a resume claim a verdict for every held task.
         """
 
+    @_builtins.property
+    def revokes(self) -> _containers.RepeatedCompositeFieldContainer[Global___CredentialRevoke]:
+        """Credentials to take back from running tasks (protocol 5): noted since the last claim, and on
+        a resume claim every revocation this collector has not answered yet.
+        """
+
     def __init__(
         self,
         *,
@@ -408,14 +415,118 @@ class ClaimResponse(_message.Message):
         trust_json: _builtins.str = ...,
         verdicts: _abc.Mapping[_builtins.str, Global___HeldVerdict.ValueType] | None = ...,
         cancel_grace_seconds: _builtins.int = ...,
+        revokes: _abc.Iterable[Global___CredentialRevoke] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "server_time", b"server_time", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "revokes", b"revokes", "server_time", b"server_time", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClaimResponse: _TypeAlias = ClaimResponse  # noqa: Y015
+
+@_typing.final
+class CredentialRevoke(_message.Message):
+    """Take a credential back from the collector's running tasks (docs/protocol.md)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVOCATION_ID_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_REF_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    DISPATCH_IDS_FIELD_NUMBER: _builtins.int
+    revocation_id: _builtins.str
+    credential_ref: _builtins.str
+    """"<provider>:<target_ref>"."""
+    action: _builtins.str
+    """"scrub" or "kill"."""
+    @_builtins.property
+    def dispatch_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The running dispatches that may hold it."""
+
+    def __init__(
+        self,
+        *,
+        revocation_id: _builtins.str = ...,
+        credential_ref: _builtins.str = ...,
+        action: _builtins.str = ...,
+        dispatch_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "credential_ref", b"credential_ref", "dispatch_ids", b"dispatch_ids", "revocation_id", b"revocation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CredentialRevoke: _TypeAlias = CredentialRevoke  # noqa: Y015
+
+@_typing.final
+class AckRevocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ResultsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    REVOCATION_ID_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    revocation_id: _builtins.str
+    @_builtins.property
+    def results(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Per dispatch id: "scrubbed", "not_held", "killed" or "failed: <why>"."""
+
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        revocation_id: _builtins.str = ...,
+        results: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "results", b"results", "revocation_id", b"revocation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckRevocationRequest: _TypeAlias = AckRevocationRequest  # noqa: Y015
+
+@_typing.final
+class AckRevocationResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    recorded: _builtins.bool
+    """False when the revocation is unknown or not addressed to this collector."""
+    def __init__(
+        self,
+        *,
+        recorded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded", b"recorded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckRevocationResponse: _TypeAlias = AckRevocationResponse  # noqa: Y015
 
 @_typing.final
 class HandedDispatch(_message.Message):

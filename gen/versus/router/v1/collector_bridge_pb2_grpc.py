@@ -62,6 +62,11 @@ class CollectorBridgeServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputResponse.FromString,
                 _registered_method=True)
+        self.AckRevocation = channel.unary_unary(
+                '/versus.router.v1.CollectorBridgeService/AckRevocation',
+                request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationResponse.FromString,
+                _registered_method=True)
 
 
 class CollectorBridgeServiceServicer:
@@ -105,6 +110,13 @@ class CollectorBridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AckRevocation(self, request, context):
+        """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorBridgeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +144,11 @@ def add_CollectorBridgeServiceServicer_to_server(servicer, server):
                     servicer.AppendOutput,
                     request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputResponse.SerializeToString,
+            ),
+            'AckRevocation': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckRevocation,
+                    request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -272,6 +289,33 @@ class CollectorBridgeService:
             '/versus.router.v1.CollectorBridgeService/AppendOutput',
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.AppendOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckRevocation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.router.v1.CollectorBridgeService/AckRevocation',
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,8 @@ class CollectorBridgeServiceStub:
     """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
     AppendOutput: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.AppendOutputRequest, _collector_bridge_pb2.AppendOutputResponse]
     """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
+    AckRevocation: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.AckRevocationRequest, _collector_bridge_pb2.AckRevocationResponse]
+    """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md)."""
 
 @_typing.type_check_only
 class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
@@ -65,6 +67,8 @@ class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
     """The collector is shutting down cleanly (protocol 2, docs/protocol.md): it is offline, not lost."""
     AppendOutput: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.AppendOutputRequest, _collector_bridge_pb2.AppendOutputResponse]  # type: ignore[assignment]
     """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
+    AckRevocation: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.AckRevocationRequest, _collector_bridge_pb2.AckRevocationResponse]  # type: ignore[assignment]
+    """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md)."""
 
 class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal API used by the gateway to translate authenticated collector
@@ -111,5 +115,13 @@ class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_collector_bridge_pb2.AppendOutputResponse, _abc.Awaitable[_collector_bridge_pb2.AppendOutputResponse]]:
         """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
+
+    @_abc_1.abstractmethod
+    def AckRevocation(
+        self,
+        request: _collector_bridge_pb2.AckRevocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_collector_bridge_pb2.AckRevocationResponse, _abc.Awaitable[_collector_bridge_pb2.AckRevocationResponse]]:
+        """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md)."""
 
 def add_CollectorBridgeServiceServicer_to_server(servicer: CollectorBridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

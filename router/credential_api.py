@@ -1,0 +1,91 @@
+"""CredentialService over gRPC: revoking credentials from running tasks (router/revocations.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from versus.credential.v1 import credential_pb2 as pb
+from versus.credential.v1 import credential_pb2_grpc
+
+from common import rbac
+from common.errors import InvalidArgument, NotFound
+from common.grpc_server import Context
+from common.pb_time import timestamp as ts
+from router.revocations import overall
+from router.service import Router
+
+ACTION_FROM_PB = {pb.REVOKE_ACTION_SCRUB: "scrub", pb.REVOKE_ACTION_KILL: "kill"}
+ACTION_TO_PB = {v: k for k, v in ACTION_FROM_PB.items()}
+STATE_TO_PB = {
+    "pending": pb.REVOCATION_STATE_PENDING,
+    "revoked": pb.REVOCATION_STATE_REVOKED,
+    "unreachable": pb.REVOCATION_STATE_UNREACHABLE,
+    "failed": pb.REVOCATION_STATE_FAILED,
+}
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+
+
+def revocation_pb(row: Mapping[str, Any]) -> pb.Revocation:
+    targets = row.get("targets", [])
+    return pb.Revocation(
+        revocation_id=row["revocation_id"],
+        credential_ref=row["credential_ref"],
+        action=ACTION_TO_PB[row["action"]],
+        reason=row["reason"],
+        actor=row["actor"],
+        created_at=ts(row["created_at"]),
+        state=STATE_TO_PB[overall(t["state"] for t in targets)],
+        targets=[
+            pb.RevocationTarget(
+                collector_id=t["collector_id"],
+                dispatch_ids=list(t["dispatch_ids"]),
+                state=STATE_TO_PB[t["state"]],
+                results={str(k): str(v) for k, v in (t["results"] or {}).items()},
+                detail=t["detail"],
+                updated_at=ts(t["updated_at"]),
+            )
+            for t in targets
+        ],
+    )
+
+
+class CredentialServicer(credential_pb2_grpc.CredentialServiceServicer):
+    def __init__(self, router: Router):
+        self.router = router
+
+    async def RevokeCredential(
+        self, request: pb.RevokeCredentialRequest, context: Context
+    ) -> pb.RevokeCredentialResponse:
+        action = ACTION_FROM_PB.get(request.action)
+        if action is None:
+            raise InvalidArgument("action must be SCRUB or KILL", code="revoke_action_invalid")
+        row = await self.router.revoke_credential(
+            request.credential_ref, action, request.reason, rbac.current_actor()
+        )
+        return pb.RevokeCredentialResponse(revocation=revocation_pb(row))
+
+    async def GetRevocation(
+        self, request: pb.GetRevocationRequest, context: Context
+    ) -> pb.GetRevocationResponse:
+        row = await self.router.get_revocation(request.revocation_id)
+        if not _visible(row):
+            raise NotFound(
+                f"revocation {request.revocation_id!r} does not exist", code="revocation_not_found"
+            )
+        return pb.GetRevocationResponse(revocation=revocation_pb(row))
+
+    async def ListRevocations(
+        self, request: pb.ListRevocationsRequest, context: Context
+    ) -> pb.ListRevocationsResponse:
+        size = request.page_size or DEFAULT_PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            raise InvalidArgument(f"page_size must be at most {MAX_PAGE_SIZE}", code="page_size_too_large")
+        rows = await self.router.list_revocations(request.credential_ref, size)
+        return pb.ListRevocationsResponse(revocations=[revocation_pb(r) for r in rows if _visible(r)])
+
+
+def _visible(row: Mapping[str, Any]) -> bool:
+    """A token scoped to tenants sees the revocations it made; the rest span every tenant."""
+    return rbac.tenant_filter() is None or row["actor"] == rbac.current_actor()
