@@ -17,7 +17,7 @@ from collector import output as output_module
 from collector.client import GatewayRefused, GatewayUnavailable
 from collector.drivers.base import DriverContext, Outcome, Task
 from collector.drivers.stub import StubDriver, dump_blocks
-from collector.output import TaskOutput, UploadFailed
+from collector.output import TaskOutput, UploadFailed, saved_digest
 from collector.running import RunningTasks, stopped_outcome
 from common import protocol
 from common.errors import InvalidArgument
@@ -259,3 +259,17 @@ async def test_a_task_that_writes_no_output_creates_nothing(tmp_path: Path) -> N
 
     out = TaskOutput(tmp_path, "d3", never)
     assert not out.started and not (tmp_path / "output").exists()
+
+
+async def test_a_finished_upload_leaves_its_digest_for_a_report_resent_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    server = FlakyServer()
+    server.calls = 1  # no lost requests for this one
+    out = TaskOutput(tmp_path, "d4", server.send)
+    await out.write(b"abc" * 100)
+    digest = await out.finish()
+    # A collector restarted before its report was acknowledged reports the same output.
+    assert saved_digest(tmp_path, "d4") == digest == (300, hashlib.sha256(b"abc" * 100).hexdigest())
+    out.remove()
+    assert saved_digest(tmp_path, "d4") is None
