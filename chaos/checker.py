@@ -64,6 +64,8 @@ class TaskFact:
     error_code: str
     collectors: tuple[str, ...]  # every collector any of its dispatches went to
     handed: int  # execute dispatches handed to a collector
+    # Its collector reported stopping it on a cancel after its change began (docs/protocol.md).
+    stopped_mid_change: bool = False
 
 
 def task_facts(url: str) -> dict[str, TaskFact]:
@@ -77,11 +79,16 @@ def task_facts(url: str) -> dict[str, TaskFact]:
                    coalesce(t.error_code, ''),
                    array(SELECT DISTINCT d.collector_id FROM dispatches d WHERE d.task_id = t.task_id),
                    (SELECT count(*) FROM dispatches d WHERE d.task_id = t.task_id AND d.kind = 'execute'
-                      AND d.handed_at IS NOT NULL)
+                      AND d.handed_at IS NOT NULL),
+                   EXISTS (SELECT 1 FROM dispatches d WHERE d.task_id = t.task_id
+                      AND d.error_code = 'cancelled_mid_change')
             FROM tasks t
             """
         ).fetchall()
-    return {str(r[0]): TaskFact(str(r[1]), r[2], r[3], r[4], str(r[5]), tuple(r[6]), int(r[7])) for r in rows}
+    return {
+        str(r[0]): TaskFact(str(r[1]), r[2], r[3], r[4], str(r[5]), tuple(r[6]), int(r[7]), bool(r[8]))
+        for r in rows
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +136,10 @@ def check_facts(
         if fact.state == "failed" and not fact.handed and t.operation != "nonexistent":
             problems.append(f"{label}: failed ({fact.error_code}) without ever being handed to a collector")
         if fact.state == "indeterminate":
-            expected = t.operation == "apply_once" and bool(t.params.get("unclear"))
+            # A one-shot mutation the device did not confirm, or one the platform cancelled after its
+            # change began (the collector's report in PostgreSQL says so): both are for an operator.
+            cancelled = t.cancel_code == "ok" and fact.stopped_mid_change
+            expected = t.operation == "apply_once" and (bool(t.params.get("unclear")) or cancelled)
             holders = {collector_names.get(c, c) for c in fact.collectors}
             created = clock.to_mono(fact.created_at)
             touched = any(w.overlaps(created, end) and (not w.victim or w.victim in holders) for w in windows)

@@ -83,10 +83,12 @@ def test_a_collector_fault_never_excuses_a_server_error() -> None:
 
 
 def _fact(state: str, *, deadline_s: float = 60, settled_s: float | None = 10, handed: int = 1,
-          collectors: tuple[str, ...] = ("col-1",), error_code: str = "") -> checker.TaskFact:  # fmt: skip
+          collectors: tuple[str, ...] = ("col-1",), error_code: str = "",
+          stopped_mid_change: bool = False) -> checker.TaskFact:  # fmt: skip
     return checker.TaskFact(
         state, T0 + dt.timedelta(seconds=deadline_s), T0,
         None if settled_s is None else T0 + dt.timedelta(seconds=settled_s), error_code, collectors, handed,
+        stopped_mid_change,
     )  # fmt: skip
 
 
@@ -98,6 +100,8 @@ def test_durable_task_facts_are_checked() -> None:
         _task("failed-untried", "apply_once", ""),
         _task("indeterminate-quiet", "append", ""),
         _task("indeterminate-killed", "append", ""),
+        Submitted("cancelled-mid-change", "apply_once", "dev-1", task_id="tsk-c1", cancel_code="ok"),
+        Submitted("cancel-claimed-only", "apply_once", "dev-1", task_id="tsk-c2", cancel_code="ok"),
         _task("unoffered-ran", "nonexistent", ""),
         Submitted("lie", "append", "dev-1", task_id="tsk-lie", lie=True),
         _task("fine", "echo", ""),
@@ -108,6 +112,10 @@ def test_durable_task_facts_are_checked() -> None:
         "failed-untried": _fact("failed", handed=0, error_code="device_leased"),
         "indeterminate-quiet": _fact("indeterminate"),
         "indeterminate-killed": _fact("indeterminate", collectors=("col-2",)),
+        # Cancelled after its change began, as its collector's report in PostgreSQL says: expected.
+        "cancelled-mid-change": _fact("indeterminate", stopped_mid_change=True),
+        # Cancelled, but nothing in PostgreSQL says the stop came mid-change: not an excuse.
+        "cancel-claimed-only": _fact("indeterminate"),
         "unoffered-ran": _fact("success"),
         "lie": _fact("success"),
         "fine": _fact("success"),
@@ -120,7 +128,8 @@ def test_durable_task_facts_are_checked() -> None:
     )
     flagged = {p.split(" ", 1)[0] for p in problems}
     assert flagged == {
-        "late", "failed-applied", "failed-untried", "indeterminate-quiet", "unoffered-ran", "lie",
+        "late", "failed-applied", "failed-untried", "indeterminate-quiet", "cancel-claimed-only",
+        "unoffered-ran", "lie",
     }, problems  # fmt: skip
     # Final states come from PostgreSQL, not from the runner's memory.
     assert tasks[0].state == "expired"
