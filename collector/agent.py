@@ -116,7 +116,9 @@ class Agent:
         # the local file is not read (their resolvers are described in docs/fleet.md).
         try:
             self.credentials: Callable[[], Credentials] = (
-                LocalCredentials(options.state_dir) if self.vault_mode == "local" else no_credentials
+                LocalCredentials(options.state_dir, load_key(self.paths.key))
+                if self.vault_mode == "local"
+                else no_credentials
             )
         except ValueError as exc:
             raise CollectorError(str(exc)) from None

@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector import __version__
 from collector.client import ssl_context
+from collector.credentials import read_sealed, write_sealed
 from collector.renewal import csr_pem
 from collector.state import StatePaths, load_key, read_json, save_key, write_json
 from collector.trust import TrustStore
@@ -96,7 +97,12 @@ def _attempt(paths: StatePaths, requested_id: str | None) -> tuple[str, ec.Ellip
             return str(saved["collector_id"]), load_key(paths.key)
     collector_id = requested_id or f"col-{secrets.token_hex(10)}"
     key = ec.generate_private_key(ec.SECP256R1())
+    # Enrolling again with a new key: the sealed credentials move to it (vault mode A), opened with
+    # the old key before it is replaced and sealed with the new one right after.
+    carried = read_sealed(paths.root, load_key(paths.key)) if paths.key.exists() else {}
     save_key(paths.key, key)
+    if carried:
+        write_sealed(paths.root, key, carried)
     write_json(paths.attempt, {"collector_id": collector_id})
     return collector_id, key
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from collector import __version__
+from collector import __version__, credentials_cli
 from collector.agent import Agent, CollectorError, summary
 from collector.config import default_state_dir, resolve
 from collector.enroll import EnrollError, EnrollOptions, enroll, status
@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a new version has to reach the control plane")  # fmt: skip
     v.add_argument("--check-interval", type=float, default=5.0, dest="check_interval_s")
     v.add_argument("run_args", nargs="*", help="extra arguments for `run` (after --)")
+    c = sub.add_parser(
+        "credentials", help="Set, remove and list the sealed device credentials (vault mode A)."
+    )
+    credentials_cli.add_arguments(c, _state_dir())
     i = sub.add_parser("install-service", help="Write (and enable) a systemd unit running the supervisor.")
     i.add_argument("--user", default="versus-collector")
     i.add_argument("--state-dir", type=Path, default=Path("/var/lib/versus-collector"))
@@ -202,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _supervise(args)
         if args.command == "install-service":
             return _install_service(args)
+        if args.command == "credentials":
+            return credentials_cli.run(args)
         result = status(args.state_dir)
         local = summary(args.state_dir)
         until = result["cert_not_after"]
@@ -217,6 +223,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         journal = local["journal"]
         print(f"journal: {journal['received']} tasks received, {journal['held']} in flight or unreported")
         return 0
-    except (EnrollError, CollectorError) as exc:
+    except (EnrollError, CollectorError, credentials_cli.CredentialsError) as exc:
         print(f"versus-collector: error: {exc}", file=sys.stderr)
         return 1

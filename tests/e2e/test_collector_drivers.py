@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,6 +67,28 @@ def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], 
         # asyncssh narrates connections and logins (with the user) at INFO: not in the log either.
         assert "Opening SSH connection" not in collector.log() and "Auth for user" not in collector.log()
         assert secret not in cp.log()
+
+        # Vault mode A: the plaintext file was sealed and removed at start, and nothing in the state
+        # directory holds a credential in plaintext.
+        assert not (collector.state / "credentials.json").exists()
+        for path in (p for p in collector.state.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            assert secret.encode() not in data and ssh_device.password.encode() not in data, path
+        # The operator replaces a credential with the command line; the next task uses it.
+        rotated = "device-api-token-456"
+        done = subprocess.run(
+            [*collector.command, "credentials", "set", "http", "lb-1", "--state-dir", str(collector.state)],
+            input=json.dumps(https_device.credentials(rotated)), env=collector._env(), capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        again = platform.submit(
+            collector.site_id, "request", "mutate_terminal", "lb-1", {"method": "POST", "path": "/again"},
+            "http-2", provider="http",
+        )  # fmt: skip
+        platform.wait_state(again, {"success"})
+        assert https_device.requests[-1] == ("POST", "/again", f"Bearer {rotated}")
+        assert rotated not in collector.log()
     finally:
         collector.stop()
         platform.close()

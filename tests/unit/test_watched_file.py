@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.credentials import LocalCredentials
 from common.errors import ConfigError, Unauthenticated
 from common.state_dir import write_private
 from common.token_files import TokenFile
-from common.watched_file import FileRefused, WatchedFile
+from common.watched_file import WatchedFile
 
 
 def _json(path: Path) -> WatchedFile[object]:
@@ -54,14 +55,17 @@ def test_a_missing_file_is_the_missing_value_and_a_bad_first_read_raises(tmp_pat
     assert watched.get() is None
 
 
+KEY = ec.generate_private_key(ec.SECP256R1())
+
+
 def test_credentials_refuse_a_loose_file_at_start_and_keep_the_last_good_one_later(tmp_path: Path) -> None:
     path = tmp_path / "credentials.json"
     path.write_text('{"http": {}}')
     path.chmod(0o644)
-    with pytest.raises(FileRefused):
-        LocalCredentials(tmp_path)
+    with pytest.raises(ValueError, match="readable by others"):
+        LocalCredentials(tmp_path, KEY)
     path.chmod(0o600)
-    creds = LocalCredentials(tmp_path)
+    creds = LocalCredentials(tmp_path, KEY)
     assert creds() == {"http": {}}
     path.write_text('{"http": {"lb-1": {"bearer": "x"}}}')
     path.chmod(0o640)
@@ -71,7 +75,7 @@ def test_credentials_refuse_a_loose_file_at_start_and_keep_the_last_good_one_lat
 
 def test_a_snapshot_taken_for_a_task_does_not_change_under_it(tmp_path: Path) -> None:
     write_private(tmp_path / "credentials.json", b'{"ssh": {"sw-1": {"password": "old"}}}')
-    creds = LocalCredentials(tmp_path)
+    creds = LocalCredentials(tmp_path, KEY)
     snapshot = creds()
     write_private(tmp_path / "credentials.json", b'{"ssh": {}}')
     assert snapshot["ssh"]["sw-1"]["password"] == "old"
@@ -81,7 +85,7 @@ def test_a_snapshot_taken_for_a_task_does_not_change_under_it(tmp_path: Path) ->
 def test_credentials_that_are_not_an_object_are_refused(tmp_path: Path) -> None:
     write_private(tmp_path / "credentials.json", b"[]")
     with pytest.raises(ValueError, match="JSON object"):
-        LocalCredentials(tmp_path)
+        LocalCredentials(tmp_path, KEY)
 
 
 def test_a_token_file_is_read_per_use(tmp_path: Path) -> None:
