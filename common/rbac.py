@@ -157,6 +157,11 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_BRIDGE}/AckRevocation": _SERVICE,
     # Credentials: operators (and platforms, for their tenants' tasks) take them back from running work.
     f"/{_CREDENTIAL}/RevokeCredential": _PLATFORM | _OPERATE,
+    # Vault mode B's store: platforms (for their tenants) and collector-admins write; values never read.
+    f"/{_CREDENTIAL}/PutCredential": _PLATFORM | _ADMIN,
+    f"/{_CREDENTIAL}/DeleteCredential": _PLATFORM | _ADMIN,
+    f"/{_CREDENTIAL}/ListCredentials": _PLATFORM | _VIEW,
+    f"/{_CREDENTIAL}/RewrapCredentials": _ADMIN,
     f"/{_CREDENTIAL}/GetRevocation": _PLATFORM | _VIEW,
     f"/{_CREDENTIAL}/ListRevocations": _PLATFORM | _VIEW,
     f"/{_TUNNEL}/OpenTunnel": _PLATFORM | _OPERATE,

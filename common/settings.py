@@ -137,6 +137,11 @@ class Settings(BaseSettings):
         description="CA of operator-supplied gateway certificates, handed to collectors at enrollment.",
     )
 
+    credentials_master_keys_file: Path | None = Field(
+        default=None,
+        description="Master keys of vault mode B's credential store (docs/vault.md); default: "
+        "<state>/credentials-master-keys.json, created on first use.",
+    )
     output_task_limit_bytes: int = Field(
         default=limits.OUTPUT_TASK_LIMIT_BYTES,
         ge=limits.MAX_OUTPUT_CHUNK,

@@ -166,6 +166,8 @@ class RouterCore:
         self.output_task_limit = limits.OUTPUT_TASK_LIMIT_BYTES
         self.output_tenant_quota = limits.OUTPUT_TENANT_QUOTA_BYTES
         self.output_retention_s = float(limits.OUTPUT_RETENTION_S)
+        # Vault mode B's store (router/credential_store.py); set by the server.
+        self.credential_store: Any = None
         self.liveness = Liveness(redis)
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)

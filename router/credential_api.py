@@ -9,9 +9,10 @@ from versus.credential.v1 import credential_pb2 as pb
 from versus.credential.v1 import credential_pb2_grpc
 
 from common import rbac
-from common.errors import InvalidArgument, NotFound
+from common.errors import FailedPrecondition, InvalidArgument, NotFound
 from common.grpc_server import Context
 from common.pb_time import timestamp as ts
+from router.credential_store import CredentialStore
 from router.revocations import overall
 from router.service import Router
 
@@ -51,9 +52,58 @@ def revocation_pb(row: Mapping[str, Any]) -> pb.Revocation:
     )
 
 
+def stored_pb(row: Mapping[str, Any]) -> pb.StoredCredential:
+    return pb.StoredCredential(
+        tenant_id=row["tenant_id"], credential_ref=row["credential_ref"], version=row["version"],
+        fields=list(row["fields"]), updated_by=row["updated_by"], created_at=ts(row["created_at"]),
+        updated_at=ts(row["updated_at"]),
+    )  # fmt: skip
+
+
 class CredentialServicer(credential_pb2_grpc.CredentialServiceServicer):
     def __init__(self, router: Router):
         self.router = router
+
+    def _store(self) -> CredentialStore:
+        store: CredentialStore | None = self.router.credential_store
+        if store is None:
+            raise FailedPrecondition("this router has no credentials master key", code="vault_unavailable")
+        return store
+
+    async def PutCredential(
+        self, request: pb.PutCredentialRequest, context: Context
+    ) -> pb.PutCredentialResponse:
+        rbac.require_tenant(request.tenant_id)
+        row = await self._store().put(
+            request.tenant_id, request.credential_ref, request.value, rbac.current_actor()
+        )
+        return pb.PutCredentialResponse(credential=stored_pb(row))
+
+    async def DeleteCredential(
+        self, request: pb.DeleteCredentialRequest, context: Context
+    ) -> pb.DeleteCredentialResponse:
+        rbac.require_tenant(request.tenant_id)
+        await self._store().delete(request.tenant_id, request.credential_ref, rbac.current_actor())
+        return pb.DeleteCredentialResponse()
+
+    async def ListCredentials(
+        self, request: pb.ListCredentialsRequest, context: Context
+    ) -> pb.ListCredentialsResponse:
+        scope = rbac.tenant_filter()
+        if request.tenant_id:
+            rbac.require_tenant(request.tenant_id)
+            tenants: list[str] | None = [request.tenant_id]
+        else:
+            tenants = None if scope is None else sorted(scope)
+        rows = await self._store().list(tenants, rbac.current_actor())
+        return pb.ListCredentialsResponse(credentials=[stored_pb(r) for r in rows])
+
+    async def RewrapCredentials(
+        self, request: pb.RewrapCredentialsRequest, context: Context
+    ) -> pb.RewrapCredentialsResponse:
+        vault = self._store()
+        done = await vault.rewrap_all(rbac.current_actor())
+        return pb.RewrapCredentialsResponse(rewrapped=done, active_key_id=vault.master.active)
 
     async def RevokeCredential(
         self, request: pb.RevokeCredentialRequest, context: Context

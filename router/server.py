@@ -36,6 +36,9 @@ from common.trust_bundle import BundleSource
 from router import store
 from router.access_api import AccessServicer
 from router.credential_api import CredentialServicer
+from router.credential_store import CredentialStore
+from router.credential_vault import DEFAULT_FILE as DEFAULT_MASTER_FILE
+from router.credential_vault import MasterKeys
 from router.enrollment_client import EnrollmentClient
 from router.fleet import Fleet
 from router.fleet_api import FleetServicer
@@ -172,6 +175,10 @@ async def serve(settings: Settings) -> None:
     router.output_task_limit = settings.output_task_limit_bytes
     router.output_tenant_quota = settings.output_tenant_quota_bytes
     router.output_retention_s = float(settings.output_retention_s)
+    master_file = settings.credentials_master_keys_file or state / DEFAULT_MASTER_FILE
+    router.credential_store = CredentialStore(
+        engine, MasterKeys.load_or_create(master_file, create=settings.credentials_master_keys_file is None)
+    )
     router.key_chains = KeyChains(state)
     router.trust = TrustDelivery(BundleSource.from_settings(settings, state), keys.get, engine)
     router.tunnels = TunnelHub(router.redis, settings.router_address)

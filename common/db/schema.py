@@ -278,6 +278,25 @@ tenant_output = Table(
     Column("bytes", BigInteger, nullable=False),
 )
 
+# Device credentials for vault mode B, envelope-encrypted (router/credential_vault.py): never a
+# value or a data key in the clear. Owned by the router.
+device_credentials = Table(
+    "device_credentials",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("credential_ref", Text, primary_key=True),
+    Column("version", Integer, nullable=False),
+    Column("key_id", Text, nullable=False),
+    Column("wrapped_key", LargeBinary, nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("ciphertext", LargeBinary, nullable=False),
+    # The value's field names (never values), for listings.
+    Column("fields", ARRAY(Text), nullable=False),
+    Column("updated_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 # Credentials taken back from running tasks (router/revocations.py), and each collector's part in
 # it. Owned by the router.
 credential_revocations = Table(

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,8 +79,18 @@ def test_a_revoke_is_acked_scrubbed_and_a_kill_stops_the_task(
     # Stopped because its credential was taken back: failed with that code (a read changed nothing).
     assert (ended.state, ended.error_code) == (task_pb2.TASK_STATE_FAILED, "credential_revoked")
     assert "credential revoked from running tasks" in c.log() and "s3cret-token" not in c.log()
-    human = run_cli(["credentials", "list", "--ref", f"stub:{DEVICE}"], cp.env)
+    human = run_cli(["credentials", "revocations", "--ref", f"stub:{DEVICE}"], cp.env)
     assert human.returncode == 0 and scrubbed["revocation_id"] in human.stdout
+    # Vault mode B's store from the command line: the value goes in by stdin and never comes out.
+    put = subprocess.run(
+        [sys.executable, "-m", "versus_cp", "credentials", "put", "ssh:sw-9", "--tenant", "acme"],
+        input='{"username": "ops", "password": "pw-secret-9"}', env=cp.env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert put.returncode == 0 and "version 1" in put.stdout, put.stderr
+    listed = run_cli(["credentials", "list", "--tenant", "acme"], cp.env)
+    assert "ssh:sw-9" in listed.stdout and "password, username" in listed.stdout
+    assert "pw-secret-9" not in listed.stdout + cp.log()
 
 
 def test_a_stopped_collector_is_unreachable_until_it_returns_and_acks(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%versus/credential/v1/credential.proto\x12\x14versus.credential.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x02\n\x10RevocationTarget\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64ispatch_ids\x18\x02 \x03(\t\x12\x34\n\x05state\x18\x03 \x01(\x0e\x32%.versus.credential.v1.RevocationState\x12\x44\n\x07results\x18\x04 \x03(\x0b\x32\x33.versus.credential.v1.RevocationTarget.ResultsEntry\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12.\n\nupdated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cResultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x02\n\nRevocation\x12\x15\n\rrevocation_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x02 \x01(\t\x12\x32\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\".versus.credential.v1.RevokeAction\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x07targets\x18\x07 \x03(\x0b\x32&.versus.credential.v1.RevocationTarget\x12\x34\n\x05state\x18\x08 \x01(\x0e\x32%.versus.credential.v1.RevocationState\"u\n\x17RevokeCredentialRequest\x12\x16\n\x0e\x63redential_ref\x18\x01 \x01(\t\x12\x32\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\".versus.credential.v1.RevokeAction\x12\x0e\n\x06reason\x18\x03 \x01(\t\"P\n\x18RevokeCredentialResponse\x12\x34\n\nrevocation\x18\x01 \x01(\x0b\x32 .versus.credential.v1.Revocation\"-\n\x14GetRevocationRequest\x12\x15\n\rrevocation_id\x18\x01 \x01(\t\"M\n\x15GetRevocationResponse\x12\x34\n\nrevocation\x18\x01 \x01(\x0b\x32 .versus.credential.v1.Revocation\"C\n\x16ListRevocationsRequest\x12\x16\n\x0e\x63redential_ref\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\"P\n\x17ListRevocationsResponse\x12\x35\n\x0brevocations\x18\x01 \x03(\x0b\x32 .versus.credential.v1.Revocation*^\n\x0cRevokeAction\x12\x1d\n\x19REVOKE_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13REVOKE_ACTION_SCRUB\x10\x01\x12\x16\n\x12REVOKE_ACTION_KILL\x10\x02*\xae\x01\n\x0fRevocationState\x12 \n\x1cREVOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18REVOCATION_STATE_PENDING\x10\x01\x12\x1c\n\x18REVOCATION_STATE_REVOKED\x10\x02\x12 \n\x1cREVOCATION_STATE_UNREACHABLE\x10\x03\x12\x1b\n\x17REVOCATION_STATE_FAILED\x10\x04\x32\xe0\x02\n\x11\x43redentialService\x12q\n\x10RevokeCredential\x12-.versus.credential.v1.RevokeCredentialRequest\x1a..versus.credential.v1.RevokeCredentialResponse\x12h\n\rGetRevocation\x12*.versus.credential.v1.GetRevocationRequest\x1a+.versus.credential.v1.GetRevocationResponse\x12n\n\x0fListRevocations\x12,.versus.credential.v1.ListRevocationsRequest\x1a-.versus.credential.v1.ListRevocationsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%versus/credential/v1/credential.proto\x12\x14versus.credential.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xaa\x02\n\x10RevocationTarget\x12\x14\n\x0c\x63ollector_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64ispatch_ids\x18\x02 \x03(\t\x12\x34\n\x05state\x18\x03 \x01(\x0e\x32%.versus.credential.v1.RevocationState\x12\x44\n\x07results\x18\x04 \x03(\x0b\x32\x33.versus.credential.v1.RevocationTarget.ResultsEntry\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12.\n\nupdated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cResultsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xad\x02\n\nRevocation\x12\x15\n\rrevocation_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x02 \x01(\t\x12\x32\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\".versus.credential.v1.RevokeAction\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x37\n\x07targets\x18\x07 \x03(\x0b\x32&.versus.credential.v1.RevocationTarget\x12\x34\n\x05state\x18\x08 \x01(\x0e\x32%.versus.credential.v1.RevocationState\"\xd2\x01\n\x10StoredCredential\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\r\x12\x0e\n\x06\x66ields\x18\x04 \x03(\t\x12\x12\n\nupdated_by\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"P\n\x14PutCredentialRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\"S\n\x15PutCredentialResponse\x12:\n\ncredential\x18\x01 \x01(\x0b\x32&.versus.credential.v1.StoredCredential\"D\n\x17\x44\x65leteCredentialRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63redential_ref\x18\x02 \x01(\t\"\x1a\n\x18\x44\x65leteCredentialResponse\"+\n\x16ListCredentialsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"V\n\x17ListCredentialsResponse\x12;\n\x0b\x63redentials\x18\x01 \x03(\x0b\x32&.versus.credential.v1.StoredCredential\"\x1a\n\x18RewrapCredentialsRequest\"E\n\x19RewrapCredentialsResponse\x12\x11\n\trewrapped\x18\x01 \x01(\r\x12\x15\n\ractive_key_id\x18\x02 \x01(\t\"u\n\x17RevokeCredentialRequest\x12\x16\n\x0e\x63redential_ref\x18\x01 \x01(\t\x12\x32\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\".versus.credential.v1.RevokeAction\x12\x0e\n\x06reason\x18\x03 \x01(\t\"P\n\x18RevokeCredentialResponse\x12\x34\n\nrevocation\x18\x01 \x01(\x0b\x32 .versus.credential.v1.Revocation\"-\n\x14GetRevocationRequest\x12\x15\n\rrevocation_id\x18\x01 \x01(\t\"M\n\x15GetRevocationResponse\x12\x34\n\nrevocation\x18\x01 \x01(\x0b\x32 .versus.credential.v1.Revocation\"C\n\x16ListRevocationsRequest\x12\x16\n\x0e\x63redential_ref\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\"P\n\x17ListRevocationsResponse\x12\x35\n\x0brevocations\x18\x01 \x03(\x0b\x32 .versus.credential.v1.Revocation*^\n\x0cRevokeAction\x12\x1d\n\x19REVOKE_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13REVOKE_ACTION_SCRUB\x10\x01\x12\x16\n\x12REVOKE_ACTION_KILL\x10\x02*\xae\x01\n\x0fRevocationState\x12 \n\x1cREVOCATION_STATE_UNSPECIFIED\x10\x00\x12\x1c\n\x18REVOCATION_STATE_PENDING\x10\x01\x12\x1c\n\x18REVOCATION_STATE_REVOKED\x10\x02\x12 \n\x1cREVOCATION_STATE_UNREACHABLE\x10\x03\x12\x1b\n\x17REVOCATION_STATE_FAILED\x10\x04\x32\xa3\x06\n\x11\x43redentialService\x12h\n\rPutCredential\x12*.versus.credential.v1.PutCredentialRequest\x1a+.versus.credential.v1.PutCredentialResponse\x12q\n\x10\x44\x65leteCredential\x12-.versus.credential.v1.DeleteCredentialRequest\x1a..versus.credential.v1.DeleteCredentialResponse\x12n\n\x0fListCredentials\x12,.versus.credential.v1.ListCredentialsRequest\x1a-.versus.credential.v1.ListCredentialsResponse\x12t\n\x11RewrapCredentials\x12..versus.credential.v1.RewrapCredentialsRequest\x1a/.versus.credential.v1.RewrapCredentialsResponse\x12q\n\x10RevokeCredential\x12-.versus.credential.v1.RevokeCredentialRequest\x1a..versus.credential.v1.RevokeCredentialResponse\x12h\n\rGetRevocation\x12*.versus.credential.v1.GetRevocationRequest\x1a+.versus.credential.v1.GetRevocationResponse\x12n\n\x0fListRevocations\x12,.versus.credential.v1.ListRevocationsRequest\x1a-.versus.credential.v1.ListRevocationsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,28 +34,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REVOCATIONTARGET_RESULTSENTRY']._loaded_options = None
   _globals['_REVOCATIONTARGET_RESULTSENTRY']._serialized_options = b'8\001'
-  _globals['_REVOKEACTION']._serialized_start=1179
-  _globals['_REVOKEACTION']._serialized_end=1273
-  _globals['_REVOCATIONSTATE']._serialized_start=1276
-  _globals['_REVOCATIONSTATE']._serialized_end=1450
+  _globals['_REVOKEACTION']._serialized_start=1889
+  _globals['_REVOKEACTION']._serialized_end=1983
+  _globals['_REVOCATIONSTATE']._serialized_start=1986
+  _globals['_REVOCATIONSTATE']._serialized_end=2160
   _globals['_REVOCATIONTARGET']._serialized_start=97
   _globals['_REVOCATIONTARGET']._serialized_end=395
   _globals['_REVOCATIONTARGET_RESULTSENTRY']._serialized_start=349
   _globals['_REVOCATIONTARGET_RESULTSENTRY']._serialized_end=395
   _globals['_REVOCATION']._serialized_start=398
   _globals['_REVOCATION']._serialized_end=699
-  _globals['_REVOKECREDENTIALREQUEST']._serialized_start=701
-  _globals['_REVOKECREDENTIALREQUEST']._serialized_end=818
-  _globals['_REVOKECREDENTIALRESPONSE']._serialized_start=820
-  _globals['_REVOKECREDENTIALRESPONSE']._serialized_end=900
-  _globals['_GETREVOCATIONREQUEST']._serialized_start=902
-  _globals['_GETREVOCATIONREQUEST']._serialized_end=947
-  _globals['_GETREVOCATIONRESPONSE']._serialized_start=949
-  _globals['_GETREVOCATIONRESPONSE']._serialized_end=1026
-  _globals['_LISTREVOCATIONSREQUEST']._serialized_start=1028
-  _globals['_LISTREVOCATIONSREQUEST']._serialized_end=1095
-  _globals['_LISTREVOCATIONSRESPONSE']._serialized_start=1097
-  _globals['_LISTREVOCATIONSRESPONSE']._serialized_end=1177
-  _globals['_CREDENTIALSERVICE']._serialized_start=1453
-  _globals['_CREDENTIALSERVICE']._serialized_end=1805
+  _globals['_STOREDCREDENTIAL']._serialized_start=702
+  _globals['_STOREDCREDENTIAL']._serialized_end=912
+  _globals['_PUTCREDENTIALREQUEST']._serialized_start=914
+  _globals['_PUTCREDENTIALREQUEST']._serialized_end=994
+  _globals['_PUTCREDENTIALRESPONSE']._serialized_start=996
+  _globals['_PUTCREDENTIALRESPONSE']._serialized_end=1079
+  _globals['_DELETECREDENTIALREQUEST']._serialized_start=1081
+  _globals['_DELETECREDENTIALREQUEST']._serialized_end=1149
+  _globals['_DELETECREDENTIALRESPONSE']._serialized_start=1151
+  _globals['_DELETECREDENTIALRESPONSE']._serialized_end=1177
+  _globals['_LISTCREDENTIALSREQUEST']._serialized_start=1179
+  _globals['_LISTCREDENTIALSREQUEST']._serialized_end=1222
+  _globals['_LISTCREDENTIALSRESPONSE']._serialized_start=1224
+  _globals['_LISTCREDENTIALSRESPONSE']._serialized_end=1310
+  _globals['_REWRAPCREDENTIALSREQUEST']._serialized_start=1312
+  _globals['_REWRAPCREDENTIALSREQUEST']._serialized_end=1338
+  _globals['_REWRAPCREDENTIALSRESPONSE']._serialized_start=1340
+  _globals['_REWRAPCREDENTIALSRESPONSE']._serialized_end=1409
+  _globals['_REVOKECREDENTIALREQUEST']._serialized_start=1411
+  _globals['_REVOKECREDENTIALREQUEST']._serialized_end=1528
+  _globals['_REVOKECREDENTIALRESPONSE']._serialized_start=1530
+  _globals['_REVOKECREDENTIALRESPONSE']._serialized_end=1610
+  _globals['_GETREVOCATIONREQUEST']._serialized_start=1612
+  _globals['_GETREVOCATIONREQUEST']._serialized_end=1657
+  _globals['_GETREVOCATIONRESPONSE']._serialized_start=1659
+  _globals['_GETREVOCATIONRESPONSE']._serialized_end=1736
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_start=1738
+  _globals['_LISTREVOCATIONSREQUEST']._serialized_end=1805
+  _globals['_LISTREVOCATIONSRESPONSE']._serialized_start=1807
+  _globals['_LISTREVOCATIONSRESPONSE']._serialized_end=1887
+  _globals['_CREDENTIALSERVICE']._serialized_start=2163
+  _globals['_CREDENTIALSERVICE']._serialized_end=2966
 # @@protoc_insertion_point(module_scope)

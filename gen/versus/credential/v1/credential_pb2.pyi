@@ -190,6 +190,211 @@ class Revocation(_message.Message):
 Global___Revocation: _TypeAlias = Revocation  # noqa: Y015
 
 @_typing.final
+class StoredCredential(_message.Message):
+    """A stored credential as listings show it: never its value."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_REF_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    UPDATED_BY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    credential_ref: _builtins.str
+    """"<provider>:<target_ref>"."""
+    version: _builtins.int
+    updated_by: _builtins.str
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The value's field names."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        credential_ref: _builtins.str = ...,
+        version: _builtins.int = ...,
+        fields: _abc.Iterable[_builtins.str] | None = ...,
+        updated_by: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "credential_ref", b"credential_ref", "fields", b"fields", "tenant_id", b"tenant_id", "updated_at", b"updated_at", "updated_by", b"updated_by", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoredCredential: _TypeAlias = StoredCredential  # noqa: Y015
+
+@_typing.final
+class PutCredentialRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_REF_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    credential_ref: _builtins.str
+    value: _builtins.bytes
+    """A JSON object, as the provider's driver reads it (docs/collector.md); at most 16 KiB."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        credential_ref: _builtins.str = ...,
+        value: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_ref", b"credential_ref", "tenant_id", b"tenant_id", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCredentialRequest: _TypeAlias = PutCredentialRequest  # noqa: Y015
+
+@_typing.final
+class PutCredentialResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREDENTIAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def credential(self) -> Global___StoredCredential: ...
+    def __init__(
+        self,
+        *,
+        credential: Global___StoredCredential | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["credential", b"credential"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential", b"credential"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PutCredentialResponse: _TypeAlias = PutCredentialResponse  # noqa: Y015
+
+@_typing.final
+class DeleteCredentialRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    CREDENTIAL_REF_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    credential_ref: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        credential_ref: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credential_ref", b"credential_ref", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCredentialRequest: _TypeAlias = DeleteCredentialRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCredentialResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCredentialResponse: _TypeAlias = DeleteCredentialResponse  # noqa: Y015
+
+@_typing.final
+class ListCredentialsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    """Only this tenant's (empty: every tenant the caller may see)."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCredentialsRequest: _TypeAlias = ListCredentialsRequest  # noqa: Y015
+
+@_typing.final
+class ListCredentialsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREDENTIALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def credentials(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredCredential]: ...
+    def __init__(
+        self,
+        *,
+        credentials: _abc.Iterable[Global___StoredCredential] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credentials", b"credentials"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCredentialsResponse: _TypeAlias = ListCredentialsResponse  # noqa: Y015
+
+@_typing.final
+class RewrapCredentialsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RewrapCredentialsRequest: _TypeAlias = RewrapCredentialsRequest  # noqa: Y015
+
+@_typing.final
+class RewrapCredentialsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REWRAPPED_FIELD_NUMBER: _builtins.int
+    ACTIVE_KEY_ID_FIELD_NUMBER: _builtins.int
+    rewrapped: _builtins.int
+    active_key_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        rewrapped: _builtins.int = ...,
+        active_key_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_key_id", b"active_key_id", "rewrapped", b"rewrapped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RewrapCredentialsResponse: _TypeAlias = RewrapCredentialsResponse  # noqa: Y015
+
+@_typing.final
 class RevokeCredentialRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class CredentialServiceStub:
-    """Device credentials as the control plane manages them. Today: taking a credential back from
-    the tasks that hold it while they run (protocol 5, docs/protocol.md "Credential revocation").
+    """Device credentials as the control plane manages them: the store of vault mode B (docs/vault.md;
+    values are write-only) and taking a credential back from the tasks that hold it while they run
+    (protocol 5, docs/protocol.md "Credential revocation").
     """
 
     def __init__(self, channel):
@@ -36,6 +37,26 @@ class CredentialServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.PutCredential = channel.unary_unary(
+                '/versus.credential.v1.CredentialService/PutCredential',
+                request_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.PutCredentialRequest.SerializeToString,
+                response_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.PutCredentialResponse.FromString,
+                _registered_method=True)
+        self.DeleteCredential = channel.unary_unary(
+                '/versus.credential.v1.CredentialService/DeleteCredential',
+                request_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.DeleteCredentialRequest.SerializeToString,
+                response_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.DeleteCredentialResponse.FromString,
+                _registered_method=True)
+        self.ListCredentials = channel.unary_unary(
+                '/versus.credential.v1.CredentialService/ListCredentials',
+                request_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.ListCredentialsRequest.SerializeToString,
+                response_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.ListCredentialsResponse.FromString,
+                _registered_method=True)
+        self.RewrapCredentials = channel.unary_unary(
+                '/versus.credential.v1.CredentialService/RewrapCredentials',
+                request_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.RewrapCredentialsRequest.SerializeToString,
+                response_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.RewrapCredentialsResponse.FromString,
+                _registered_method=True)
         self.RevokeCredential = channel.unary_unary(
                 '/versus.credential.v1.CredentialService/RevokeCredential',
                 request_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.RevokeCredentialRequest.SerializeToString,
@@ -54,9 +75,37 @@ class CredentialServiceStub:
 
 
 class CredentialServiceServicer:
-    """Device credentials as the control plane manages them. Today: taking a credential back from
-    the tasks that hold it while they run (protocol 5, docs/protocol.md "Credential revocation").
+    """Device credentials as the control plane manages them: the store of vault mode B (docs/vault.md;
+    values are write-only) and taking a credential back from the tasks that hold it while they run
+    (protocol 5, docs/protocol.md "Credential revocation").
     """
+
+    def PutCredential(self, request, context):
+        """Store (or replace) a device credential for vault mode B. No RPC ever returns a value.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCredential(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCredentials(self, request, context):
+        """References, versions and field names; never values.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RewrapCredentials(self, request, context):
+        """Wrap every stored data key again with the active master key (after a master key rotation).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def RevokeCredential(self, request, context):
         """Revoke a credential from every running task that holds it. Returns at once with the
@@ -82,6 +131,26 @@ class CredentialServiceServicer:
 
 def add_CredentialServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'PutCredential': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutCredential,
+                    request_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.PutCredentialRequest.FromString,
+                    response_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.PutCredentialResponse.SerializeToString,
+            ),
+            'DeleteCredential': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCredential,
+                    request_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.DeleteCredentialRequest.FromString,
+                    response_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.DeleteCredentialResponse.SerializeToString,
+            ),
+            'ListCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCredentials,
+                    request_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.ListCredentialsRequest.FromString,
+                    response_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.ListCredentialsResponse.SerializeToString,
+            ),
+            'RewrapCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.RewrapCredentials,
+                    request_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.RewrapCredentialsRequest.FromString,
+                    response_serializer=versus_dot_credential_dot_v1_dot_credential__pb2.RewrapCredentialsResponse.SerializeToString,
+            ),
             'RevokeCredential': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeCredential,
                     request_deserializer=versus_dot_credential_dot_v1_dot_credential__pb2.RevokeCredentialRequest.FromString,
@@ -106,9 +175,118 @@ def add_CredentialServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class CredentialService:
-    """Device credentials as the control plane manages them. Today: taking a credential back from
-    the tasks that hold it while they run (protocol 5, docs/protocol.md "Credential revocation").
+    """Device credentials as the control plane manages them: the store of vault mode B (docs/vault.md;
+    values are write-only) and taking a credential back from the tasks that hold it while they run
+    (protocol 5, docs/protocol.md "Credential revocation").
     """
+
+    @staticmethod
+    def PutCredential(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.credential.v1.CredentialService/PutCredential',
+            versus_dot_credential_dot_v1_dot_credential__pb2.PutCredentialRequest.SerializeToString,
+            versus_dot_credential_dot_v1_dot_credential__pb2.PutCredentialResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCredential(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.credential.v1.CredentialService/DeleteCredential',
+            versus_dot_credential_dot_v1_dot_credential__pb2.DeleteCredentialRequest.SerializeToString,
+            versus_dot_credential_dot_v1_dot_credential__pb2.DeleteCredentialResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.credential.v1.CredentialService/ListCredentials',
+            versus_dot_credential_dot_v1_dot_credential__pb2.ListCredentialsRequest.SerializeToString,
+            versus_dot_credential_dot_v1_dot_credential__pb2.ListCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RewrapCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.credential.v1.CredentialService/RewrapCredentials',
+            versus_dot_credential_dot_v1_dot_credential__pb2.RewrapCredentialsRequest.SerializeToString,
+            versus_dot_credential_dot_v1_dot_credential__pb2.RewrapCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def RevokeCredential(request,

@@ -27,14 +27,22 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class CredentialServiceStub:
-    """Device credentials as the control plane manages them. Today: taking a credential back from
-    the tasks that hold it while they run (protocol 5, docs/protocol.md "Credential revocation").
+    """Device credentials as the control plane manages them: the store of vault mode B (docs/vault.md;
+    values are write-only) and taking a credential back from the tasks that hold it while they run
+    (protocol 5, docs/protocol.md "Credential revocation").
     """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> CredentialServiceAsyncStub: ...
+    PutCredential: _grpc.UnaryUnaryMultiCallable[_credential_pb2.PutCredentialRequest, _credential_pb2.PutCredentialResponse]
+    """Store (or replace) a device credential for vault mode B. No RPC ever returns a value."""
+    DeleteCredential: _grpc.UnaryUnaryMultiCallable[_credential_pb2.DeleteCredentialRequest, _credential_pb2.DeleteCredentialResponse]
+    ListCredentials: _grpc.UnaryUnaryMultiCallable[_credential_pb2.ListCredentialsRequest, _credential_pb2.ListCredentialsResponse]
+    """References, versions and field names; never values."""
+    RewrapCredentials: _grpc.UnaryUnaryMultiCallable[_credential_pb2.RewrapCredentialsRequest, _credential_pb2.RewrapCredentialsResponse]
+    """Wrap every stored data key again with the active master key (after a master key rotation)."""
     RevokeCredential: _grpc.UnaryUnaryMultiCallable[_credential_pb2.RevokeCredentialRequest, _credential_pb2.RevokeCredentialResponse]
     """Revoke a credential from every running task that holds it. Returns at once with the
     revocation and its per-collector state; GetRevocation follows it to revoked or failed.
@@ -45,11 +53,19 @@ class CredentialServiceStub:
 
 @_typing.type_check_only
 class CredentialServiceAsyncStub(CredentialServiceStub):
-    """Device credentials as the control plane manages them. Today: taking a credential back from
-    the tasks that hold it while they run (protocol 5, docs/protocol.md "Credential revocation").
+    """Device credentials as the control plane manages them: the store of vault mode B (docs/vault.md;
+    values are write-only) and taking a credential back from the tasks that hold it while they run
+    (protocol 5, docs/protocol.md "Credential revocation").
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
+    PutCredential: _aio.UnaryUnaryMultiCallable[_credential_pb2.PutCredentialRequest, _credential_pb2.PutCredentialResponse]  # type: ignore[assignment]
+    """Store (or replace) a device credential for vault mode B. No RPC ever returns a value."""
+    DeleteCredential: _aio.UnaryUnaryMultiCallable[_credential_pb2.DeleteCredentialRequest, _credential_pb2.DeleteCredentialResponse]  # type: ignore[assignment]
+    ListCredentials: _aio.UnaryUnaryMultiCallable[_credential_pb2.ListCredentialsRequest, _credential_pb2.ListCredentialsResponse]  # type: ignore[assignment]
+    """References, versions and field names; never values."""
+    RewrapCredentials: _aio.UnaryUnaryMultiCallable[_credential_pb2.RewrapCredentialsRequest, _credential_pb2.RewrapCredentialsResponse]  # type: ignore[assignment]
+    """Wrap every stored data key again with the active master key (after a master key rotation)."""
     RevokeCredential: _aio.UnaryUnaryMultiCallable[_credential_pb2.RevokeCredentialRequest, _credential_pb2.RevokeCredentialResponse]  # type: ignore[assignment]
     """Revoke a credential from every running task that holds it. Returns at once with the
     revocation and its per-collector state; GetRevocation follows it to revoked or failed.
@@ -59,9 +75,41 @@ class CredentialServiceAsyncStub(CredentialServiceStub):
     """Newest first."""
 
 class CredentialServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Device credentials as the control plane manages them. Today: taking a credential back from
-    the tasks that hold it while they run (protocol 5, docs/protocol.md "Credential revocation").
+    """Device credentials as the control plane manages them: the store of vault mode B (docs/vault.md;
+    values are write-only) and taking a credential back from the tasks that hold it while they run
+    (protocol 5, docs/protocol.md "Credential revocation").
     """
+
+    @_abc_1.abstractmethod
+    def PutCredential(
+        self,
+        request: _credential_pb2.PutCredentialRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credential_pb2.PutCredentialResponse, _abc.Awaitable[_credential_pb2.PutCredentialResponse]]:
+        """Store (or replace) a device credential for vault mode B. No RPC ever returns a value."""
+
+    @_abc_1.abstractmethod
+    def DeleteCredential(
+        self,
+        request: _credential_pb2.DeleteCredentialRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credential_pb2.DeleteCredentialResponse, _abc.Awaitable[_credential_pb2.DeleteCredentialResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListCredentials(
+        self,
+        request: _credential_pb2.ListCredentialsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credential_pb2.ListCredentialsResponse, _abc.Awaitable[_credential_pb2.ListCredentialsResponse]]:
+        """References, versions and field names; never values."""
+
+    @_abc_1.abstractmethod
+    def RewrapCredentials(
+        self,
+        request: _credential_pb2.RewrapCredentialsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_credential_pb2.RewrapCredentialsResponse, _abc.Awaitable[_credential_pb2.RewrapCredentialsResponse]]:
+        """Wrap every stored data key again with the active master key (after a master key rotation)."""
 
     @_abc_1.abstractmethod
     def RevokeCredential(
