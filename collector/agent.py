@@ -533,7 +533,11 @@ class Agent:
         if stream is not None:
             try:
                 digest = await stream.finish()  # the report vouches only for output the control plane holds
+            except asyncio.CancelledError:
+                stream.abandon()  # stopping hard: the upload goes with the task
+                raise
             except UploadFailed as exc:
+                stream.remove()
                 stream = None
                 if read and outcome.status == "success":
                     outcome = Outcome("failed", b"", exc.code, f"the output could not be delivered: {exc}")
