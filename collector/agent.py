@@ -25,7 +25,7 @@ from typing import Any, Literal
 from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
 from collector.credentials import Credentials, LocalCredentials, no_credentials
 from collector.drivers import registry
-from collector.drivers.base import Driver, DriverContext, Outcome, Task, WindowClosed
+from collector.drivers.base import Driver, DriverContext, HeldCredential, Outcome, Task, WindowClosed
 from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.key_sets import PinnedKeys
 from collector.output import TaskOutput, UploadFailed, saved_digest
@@ -35,13 +35,15 @@ from collector.signed_config import ConfigStore, OfferCheck
 from collector.state import SUPERVISED_ENV, StatePaths, load_key, read_json, write_json
 from collector.trust import TrustStore
 from collector.tunnel import carry, dial_back_path
+from common import signed_doc
+from common.credential_relay import RelayError, open_for
 from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock, VerifyContext, verify
 from common.logs import get_logger
 from common.protocol import floor_of
-from common.signed_doc import DocumentError
+from common.signed_doc import RELAYED_CREDENTIAL, DocumentError
 
 log = get_logger("versus.collector")
 
@@ -141,6 +143,7 @@ class Agent:
         self.clock_uncertainty_s: float | None = None  # None: no fresh round trip yet (local clock)
         self.context = ssl_context(self.paths)
         key = load_key(self.paths.key)
+        self._identity_key = key  # opens credentials relayed to this collector (vault mode B)
         self.client = GatewayClient(
             self.identity["gateway_url"], self.context, key, self.collector_id, ws_retry_s=options.ws_retry_s
         )
@@ -349,7 +352,9 @@ class Agent:
                     )
                 )
             if reply.envelope is not None and reply.dispatch_id is not None:
-                refusal = self._accept(reply.dispatch_id, reply.envelope)
+                refusal = self._accept(
+                    reply.dispatch_id, reply.envelope, reply.credentials.get(reply.dispatch_id)
+                )
                 if refusal is not None:
                     # Delivered before the next claim: a claim that does not list the dispatch as
                     # held would otherwise tell the router it was never received, and it would
@@ -464,7 +469,9 @@ class Agent:
         """The server-corrected time."""
         return self.clock.now_s(time.time())
 
-    def _accept(self, dispatch_id: str, raw: bytes) -> Coroutine[Any, Any, None] | None:
+    def _accept(
+        self, dispatch_id: str, raw: bytes, relayed: object = None
+    ) -> Coroutine[Any, Any, None] | None:
         """Verify and journal the receipt before anything runs; execution continues in the background.
 
         Returns the refusal report to send (before the next claim) when the envelope is refused.
@@ -503,13 +510,31 @@ class Agent:
             output = TaskOutput(
                 self.options.state_dir, f.task_id, self.client.output, self.options.max_backoff_s
             )
+        credential, relay_error = self._open_relayed(relayed, f.task_id)
         task = Task(
             f.task_id, f.operation, f.target_ref, f.idempotency_key, accepted.envelope.params, f.lease_epoch,
-            expires_at=f.expires_at, clock=self._now, output=output,
+            expires_at=f.expires_at, clock=self._now, output=output, relayed=credential,
+            relay_error=relay_error,
         )  # fmt: skip
         self.in_flight[f.provider] = self.in_flight.get(f.provider, 0) + 1
         self._spawn(self._execute(f.provider, task, read))
         return None
+
+    def _open_relayed(self, document: object, dispatch_id: str) -> tuple[HeldCredential | None, str]:
+        """The credential relayed with a dispatch (vault mode B): verified as the control plane's,
+        opened with this collector's key for this dispatch only; or the code it failed with."""
+        if document is None:
+            return None, ""
+        try:
+            payload = signed_doc.verify(
+                document, self.trusted, kind=RELAYED_CREDENTIAL, collector_id=self.collector_id,
+                now=int(self._now()),
+            )  # fmt: skip
+            value = open_for(self._identity_key, self.collector_id, dispatch_id, payload)
+        except (DocumentError, RelayError) as exc:
+            log.error("relayed credential refused", task_id=dispatch_id, code=exc.code)
+            return None, "credential_relay_invalid"
+        return HeldCredential(value), ""
 
     async def _execute(self, provider: str, task: Task, read: bool) -> None:
         try:
@@ -528,6 +553,9 @@ class Agent:
         finally:
             self.in_flight[provider] -= 1
             self.slot_freed.set()
+            # Whatever credential the task held is wiped with it (a relayed one above all).
+            for held in (*task.held, *((task.relayed,) if task.relayed is not None else ())):
+                held.scrub()
         digest = None
         stream = task.output if isinstance(task.output, TaskOutput) and task.output.started else None
         if stream is not None:

@@ -65,6 +65,8 @@ class ClaimReply:
     cancel_grace_s: float = 10.0
     # Protocol 5: credentials to take back from running tasks (collector/running.py revoke).
     revokes: list[dict[str, Any]] = field(default_factory=list)
+    # Protocol 6 (vault mode B): per dispatch id, the signed document relaying its credential.
+    credentials: dict[str, Any] = field(default_factory=dict)
 
 
 def ssl_context(paths: StatePaths) -> ssl.SSLContext:
@@ -306,15 +308,24 @@ def _held_verdicts(head: Mapping[str, Any], settled: int) -> dict[str, Any]:
     """The verdicts on held tasks an answer carries (protocol 3), those we know how to act on."""
     raw = head.get("verdicts")
     if settled < protocol.floor_of("cancel") or not isinstance(raw, dict):
-        return _revokes(head, settled)
+        return {**_revokes(head, settled), **_credentials(head, settled)}
     grace = head.get("cancel_grace_s")
     out: dict[str, Any] = {
         "verdicts": {str(k): v for k, v in raw.items() if v in VERDICTS},
         **_revokes(head, settled),
+        **_credentials(head, settled),
     }
     if isinstance(grace, int | float) and not isinstance(grace, bool) and 0 < grace <= 3600:
         out["cancel_grace_s"] = float(grace)
     return out
+
+
+def _credentials(head: Mapping[str, Any], settled: int) -> dict[str, Any]:
+    """The relayed credentials an answer carries (protocol 6): signed documents, verified later."""
+    raw = head.get("credentials")
+    if settled < protocol.floor_of("relayed_credentials") or not isinstance(raw, dict):
+        return {}
+    return {"credentials": {str(d): doc for d, doc in raw.items() if isinstance(doc, dict)}}
 
 
 def _well_formed_revoke(r: object) -> bool:

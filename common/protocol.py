@@ -37,6 +37,8 @@ HISTORY: dict[int, str] = {
     "contiguous length stored, resumed from the ack; the final report names the output's length and SHA-256",
     5: "credential_revoke: claim answers carry revokes of credentials running tasks hold (scrub, or "
     "scrub and kill); the collector acks what it actually scrubbed (POST revoked)",
+    6: "relayed_credentials: claim answers carry, per dispatch, the device credential encrypted to the "
+    "collector's key and signed (vault mode B)",
 }
 # The lowest version whose collectors honour each feature. A task that needs a feature is placed only on
 # a collector whose settled version reaches its floor; older collectors keep running everything else.
@@ -44,6 +46,7 @@ FEATURE_FLOORS: dict[str, int] = {
     "cancel": 3,
     "output_stream": 4,
     "credential_revoke": 5,
+    "relayed_credentials": 6,
 }
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)

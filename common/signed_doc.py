@@ -34,6 +34,7 @@ ISSUED_SKEW_S = 60
 TUNNEL_OFFER = "tunnel_offer"
 COLLECTOR_CONFIG = "collector_config"
 CA_BUNDLE = "ca_bundle"
+RELAYED_CREDENTIAL = "relayed_credential"
 
 
 class DocumentError(Exception):

@@ -172,6 +172,9 @@ async def claim_op(msg: ControlCall) -> ControlReply:
             "verdicts": {d: _VERDICTS[v] for d, v in sorted(reply.verdicts.items()) if v in _VERDICTS},
             "cancel_grace_s": reply.cancel_grace_seconds,
         }
+    if reply.credentials_json:
+        # Vault mode B: signed documents, passed on as they are (the collector verifies them).
+        verdicts["credentials"] = {d: json.loads(doc) for d, doc in sorted(reply.credentials_json.items())}
     if reply.revokes:
         verdicts["revokes"] = [
             {"revocation_id": r.revocation_id, "credential_ref": r.credential_ref, "action": r.action,

@@ -140,6 +140,7 @@ class CandidateLoader:
                     in_flight=loads,
                     dispatch_kids=frozenset(r["dispatch_kids"]) if r["dispatch_kids"] is not None else None,
                     protocol=view.protocols.get(cid, 1),
+                    relayed=r["vault_mode"] == "relayed",
                 )
             )
         return out

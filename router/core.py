@@ -81,6 +81,8 @@ class Claimed:
 
     dispatch_id: str
     envelope: bytes
+    # Vault mode B: the signed document relaying its device credential (JSON), if any.
+    credential: str | None = None
 
 
 Offer = Mapping[str, Any]

@@ -4,19 +4,26 @@ and a signed envelope in one transaction; queued work is placed again when capac
 from __future__ import annotations
 
 import datetime as dt
+import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from common import signed_doc
+from common.credential_relay import seal_for
 from common.envelope import fence
 from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from common.keys import SigningKey
 from common.logs import get_logger
+from common.signed_doc import RELAYED_CREDENTIAL
 from router import placement, store
 from router.core import (
     FREED_SLOT_BATCH,
@@ -30,6 +37,7 @@ from router.core import (
     _now,
     _task_values,
 )
+from router.credential_vault import CredentialUnreadable
 from router.live import WORK
 from router.metrics import DISPATCH_STATES, NO_ELIGIBLE_TOTAL
 from router.placement import Candidate, OperationCap, PlacementRequest
@@ -150,6 +158,35 @@ class Dispatching(RouterCore):
             )
         return S.QUEUED
 
+    async def _relayed_credential(
+        self, conn: AsyncConnection, task: Row, chosen: Candidate, dispatch_id: str, key: SigningKey,
+        expires_at: int,
+    ) -> str | None:  # fmt: skip
+        """Vault mode B: the task's device credential for ``chosen``, encrypted to its key and
+        signed like the envelope (common/credential_relay.py); None when the collector is not in
+        mode B or nothing is stored for the device (its driver then fails ``no_credentials``)."""
+        if not chosen.relayed or self.credential_store is None:
+            return None
+        ref = f"{task['provider']}:{task['target_ref']}"
+        try:
+            value = await self.credential_store.open(conn, task["tenant_id"], ref)
+        except CredentialUnreadable as exc:
+            log.error("stored credential unreadable; not relayed", credential_ref=ref, code=exc.code)
+            return None
+        der = await store.collector_public_key(conn, chosen.collector_id)
+        public = serialization.load_der_public_key(der) if der else None
+        if value is None or not isinstance(public, ec.EllipticCurvePublicKey):
+            return None
+        payload = {
+            "type": RELAYED_CREDENTIAL, "collector_id": chosen.collector_id, "issued_at": int(time.time()),
+            "expires_at": expires_at, **seal_for(public, chosen.collector_id, dispatch_id, ref, value),
+        }  # fmt: skip
+        await store.audit(
+            conn, "router", "credential.deliver", ref,
+            {"tenant_id": task["tenant_id"], "collector_id": chosen.collector_id, "dispatch_id": dispatch_id},
+        )  # fmt: skip
+        return json.dumps(signed_doc.sign(key, payload), separators=(",", ":"))
+
     async def _lease_and_sign(
         self,
         conn: AsyncConnection,
@@ -211,6 +248,9 @@ class Dispatching(RouterCore):
             key,
         )
         attempt = task["attempts"] + (1 if kind == "execute" else 0)
+        relayed = await self._relayed_credential(
+            conn, task, chosen, dispatch_id, key, int(expires.timestamp())
+        )
         dispatch = {
             "dispatch_id": dispatch_id,
             "task_id": task_id,
@@ -226,6 +266,7 @@ class Dispatching(RouterCore):
             "lease_epoch": epoch,
             "envelope": envelope,
             "expires_at": expires,
+            "relayed_credential": relayed,
         }
         DISPATCH_STATES.labels(S.LEASED.value).inc()
         # The dispatch, the lease's note of it and the task's move: one statement.

@@ -280,6 +280,8 @@ class Fleet:
                     conn, current_actor(), "collector.vault_mode", "collector", collector_id,
                     {"before": before, "after": after},
                 )  # fmt: skip
+        # Placement reads the mode from its candidate rows (vault mode B relays credentials).
+        self.router.candidates.invalidate()
         # A held claim wakes, sees the new mode and tells the collector to restart.
         await self.router.wake.publish(collector_id)
         return await self.get(collector_id)

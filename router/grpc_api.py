@@ -369,6 +369,9 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             bundle = await self.router.trust.document(request.collector_id, dict(request.key_versions))
             if bundle is not None:
                 reply.trust_json = json.dumps(bundle)
+        for c in claimed:
+            if c.credential:
+                reply.credentials_json[c.dispatch_id] = c.credential
         if claimed:
             first, *more = claimed
             reply.envelope.envelope_json = first.envelope

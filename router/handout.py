@@ -319,7 +319,9 @@ class HandOut(Cancels, Revocations):
         for row in rows:
             DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
             SUBMIT_TO_CLAIM.observe((now - row["created_at"]).total_seconds())
-        return tuple(Claimed(row["dispatch_id"], bytes(row["envelope"])) for row in rows)
+        return tuple(
+            Claimed(row["dispatch_id"], bytes(row["envelope"]), row["relayed_credential"]) for row in rows
+        )
 
     async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:
         # Read with the collector's standing at the start of this claim (one statement for both).

@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 
 from common.envelope.canonical import OpClass
 from common.errors import FailedPrecondition
-from common.protocol import features_floor, floor_condition
+from common.protocol import features_floor, floor_condition, floor_of
+
+# A collector in vault mode B takes work only at the version that relays credentials.
+RELAY_FLOOR = floor_of("relayed_credentials")
 
 DEFAULT_TIMEOUT_S = 60
 
@@ -59,6 +62,8 @@ class Candidate:
     dispatch_kids: frozenset[str] | None = None
     # The protocol version settled on the collector's last claim (1 when it never said).
     protocol: int = 1
+    # Vault mode B: its credentials are relayed with each dispatch (a feature with a floor).
+    relayed: bool = False
 
     def load(self, provider: str) -> float:
         cap = self.providers[provider].max_concurrency
@@ -110,7 +115,7 @@ def eligible(req: PlacementRequest, candidates: Sequence[Candidate]) -> list[Can
             continue
         if c.draining or not c.live or (req.requires_fips and not c.fips):
             continue
-        if c.protocol < floor:
+        if c.protocol < (max(floor, RELAY_FLOOR) if c.relayed else floor):
             continue
         if c.in_flight.get(req.provider, 0) >= c.providers[req.provider].max_concurrency:
             continue
@@ -127,18 +132,21 @@ def shortfall(req: PlacementRequest, candidates: Sequence[Candidate]) -> str | N
     """The condition to show when the only thing keeping the task from a collector is its protocol:
     ``needs protocol ≥ N for <feature>`` (None when some candidate reaches the floor, or when no
     candidate would take it even at the floor)."""
-    if req.floor <= 1:
-        return None
-    below = at_floor = False
+    below: set[tuple[str, ...]] = set()
+    at_floor = False
     for c in candidates:
         if c.active and c.live and c.site_id == req.site_id and c.tenant_id == req.tenant_id:
             op = _advertised(c, req)
             if op is not None and op.op_class == req.op_class:
-                if c.protocol >= req.floor:
+                # A collector in vault mode B needs the relay's floor for any work.
+                needs = (*req.features, "relayed_credentials") if c.relayed else req.features
+                if c.protocol >= features_floor(needs)[0]:
                     at_floor = True
                 else:
-                    below = True
-    return floor_condition(req.features) if below and not at_floor else None
+                    below.add(needs)
+    if at_floor or not below:
+        return None
+    return floor_condition(min(below, key=lambda needs: features_floor(needs)[0]))
 
 
 def _rendezvous(target_ref: str, collector_id: str) -> int:

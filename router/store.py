@@ -147,10 +147,11 @@ _RELEASING = f"""released AS ({_release_sql("r_target_ref", skip_answered=True)}
 # note of it: written with the task's move to leased (one statement for what placement writes).
 _NEW_DISPATCH = """created_dispatch AS (
     INSERT INTO dispatches (dispatch_id, task_id, kind, attempt, collector_id, site_id, target_ref, provider,
-                            operation, op_class, state, lease_epoch, envelope, expires_at)
+                            operation, op_class, state, lease_epoch, envelope, expires_at,
+                            relayed_credential)
     VALUES (%(dispatch_id)s, %(task_id)s, %(d_kind)s, %(d_attempt)s, %(d_collector_id)s, %(d_site_id)s,
             %(d_target_ref)s, %(d_provider)s, %(d_operation)s, %(d_op_class)s, %(d_state)s,
-            %(d_lease_epoch)s, %(d_envelope)s, %(d_expires_at)s)
+            %(d_lease_epoch)s, %(d_envelope)s, %(d_expires_at)s, %(d_relayed_credential)s)
 ), noted_on_lease AS (
     UPDATE device_leases SET holder_dispatch_id = %(dispatch_id)s
     WHERE %(d_kind)s = 'execute' AND %(d_lease_epoch)s > 0
@@ -294,7 +295,7 @@ async def history(conn: AsyncConnection, task_id: str) -> Sequence[RowMapping]:
 
 _CANDIDATES = """
 SELECT c.collector_id, c.site_id, c.tenant_id, c.status, cc.epoch, cc.updated_at, cc.fips, cc.draining,
-       c.dispatch_kids
+       c.dispatch_kids, c.vault_mode
 FROM collectors c JOIN collector_capabilities cc ON cc.collector_id = c.collector_id
 WHERE c.site_id = %(site)s AND c.tenant_id = %(tenant)s AND c.status = 'active'
   AND c.cert_not_after > now()"""
@@ -500,7 +501,7 @@ WITH picked AS (
     SET state = 'dispatched', handed_claim_seq = %(claim_seq)s, handed_at = now(), updated_at = now(),
         handed_protocol = %(protocol)s
     FROM picked WHERE d.dispatch_id = picked.dispatch_id
-    RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at
+    RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at, d.relayed_credential
 ), moved AS (
     UPDATE tasks t SET state = 'dispatched', updated_at = now()
     FROM handed WHERE t.task_id = handed.task_id AND handed.kind = 'execute'
@@ -509,7 +510,7 @@ WITH picked AS (
     INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
     SELECT task_id, dispatch_id, 'leased', 'dispatched', 'claimed' FROM moved
 )
-SELECT dispatch_id, task_id, kind, envelope, created_at FROM handed ORDER BY created_at
+SELECT dispatch_id, task_id, kind, envelope, created_at, relayed_credential FROM handed ORDER BY created_at
 """
 
 

@@ -129,6 +129,10 @@ class Task:
     output: OutputSink | None = field(default=None, compare=False, repr=False)
     # The credentials the driver took for this task (hold), so a revocation can wipe them.
     held: list[HeldCredential] = field(default_factory=list, compare=False, repr=False)
+    # Vault mode B: the device credential relayed with this dispatch (protocol 6), or why it did not
+    # open (a stable code: the task fails with it).
+    relayed: HeldCredential | None = field(default=None, compare=False, repr=False)
+    relay_error: str = ""
 
     def window_open(self) -> bool:
         """Whether the envelope's window is still open by the collector's clock (always, without one)."""
@@ -147,6 +151,18 @@ class Task:
                 "window_closed", f"the envelope expired at {self.expires_at}; the device was not touched"
             )
         self.stop.writes_started = True
+
+    def device_credential(
+        self, local: Callable[[], Mapping[str, Any]], provider: str
+    ) -> Mapping[str, Any] | None:
+        """This task's device credential: the one relayed with the dispatch (vault mode B), else
+        the collector's own for ``provider`` and the task's device (vault mode A); None: none."""
+        if self.relay_error:
+            raise DriverError(self.relay_error, "the credential relayed with this task did not open")
+        if self.relayed is not None:
+            return self.relayed
+        found: Mapping[str, Any] | None = local().get(provider, {}).get(self.target_ref)
+        return found
 
     def hold(self, material: Mapping[str, Any]) -> HeldCredential:
         """Take a credential for this task: the copy a revocation wipes (protocol 5). Drivers read

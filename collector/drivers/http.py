@@ -37,7 +37,7 @@ class HttpDriver:
 
     async def execute(self, task: Task) -> Outcome:
         # One snapshot per task: a credential replaced on disk meanwhile applies from the next task.
-        raw = self.credentials().get("http", {}).get(task.target_ref)
+        raw = task.device_credential(self.credentials, "http")
         if raw is None:
             raise DriverError("no_credentials", f"no local http settings for {task.target_ref!r}")
         target = task.hold(raw)  # the copy a revocation wipes

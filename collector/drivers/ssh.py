@@ -45,7 +45,7 @@ class SshDriver:
 
     async def execute(self, task: Task) -> Outcome:
         # One snapshot per task: a credential replaced on disk meanwhile applies from the next task.
-        raw = self.credentials().get("ssh", {}).get(task.target_ref)
+        raw = task.device_credential(self.credentials, "ssh")
         if raw is None:
             raise DriverError("no_credentials", f"no local ssh settings for {task.target_ref!r}")
         target = task.hold(raw)  # the copy a revocation wipes

@@ -112,7 +112,7 @@ class StubDriver:
     def _credential(self, task: Task) -> HeldCredential:
         """The device's stub credential (``{"stub": {target: {"token": ...}}}`` in credentials.json),
         held for the task and used once at the start."""
-        raw = self.credentials().get("stub", {}).get(task.target_ref)
+        raw = task.device_credential(self.credentials, "stub")
         if raw is None:
             raise DriverError("no_credentials", f"no local stub credential for {task.target_ref!r}")
         secret = task.hold(raw)

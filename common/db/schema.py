@@ -246,6 +246,9 @@ dispatches = Table(
     Column("output_length", BigInteger, nullable=False, server_default=text("0")),
     Column("output_sha256", Text, nullable=True),
     Column("output_purged_at", DateTime(timezone=True), nullable=True),
+    # Vault mode B: the device credential relayed with it, encrypted to its collector and signed
+    # (common/credential_relay.py); never a value in the clear.
+    Column("relayed_credential", Text, nullable=True),
     Column("reported_at", DateTime(timezone=True), nullable=True),
     Column("result", LargeBinary, nullable=True),
     Column("error_code", Text, nullable=True),

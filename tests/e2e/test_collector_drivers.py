@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from common.state_dir import write_private
 from tests.e2e.collector_harness import Collector, Platform
-from tests.e2e.harness import ControlPlane
+from tests.e2e.harness import ControlPlane, run_cli
 from tests.support.devices import HttpsDevice, SshDevice
 
 pytestmark = pytest.mark.timeout(180)
@@ -94,3 +95,38 @@ def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], 
         platform.close()
         ssh_device.close()
         https_device.close()
+
+
+def test_ssh_logs_in_with_a_credential_relayed_in_vault_mode_b(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector_id = collector.enroll()
+    ssh_device = SshDevice()
+    platform = Platform(cp)
+    try:
+        # The credential lives in the control plane (encrypted at rest), written by stdin only.
+        put = subprocess.run(
+            [sys.executable, "-m", "versus_cp", "credentials", "put", "ssh:sw-7", "--tenant", "acme"],
+            input=json.dumps(ssh_device.credentials()), env=cp.env, capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        assert put.returncode == 0, put.stderr
+        switched = run_cli(["collectors", "vault-mode", collector_id, "B"], cp.env)
+        assert switched.returncode == 0, switched.stderr
+        collector.start()
+        task = platform.submit(
+            collector.site_id, "show", "read", "sw-7", {"command": "uname"}, "ssh-b", provider="ssh"
+        )
+        result = json.loads(platform.wait_state(task, {"success"}, timeout=90).result)
+        assert result["stdout"].strip() == "Linux"
+        # Relayed for that task only: never on the collector's disk, in its log or the control plane's.
+        assert not (collector.state / "credentials.sealed").exists()
+        for path in (p for p in collector.state.rglob("*") if p.is_file()):
+            assert ssh_device.password.encode() not in path.read_bytes(), path
+        assert ssh_device.password not in collector.log() + cp.log()
+    finally:
+        collector.stop()
+        platform.close()
+        ssh_device.close()

@@ -114,6 +114,7 @@ def test_the_collector_reads_every_gateway_answer_of_every_version(answer: dict[
     assert reply.dispatch_id == answer.get("dispatch_id")
     assert reply.verdicts == answer.get("verdicts", {})
     assert reply.revokes == answer.get("revokes", [])
+    assert reply.credentials == answer.get("credentials", {})
     if answer.get("verdicts"):
         assert reply.cancel_grace_s == answer["cancel_grace_s"]
     if "envelope" in answer:

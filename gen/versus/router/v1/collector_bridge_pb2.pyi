@@ -351,6 +351,26 @@ class ClaimResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class CredentialsJsonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ENVELOPE_FIELD_NUMBER: _builtins.int
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
@@ -362,6 +382,7 @@ class ClaimResponse(_message.Message):
     VERDICTS_FIELD_NUMBER: _builtins.int
     CANCEL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     REVOKES_FIELD_NUMBER: _builtins.int
+    CREDENTIALS_JSON_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     config_json: _builtins.str
@@ -402,6 +423,12 @@ class ClaimResponse(_message.Message):
         a resume claim every revocation this collector has not answered yet.
         """
 
+    @_builtins.property
+    def credentials_json(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Vault mode B (protocol 6): per dispatch id, the signed document relaying the device credential
+        encrypted to the collector's key (common/credential_relay.py), JSON.
+        """
+
     def __init__(
         self,
         *,
@@ -416,10 +443,11 @@ class ClaimResponse(_message.Message):
         verdicts: _abc.Mapping[_builtins.str, Global___HeldVerdict.ValueType] | None = ...,
         cancel_grace_seconds: _builtins.int = ...,
         revokes: _abc.Iterable[Global___CredentialRevoke] | None = ...,
+        credentials_json: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "revokes", b"revokes", "server_time", b"server_time", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "credentials_json", b"credentials_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "revokes", b"revokes", "server_time", b"server_time", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
