@@ -282,6 +282,8 @@ class Fleet:
                 )  # fmt: skip
         # Placement reads the mode from its candidate rows (vault mode B relays credentials).
         self.router.candidates.invalidate()
+        if before != after:
+            await self.router.collector_vault_mode_changed(collector_id)
         # A held claim wakes, sees the new mode and tells the collector to restart.
         await self.router.wake.publish(collector_id)
         return await self.get(collector_id)

@@ -74,6 +74,13 @@ class Sweeps(Cancels, Outputs, Revocations):
         await self.wake.publish(collector_id)  # a claim of it still held here ends now
         return moved, True
 
+    async def collector_vault_mode_changed(self, collector_id: str) -> int:
+        """Work leased to the collector under its old vault mode and not handed out yet is placed
+        again, so it never runs under the new mode (its envelope, and in mode B its relayed
+        credential, were made for the old one). Work already handed out finishes in the old
+        process, which drains before it restarts into the new mode."""
+        return await self._requeue_leased(collector_id, f"collector {collector_id} changed vault mode")
+
     async def _requeue_leased(self, collector_id: str, why: str) -> int:
         """Retire the dispatches leased to the collector and not handed out; their tasks are queued."""
         effects = Effects()

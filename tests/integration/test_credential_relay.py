@@ -4,6 +4,7 @@ collector in mode B takes no work (docs/vault.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import os
@@ -20,9 +21,10 @@ from versus.router.v1 import task_router_pb2 as pb
 
 from common import protocol, signed_doc
 from common.credential_relay import open_for
-from common.db.schema import audit_events, collectors
+from common.db.schema import audit_events, collectors, dispatches
 from router.credential_store import CredentialStore
 from router.credential_vault import MasterKeys
+from router.fleet import Fleet
 from tests.integration.test_gateway_collector import API, Collector, Stack, running_stack
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_secret_logged")]
@@ -112,3 +114,29 @@ async def test_a_mode_b_collector_below_the_relay_floor_takes_no_work_and_the_wa
     task = await _submit(stack, "dev-b5")
     got = (await stack.tasks.GetTask(pb.GetTaskRequest(task_id=task.task_id))).task
     assert got.condition == "needs protocol ≥ 6 for relayed_credentials"
+
+
+async def test_work_leased_under_the_old_vault_mode_is_placed_again_under_the_new_one(stack: Stack) -> None:
+    await stack.router.credential_store.put("tenant-g", "stub:dev-m", json.dumps(VALUE).encode(), "test")
+    c = await stack.enroll("col-m")
+    assert (await stack.publish(c)).status_code == 200
+    assert (await _claim(stack, c, protocol.PROTOCOL_VERSION, claim_seq=1)).status_code == 204
+    task = await _submit(stack, "dev-m")  # leased to col-m under mode A: no credential relayed
+    leased = (await stack.tasks.GetTask(pb.GetTaskRequest(task_id=task.task_id))).task
+    first = leased.history[-1].dispatch_id
+    assert first
+    await Fleet(stack.router).set_vault_mode("col-m", "relayed", "")
+
+    async def attempts() -> dict[str, Any]:
+        async with stack.router.engine.connect() as conn:
+            query = select(
+                dispatches.c.dispatch_id, dispatches.c.state, dispatches.c.relayed_credential
+            ).where(dispatches.c.task_id == task.task_id)
+            return {r.dispatch_id: r for r in await conn.execute(query)}
+
+    async with asyncio.timeout(10):  # placed again in the background, as after any requeue
+        while len(rows := await attempts()) < 2:  # noqa: ASYNC110 - polls PostgreSQL
+            await asyncio.sleep(0.05)
+    assert rows[first].state == "expired" and rows[first].relayed_credential is None
+    again = [r for d, r in rows.items() if d != first]
+    assert len(again) == 1 and again[0].state == "leased" and again[0].relayed_credential is not None
