@@ -227,29 +227,27 @@ class GatewayClient:
     async def output(self, dispatch_id: str, offset: int, data: bytes) -> int:
         """One chunk of a task's output at ``offset`` (protocol 4, always over HTTPS); the ack: where
         the next chunk starts. A gap or overlap is :class:`GatewayRefused` with ``details["acked"]``."""
-        try:
-            response = await self._http.post(
-                "/output",
-                params={"task_id": dispatch_id, "offset": offset},
-                content=data,
-                headers={"Content-Type": "application/octet-stream", protocol.HEADER: str(self.protocol)},
-            )
-        except httpx.HTTPError as exc:
-            raise GatewayUnavailable(f"output: {type(exc).__name__}: {exc}") from None
-        if response.status_code >= 500:
-            raise GatewayUnavailable(f"output: HTTP {response.status_code}")
-        if response.status_code >= 400:
-            raise _refused(response.status_code, response.content)
-        return int(response.json()["acked"])
+        answer = await self._https(
+            "output",
+            params={"task_id": dispatch_id, "offset": offset},
+            content=data,
+            headers={"Content-Type": "application/octet-stream", protocol.HEADER: str(self.protocol)},
+        )
+        return int(answer["acked"])
 
     async def renew(self, csr_pem: str) -> dict[str, Any]:
         """A new certificate for the collector's key (``/renew``, always over HTTPS)."""
+        return await self._https("renew", json={"csr_pem": csr_pem})
+
+    async def _https(self, name: str, **request: Any) -> dict[str, Any]:
+        """POST ``/<name>`` over HTTPS whatever the transport: 5xx and network errors are
+        :class:`GatewayUnavailable`, 4xx :class:`GatewayRefused`; the JSON answer otherwise."""
         try:
-            response = await self._http.post("/renew", json={"csr_pem": csr_pem})
+            response = await self._http.post("/" + name, **request)
         except httpx.HTTPError as exc:
-            raise GatewayUnavailable(f"renew: {type(exc).__name__}: {exc}") from None
+            raise GatewayUnavailable(f"{name}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
-            raise GatewayUnavailable(f"renew: HTTP {response.status_code}")
+            raise GatewayUnavailable(f"{name}: HTTP {response.status_code}")
         if response.status_code >= 400:
             raise _refused(response.status_code, response.content)
         result: dict[str, Any] = response.json()

@@ -8,34 +8,15 @@ from typing import Any
 
 import grpc
 import pytest
-from versus.access.v1 import access_pb2
-from versus.credential.v1 import credential_pb2
-from versus.enrollment.v1 import enrollment_pb2
-from versus.fleet.v1 import fleet_pb2
-from versus.router.v1 import collector_bridge_pb2, task_router_pb2, tunnel_pb2
 
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
 from common.rbac import POLICY, Role
 from tests.integration import test_gateway_collector as gw
-from tests.support.access import mint
+from tests.support.access import SERVICES, mint
 
 pytestmark = pytest.mark.timeout(120)
 stack = gw.stack
-
-SERVICES = {
-    s.full_name: s
-    for module in (
-        access_pb2,
-        credential_pb2,
-        enrollment_pb2,
-        fleet_pb2,
-        collector_bridge_pb2,
-        task_router_pb2,
-        tunnel_pb2,
-    )
-    for s in module.DESCRIPTOR.services_by_name.values()
-}
 
 
 def _identity(data: bytes) -> bytes:

@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+from google.protobuf.descriptor import ServiceDescriptor
 from sqlalchemy.ext.asyncio import AsyncEngine
+from versus.access.v1 import access_pb2
+from versus.credential.v1 import credential_pb2
+from versus.enrollment.v1 import enrollment_pb2
+from versus.fleet.v1 import fleet_pb2
+from versus.router.v1 import collector_bridge_pb2, task_router_pb2, tunnel_pb2
 
 from common import api_tokens
 from common.db import engine as db_engine
 from common.rbac import Role
+
+# Every generated module that declares gRPC services: the RBAC policy must name each of their RPCs.
+SERVICE_MODULES = (
+    access_pb2,
+    credential_pb2,
+    enrollment_pb2,
+    fleet_pb2,
+    collector_bridge_pb2,
+    task_router_pb2,
+    tunnel_pb2,
+)
+# Every service by its full name.
+SERVICES: dict[str, ServiceDescriptor] = {
+    s.full_name: s for module in SERVICE_MODULES for s in module.DESCRIPTOR.services_by_name.values()
+}
 
 
 async def mint(

@@ -6,11 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from versus.access.v1 import access_pb2
-from versus.credential.v1 import credential_pb2
-from versus.enrollment.v1 import enrollment_pb2
-from versus.fleet.v1 import fleet_pb2
-from versus.router.v1 import collector_bridge_pb2, task_router_pb2, tunnel_pb2
 
 from common import api_tokens, rbac, token_files
 from common.errors import (
@@ -25,24 +20,15 @@ from common.errors import (
 )
 from common.grpc_server import bearer_token
 from common.rbac import POLICY, Principal, Role
+from tests.support.access import SERVICE_MODULES
 from versus_cp.main import exit_status
 from versus_cp.output import age, table
-
-MODULES = (
-    access_pb2,
-    credential_pb2,
-    enrollment_pb2,
-    fleet_pb2,
-    collector_bridge_pb2,
-    task_router_pb2,
-    tunnel_pb2,
-)
 
 
 def test_the_policy_names_every_rpc_and_nothing_else() -> None:
     every = {
         f"/{service.full_name}/{method.name}"
-        for module in MODULES
+        for module in SERVICE_MODULES
         for service in module.DESCRIPTOR.services_by_name.values()
         for method in service.methods
     }
