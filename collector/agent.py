@@ -25,7 +25,8 @@ from typing import Any, Literal
 from collector.client import GatewayClient, GatewayRefused, GatewayUnavailable, ssl_context
 from collector.credentials import Credentials, LocalCredentials, no_credentials
 from collector.drivers import registry
-from collector.drivers.base import Driver, DriverContext, HeldCredential, Outcome, Task, WindowClosed
+from collector.drivers.base import Driver, DriverContext, Outcome, Supplied, Task, WindowClosed
+from collector.external_vault import SECRET_FILE, ExternalVault, VaultError, VaultSettings, settings_key
 from collector.journal import AlreadyReceived, Journal, Result, task_key
 from collector.key_sets import PinnedKeys
 from collector.output import TaskOutput, UploadFailed, saved_digest
@@ -144,6 +145,19 @@ class Agent:
         self.context = ssl_context(self.paths)
         key = load_key(self.paths.key)
         self._identity_key = key  # opens credentials relayed to this collector (vault mode B)
+        # Vault mode C: the session with the customer's Vault (collector/external_vault.py). Settings
+        # that do not name an integration fail every credentialed task with the code, loudly.
+        self.external: ExternalVault | None = None
+        self.external_error: VaultError | None = None
+        if self.vault_mode == "external":
+            try:
+                settings = VaultSettings.from_config(self.vault)
+                self.external = ExternalVault(settings, options.state_dir, key, self.collector_id)
+            except VaultError as exc:
+                log.error("vault mode external without a usable integration", code=exc.code)
+                self.external_error = exc
+        else:
+            (options.state_dir / SECRET_FILE).unlink(missing_ok=True)  # no longer this collector's to use
         self.client = GatewayClient(
             self.identity["gateway_url"], self.context, key, self.collector_id, ws_retry_s=options.ws_retry_s
         )
@@ -176,6 +190,7 @@ class Agent:
                  vault_mode=self.vault_mode)  # fmt: skip
         # Beside everything else, for the life of the process; its failures never stop work.
         renewing = asyncio.create_task(self.renewer.run(self.stopping))
+        vault = asyncio.create_task(self.external.keep_fresh(self.stopping)) if self.external else None
         try:
             await self._recover()
             await self._publish_capabilities()
@@ -184,6 +199,10 @@ class Agent:
             renewing.cancel()
             await asyncio.gather(renewing, return_exceptions=True)
             await self._drain()
+            if self.external is not None and vault is not None:
+                vault.cancel()
+                await asyncio.gather(vault, return_exceptions=True)
+                await self.external.close()  # its token is revoked, not left to expire
             if (self.stopping.is_set() or self.restart_requested) and self.fatal is None:
                 await self._say_goodbye()
             await self.client.close()
@@ -403,7 +422,9 @@ class Agent:
             # Installed by the supervisor, which reads the same signed config (docs/upgrades.md).
             log.info("upgrade target received", target=target.get("version"),
                      supervised=bool(os.environ.get(SUPERVISED_ENV)))  # fmt: skip
-        if payload["vault_mode"] == self.vault_mode and payload["vault"] == self.vault:
+        if payload["vault_mode"] == self.vault_mode and settings_key(payload["vault"]) == settings_key(
+            self.vault
+        ):
             return "applied"
         log.warning("vault settings changed by an operator; restarting to apply them",
                     running=self.vault_mode, recorded=payload["vault_mode"])  # fmt: skip
@@ -510,21 +531,22 @@ class Agent:
             output = TaskOutput(
                 self.options.state_dir, f.task_id, self.client.output, self.options.max_backoff_s
             )
-        credential, relay_error = self._open_relayed(relayed, f.task_id)
         task = Task(
             f.task_id, f.operation, f.target_ref, f.idempotency_key, accepted.envelope.params, f.lease_epoch,
-            expires_at=f.expires_at, clock=self._now, output=output, relayed=credential,
-            relay_error=relay_error,
+            expires_at=f.expires_at, clock=self._now, output=output,
         )  # fmt: skip
+        if self.vault_mode == "relayed":
+            self._open_relayed(relayed, f.task_id, task.supplied)
         self.in_flight[f.provider] = self.in_flight.get(f.provider, 0) + 1
         self._spawn(self._execute(f.provider, task, read))
         return None
 
-    def _open_relayed(self, document: object, dispatch_id: str) -> tuple[HeldCredential | None, str]:
+    def _open_relayed(self, document: object, dispatch_id: str, supplied: Supplied) -> None:
         """The credential relayed with a dispatch (vault mode B): verified as the control plane's,
         opened with this collector's key for this dispatch only; or the code it failed with."""
         if document is None:
-            return None, ""
+            supplied.set(None)  # nothing stored for the device: the driver says no_credentials
+            return
         try:
             payload = signed_doc.verify(
                 document, self.trusted, kind=RELAYED_CREDENTIAL, collector_id=self.collector_id,
@@ -533,8 +555,9 @@ class Agent:
             value = open_for(self._identity_key, self.collector_id, dispatch_id, payload)
         except (DocumentError, RelayError) as exc:
             log.error("relayed credential refused", task_id=dispatch_id, code=exc.code)
-            return None, "credential_relay_invalid"
-        return HeldCredential(value), ""
+            supplied.fail("credential_relay_invalid", "the credential relayed with this task did not open")
+            return
+        supplied.set(value)
 
     async def _execute(self, provider: str, task: Task, read: bool) -> None:
         try:
@@ -554,8 +577,9 @@ class Agent:
             self.in_flight[provider] -= 1
             self.slot_freed.set()
             # Whatever credential the task held is wiped with it (a relayed one above all).
-            for held in (*task.held, *((task.relayed,) if task.relayed is not None else ())):
+            for held in task.held:
                 held.scrub()
+            task.supplied.scrub()
         digest = None
         stream = task.output if isinstance(task.output, TaskOutput) and task.output.started else None
         if stream is not None:
@@ -588,7 +612,20 @@ class Agent:
             # Waiting for a slot (or a stopped process) may have outlived the envelope.
             if not task.window_open():
                 task.check_window()
+            if self.vault_mode == "external" and getattr(driver, "uses_credentials", True):
+                await self._read_external(provider, task)
             return await self.running.run(task, driver.execute(task), op.timeout_s, op.op_class == "read")
+
+    async def _read_external(self, provider: str, task: Task) -> None:
+        """Vault mode C: the device's credential, read from the customer's Vault for this task
+        (collector/external_vault.py); a failure is the code the driver fails the task with."""
+        try:
+            if self.external is None:
+                raise self.external_error or VaultError("vault_config_invalid", "no Vault integration")
+            task.supplied.set(await self.external.read(provider, task.target_ref))
+        except VaultError as exc:
+            log.error("device credential not read from the Vault", task_id=task.task_id, code=exc.code)
+            task.supplied.fail(exc.code, str(exc))
 
     async def _reconcile_locally(self, provider: str, task: Task, unclear: Outcome) -> Outcome:
         """For a reconcilable mutation, ask the driver's reconcile-read before giving up as unknown."""

@@ -51,11 +51,18 @@ def sealing_key(identity: ec.EllipticCurvePrivateKey) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=_AAD).derive(scalar)
 
 
-def seal(identity: ec.EllipticCurvePrivateKey, credentials: Mapping[str, Any]) -> bytes:
-    """The sealed file's content for ``credentials``."""
+def _aad(purpose: str) -> bytes:
+    # The device credentials file has no purpose (its format predates it); anything else sealed
+    # with the same key names its own, so one sealed file cannot stand in for another.
+    return _AAD + (b"\n" + purpose.encode() if purpose else b"")
+
+
+def seal(identity: ec.EllipticCurvePrivateKey, credentials: Mapping[str, Any], purpose: str = "") -> bytes:
+    """The sealed file's content for ``credentials`` (``purpose``: what else than the device
+    credentials it holds, e.g. the vault mode C secret id)."""
     nonce = os.urandom(_NONCE_BYTES)
     plaintext = json.dumps(dict(credentials), separators=(",", ":"), sort_keys=True).encode()
-    ciphertext = AESGCM(sealing_key(identity)).encrypt(nonce, plaintext, _AAD)
+    ciphertext = AESGCM(sealing_key(identity)).encrypt(nonce, plaintext, _aad(purpose))
     doc = {
         "format": FORMAT,
         "v": VERSION,
@@ -65,8 +72,8 @@ def seal(identity: ec.EllipticCurvePrivateKey, credentials: Mapping[str, Any]) -
     return (json.dumps(doc) + "\n").encode()
 
 
-def unseal(identity: ec.EllipticCurvePrivateKey, raw: bytes) -> dict[str, Any]:
-    """The credentials in a sealed file, or :class:`SealedError`."""
+def unseal(identity: ec.EllipticCurvePrivateKey, raw: bytes, purpose: str = "") -> dict[str, Any]:
+    """The credentials in a sealed file (sealed for ``purpose``), or :class:`SealedError`."""
     try:
         doc = json.loads(raw)
         if doc.get("format") != FORMAT:
@@ -81,7 +88,7 @@ def unseal(identity: ec.EllipticCurvePrivateKey, raw: bytes) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError, AttributeError):
         raise SealedError("credentials_tampered", "the sealed credentials file is damaged") from None
     try:
-        plaintext = AESGCM(sealing_key(identity)).decrypt(nonce, ciphertext, _AAD)
+        plaintext = AESGCM(sealing_key(identity)).decrypt(nonce, ciphertext, _aad(purpose))
     except (InvalidTag, ValueError):
         raise SealedError(
             "credentials_tampered",

@@ -10,6 +10,9 @@
                        rewritten by the collector
     keys.json          dispatch and release verification key sets, pinned at enrollment
     policy.json        vault mode, heartbeat interval, concurrency limits
+    credentials.sealed device credentials in vault mode A (collector/credentials.py)
+    vault-secret-id.sealed  vault mode C: the AppRole secret id, unwrapped once
+    vault-ca.pem       vault mode C: the CA behind the Vault's TLS certificate (collector/external_vault.py)
 
 Secret files are written 0600 and atomically; nothing here is ever logged.
 """

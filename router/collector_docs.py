@@ -36,16 +36,24 @@ CONFIG_LIFETIME_S = 15 * 60
 OFFER_LIFETIME_S = 90
 
 
-def config_payload(collector_id: str, row: Any, now: int) -> dict[str, Any]:
-    """The config document for ``row`` (a collectors row joined with its Vault integration)."""
-    vault: dict[str, str] = {}
+def config_payload(
+    collector_id: str, row: Any, now: int, secret: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The config document for ``row`` (a collectors row joined with its Vault integration);
+    ``secret``: mode C's AppRole secret id, already encrypted to the collector (router/vault_secrets.py)."""
+    vault: dict[str, Any] = {}
     if row["vault_mode"] == "external":
         vault = {
             "integration_id": str(row["vault_integration_id"] or ""),
             "address": str(row["address"] or ""),
             "role_id": str(row["role_id"] or ""),
             "kv_mount": str(row["kv_mount"] or ""),
+            "path_prefix": str(row["path_prefix"] or ""),
+            "ca_pem": str(row["ca_pem"] or ""),
+            "secret_id_delivery": str(row["secret_id_delivery"] or ""),
         }
+        if secret is not None:
+            vault["secret"] = dict(secret)
     update = None
     if row.get("target_name"):
         # The release the collector's supervisor installs (docs/upgrades.md); it fetches and

@@ -16,12 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography import x509
 from sqlalchemy.engine import RowMapping
 
 from common import revocations
 from common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from common.rbac import current_actor
-from router import fleet_state, fleet_store, release_store, update_policy
+from router import fleet_state, fleet_store, release_store, update_policy, vault_secrets
+from router.credential_vault import MasterKeys
 from router.enrollment_client import EnrollmentClient, Metadata
 from router.fleet_state import CollectorStatus, Probe, SessionState
 from router.service import Router
@@ -255,8 +257,14 @@ class Fleet:
         await revocations.announce(self.router.redis, collector_id)
         return await self.get(collector_id)
 
-    async def set_vault_mode(self, collector_id: str, mode: str, integration_id: str) -> CollectorView:
-        """Record the mode; a connected collector learns it from its next (or held) claim and restarts."""
+    async def set_vault_mode(
+        self, collector_id: str, mode: str, integration_id: str, secret_id: str = ""
+    ) -> CollectorView:
+        """Record the mode; a connected collector learns it from its next (or held) claim and restarts.
+
+        Mode C (``external``) takes the collector's AppRole secret id (or its wrapping token):
+        required on entering the mode or changing integration, optional otherwise (empty keeps
+        the current one). It is sealed under the credentials master key (router/vault_secrets.py)."""
         if mode not in VAULT_MODES:
             raise InvalidArgument(
                 f"vault mode must be one of {', '.join(VAULT_MODES)}", code="vault_mode_invalid"
@@ -266,16 +274,38 @@ class Fleet:
                 "vault mode external needs an integration id, and only it takes one",
                 code="vault_integration_required" if mode == "external" else "vault_integration_unexpected",
             )
+        if secret_id and mode != "external":
+            raise InvalidArgument(
+                "only vault mode external takes a secret id", code="vault_secret_id_unexpected"
+            )
+        try:
+            secret = vault_secrets.check_secret(secret_id) if secret_id else ""
+        except ValueError as exc:
+            raise InvalidArgument(str(exc), code="vault_secret_id_invalid") from None
         async with self.engine.begin() as conn:
             row = await fleet_store.get_collector(conn, collector_id, lock=True)
             if row["status"] in ("revoked", "denied"):
                 raise FailedPrecondition(f"collector is {row['status']}", code="collector_wrong_status")
             if integration_id:
                 await fleet_store.get_integration(conn, integration_id)
-            before = {"vault_mode": row["vault_mode"], "vault_integration_id": row["vault_integration_id"]}
-            after = {"vault_mode": mode, "vault_integration_id": integration_id or None}
+            keeps = row["vault_integration_id"] == integration_id and row["vault_secret"] is not None
+            if mode == "external" and not secret and not keeps:
+                raise InvalidArgument(
+                    "vault mode external needs the collector's AppRole secret id (a wrapping token "
+                    "where the integration delivers them wrapped)",
+                    code="vault_secret_id_required",
+                )
+            version = int(row["vault_secret_version"]) + (1 if secret else 0)
+            before = {"vault_mode": row["vault_mode"], "vault_integration_id": row["vault_integration_id"],
+                      "vault_secret_version": int(row["vault_secret_version"])}  # fmt: skip
+            after = {"vault_mode": mode, "vault_integration_id": integration_id or None,
+                     "vault_secret_version": version}  # fmt: skip
             if before != after:
-                await fleet_store.set_vault(conn, collector_id, mode, integration_id or None)
+                stored = row["vault_secret"] if mode == "external" and not secret else None
+                if secret:
+                    stored = vault_secrets.seal_stored(self._master(), collector_id, version, secret)
+                await fleet_store.set_vault(conn, collector_id, mode, integration_id or None, stored, version)
+                # The secret itself is never audited: the version says it was replaced.
                 await fleet_store.audit(
                     conn, current_actor(), "collector.vault_mode", "collector", collector_id,
                     {"before": before, "after": after},
@@ -288,15 +318,39 @@ class Fleet:
         await self.router.wake.publish(collector_id)
         return await self.get(collector_id)
 
+    def _master(self) -> MasterKeys:
+        store = self.router.credential_store
+        if store is None:
+            raise FailedPrecondition("this router has no credentials master key", code="vault_unavailable")
+        master: MasterKeys = store.master
+        return master
+
     async def create_integration(self, values: dict[str, str]) -> RowMapping:
-        for key in ("name", "address", "role_id", "kv_mount"):
+        for key in ("name", "address", "role_id", "kv_mount", "path_prefix"):
             if not values.get(key, "").strip() or len(values[key]) > 500:
                 raise InvalidArgument(f"{key} is required (at most 500 characters)", code=f"{key}_invalid")
         if not values["address"].startswith("https://"):
             raise InvalidArgument("the vault address must be an https:// URL", code="address_invalid")
+        if any(part in ("", ".", "..") for part in values["path_prefix"].split("/")):
+            raise InvalidArgument(
+                "path_prefix must be a KV path such as versus/devices", code="path_prefix_invalid"
+            )
+        if values.get("secret_id_delivery") not in vault_secrets.DELIVERIES:
+            raise InvalidArgument(
+                "secret id delivery must be wrapped or plain", code="secret_id_delivery_invalid"
+            )
+        if values.get("ca_pem"):
+            try:
+                x509.load_pem_x509_certificates(values["ca_pem"].encode())
+            except ValueError:
+                raise InvalidArgument("ca_pem must hold PEM certificates", code="ca_pem_invalid") from None
         async with self.engine.begin() as conn:
             row = await fleet_store.create_integration(conn, values)
-            details: dict[str, Any] = {"after": {k: values[k] for k in ("name", "address", "kv_mount")}}
+            details: dict[str, Any] = {
+                "after": {
+                    k: values[k] for k in ("name", "address", "kv_mount", "path_prefix", "secret_id_delivery")
+                }
+            }
             await fleet_store.audit(
                 conn, current_actor(), "vault_integration.create", "vault_integration", row["integration_id"],
                 details,

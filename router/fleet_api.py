@@ -46,6 +46,8 @@ VAULT_TO_PB = {
     "external": pb.VAULT_MODE_EXTERNAL,
 }
 VAULT_FROM_PB = {v: k for k, v in VAULT_TO_PB.items()}
+DELIVERY_TO_PB = {"wrapped": pb.SECRET_ID_DELIVERY_WRAPPED, "plain": pb.SECRET_ID_DELIVERY_PLAIN}
+DELIVERY_FROM_PB = {v: k for k, v in DELIVERY_TO_PB.items()}
 CHANNEL_TO_PB = {"stable": pb.CHANNEL_STABLE, "beta": pb.CHANNEL_BETA}
 CHANNEL_FROM_PB = {v: k for k, v in CHANNEL_TO_PB.items()}
 BADGE_TO_PB = {
@@ -144,6 +146,7 @@ def collector_pb(view: CollectorView) -> pb.Collector:
         drivers=drivers,
         status_changed_at=_ts(r["status_changed_at"]),
         update=update_pb(view.update) if view.update is not None else None,
+        vault_secret_version=int(r["vault_secret_version"]),
     )
 
 
@@ -167,6 +170,9 @@ def integration_pb(row: RowMapping) -> pb.VaultIntegration:
         role_id=row["role_id"],
         kv_mount=row["kv_mount"],
         created_at=_ts(row["created_at"]),
+        path_prefix=row["path_prefix"],
+        ca_pem=row["ca_pem"] or "",
+        secret_id_delivery=DELIVERY_TO_PB[row["secret_id_delivery"]],
     )
 
 
@@ -251,7 +257,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         mode = VAULT_FROM_PB.get(request.vault_mode)
         if mode is None:
             raise InvalidArgument("vault_mode is required", code="vault_mode_invalid")
-        view = await self.fleet.set_vault_mode(request.collector_id, mode, request.integration_id)
+        view = await self.fleet.set_vault_mode(
+            request.collector_id, mode, request.integration_id, request.secret_id
+        )
         return pb.SetVaultModeResponse(collector=collector_pb(view))
 
     async def CreateVaultIntegration(
@@ -263,6 +271,9 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
                 "address": request.address,
                 "role_id": request.role_id,
                 "kv_mount": request.kv_mount,
+                "path_prefix": request.path_prefix or "versus",
+                "ca_pem": request.ca_pem,
+                "secret_id_delivery": DELIVERY_FROM_PB.get(request.secret_id_delivery, "wrapped"),
             }
         )
         return pb.CreateVaultIntegrationResponse(integration=integration_pb(row))

@@ -110,13 +110,18 @@ async def set_drained(conn: AsyncConnection, collector_id: str, drained: bool) -
     await conn.execute(stmt)
 
 
-async def set_vault(conn: AsyncConnection, collector_id: str, mode: str, integration_id: str | None) -> None:
+async def set_vault(
+    conn: AsyncConnection, collector_id: str, mode: str, integration_id: str | None, secret: str | None,
+    secret_version: int,
+) -> None:  # fmt: skip
     await conn.execute(
         update(collectors)
         .where(collectors.c.collector_id == collector_id)
         .values(
             vault_mode=mode,
             vault_integration_id=integration_id,
+            vault_secret=secret,
+            vault_secret_version=secret_version,
             # A new signed config for the collector (router/collector_docs.py).
             config_version=collectors.c.config_version + 1,
         )
@@ -141,8 +146,9 @@ async def get_integration(conn: AsyncConnection, integration_id: str) -> RowMapp
     return row
 
 
-async def create_integration(conn: AsyncConnection, values: Mapping[str, str]) -> RowMapping:
+async def create_integration(conn: AsyncConnection, given: Mapping[str, str]) -> RowMapping:
     integration_id = "vi_" + secrets.token_hex(6)
+    values = {**given, "ca_pem": given.get("ca_pem") or None}  # NULL: the collector host's trust store
     try:
         async with conn.begin_nested():
             row = (
@@ -158,7 +164,7 @@ async def create_integration(conn: AsyncConnection, values: Mapping[str, str]) -
             )
     except IntegrityError:
         raise Conflict(
-            f"a vault integration named {values['name']!r} exists", code="vault_integration_exists"
+            f"a vault integration named {given['name']!r} exists", code="vault_integration_exists"
         ) from None
     return row
 

@@ -9,14 +9,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from common import protocol
 from common.errors import Conflict, PermissionDenied, Unauthenticated
 from common.keys import KeyPurpose
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
-from router import collector_docs, fleet_state, ladder, store
+from router import collector_docs, fleet_state, ladder, store, vault_secrets
 from router.cancels import Cancels
 from router.core import MAX_CLAIM_WAIT_S, ClaimAnswer, Claimed, Effects, Offer, SignedDoc, _now
+from router.credential_vault import CredentialUnreadable
 from router.live import CANCEL_TEXT, REVOKE_TEXT, WORK_TEXT
 from router.metrics import CLAIM_WAIT, DISPATCH_STATES, SUBMIT_TO_CLAIM
 from router.revocations import Revocations
@@ -68,12 +72,39 @@ class HandOut(Cancels, Revocations):
             raise _superseded()
         if row["config_version"] > config_version:
             now = int(time.time())
-            payload = collector_docs.config_payload(collector_id, row, now)
+            secret = await self._vault_secret(collector_id, row) if row["vault_mode"] == "external" else None
+            payload = collector_docs.config_payload(collector_id, row, now, secret)
             signed = collector_docs.sign_for(self.dispatch_keys(), row["dispatch_kids"], payload, now)
             if signed is None:
                 log.warning("cannot sign a config the collector could verify", collector_id=collector_id)
             return signed
         return None
+
+    async def _vault_secret(self, collector_id: str, row: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Vault mode C: the collector's AppRole secret id encrypted to its key (router/vault_secrets.py);
+        None when there is none or it cannot be opened here (logged: the collector then says
+        ``vault_secret_id_missing`` on every credentialed task until an operator sets one)."""
+        if row["vault_secret"] is None or self.credential_store is None:
+            log.error("no vault secret id to deliver in the config", collector_id=collector_id,
+                      stored=row["vault_secret"] is not None)  # fmt: skip
+            return None
+        version = int(row["vault_secret_version"])
+        try:
+            value = vault_secrets.open_stored(
+                self.credential_store.master, collector_id, version, row["vault_secret"]
+            )
+        except CredentialUnreadable as exc:
+            log.error("stored vault secret id unreadable; config sent without it", collector_id=collector_id,
+                      code=exc.code)  # fmt: skip
+            return None
+        async with self.autocommit.connect() as conn:
+            der = await store.collector_public_key(conn, collector_id)
+        public = serialization.load_der_public_key(der) if der else None
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            return None
+        return vault_secrets.for_collector(
+            public, collector_id, version, str(row["secret_id_delivery"]), value
+        )
 
     async def _record_held_dispatch_keys(self, collector_id: str, version: int) -> None:
         """Record the dispatch kids of the version the collector says it holds, so its envelopes

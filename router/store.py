@@ -781,7 +781,8 @@ async def upsert_capabilities(
 
 _STANDING = f"""
 SELECT c.status, c.cert_not_after, c.config_version, c.dispatch_kids, c.vault_mode, c.vault_integration_id,
-       v.address, v.role_id, v.kv_mount,
+       c.vault_secret, c.vault_secret_version,
+       v.address, v.role_id, v.kv_mount, v.path_prefix, v.ca_pem, v.secret_id_delivery,
        r.version AS target_version, r.target_name, r.sha256 AS target_sha256, r.length AS target_length,
        (%(before)s > 0 AND EXISTS (SELECT 1 FROM dispatches d WHERE {_HANDED_OUT})) AS handed_out
 FROM collectors c

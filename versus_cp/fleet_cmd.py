@@ -5,10 +5,11 @@
     versus-cp collectors probe COLLECTOR_ID
     versus-cp collectors approve|drain|undrain COLLECTOR_ID
     versus-cp collectors deny|revoke COLLECTOR_ID [--reason TEXT]
-    versus-cp collectors vault-mode COLLECTOR_ID A|B|C [--integration ID]
+    versus-cp collectors vault-mode COLLECTOR_ID A|B|C [--integration ID --secret-id-file PATH|-]
     versus-cp collectors update apply COLLECTOR_ID [--version V]
     versus-cp collectors update cancel COLLECTOR_ID
     versus-cp vault-integrations create NAME --address URL --role-id ID [--kv-mount M]
+                                    [--path-prefix P] [--ca-file PEM] [--plain-secret-ids]
     versus-cp vault-integrations list
 
 Every command takes ``--json``. ``probe`` exits 0 when the collector is
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
+from pathlib import Path
 from typing import Any
 
 from versus.fleet.v1 import fleet_pb2 as pb
@@ -87,6 +90,12 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
         "mode", type=str.lower, choices=sorted(VAULT_MODES), help="A|B|C or local|relayed|external"
     )
     vault.add_argument("--integration", default="", help="vault integration id (mode C)")
+    vault.add_argument(
+        "--secret-id-file",
+        type=Path,
+        help="mode C: the collector's AppRole secret id - a response-wrapping token unless the "
+        "integration takes plain ones - read from this file, or '-' for stdin (never the command line)",
+    )
     parsers.append(vault)
     upgrade = sub.add_parser(
         "update", help="Approve or withdraw a collector's upgrade (manual update policy)."
@@ -188,7 +197,7 @@ def print_detail(c: pb.Collector) -> None:
     ]
     recorded = _VAULT_LABEL.get(c.vault_mode, "-")
     if c.vault_integration_id:
-        recorded += f" via {c.vault_integration_id}"
+        recorded += f" via {c.vault_integration_id} (secret id v{c.vault_secret_version})"
     print(f"Collector {c.collector_id}\n")
     print("Identity\n" + _indent(fields(identity)))
     print("\nLive session\n" + _indent(fields(session)))
@@ -272,7 +281,10 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
         requests["vault-mode"] = (
             "SetVaultMode",
             pb.SetVaultModeRequest(
-                collector_id=cid, vault_mode=VAULT_MODES[args.mode], integration_id=args.integration
+                collector_id=cid,
+                vault_mode=VAULT_MODES[args.mode],
+                integration_id=args.integration,
+                secret_id=_secret_id(args.secret_id_file),
             ),
         )
     if args.action == "update":
@@ -298,6 +310,13 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _secret_id(path: Path | None) -> str:
+    """The secret id from a file or stdin ('-'); empty when none was given."""
+    if path is None:
+        return ""
+    return (sys.stdin.read() if str(path) == "-" else path.read_text()).strip()
+
+
 def add_integration_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = sub.add_parser("create", help="Register a HashiCorp Vault (AppRole) that mode C collectors use.")
@@ -305,6 +324,17 @@ def add_integration_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--address", required=True, help="https:// URL the collectors reach Vault at")
     create.add_argument("--role-id", required=True, help="AppRole role id (the secret id stays on the host)")
     create.add_argument("--kv-mount", default="secret", help="KV v2 mount with device credentials")
+    create.add_argument(
+        "--path-prefix",
+        default="versus",
+        help="credentials live at <mount>/data/<prefix>/<provider>/<target_ref>",
+    )
+    create.add_argument("--ca-file", type=Path, help="PEM of the CA behind the Vault's TLS certificate")
+    create.add_argument(
+        "--plain-secret-ids",
+        action="store_true",
+        help="collectors' secret ids are given unwrapped (only where the Vault cannot wrap them)",
+    )
     listing = sub.add_parser("list", help="List vault integrations.")
     for p in (create, listing):
         p.add_argument("--json", action="store_true")
@@ -312,9 +342,12 @@ def add_integration_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_integrations(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "create":
+        plain = args.plain_secret_ids
         request = pb.CreateVaultIntegrationRequest(
-            name=args.name, address=args.address, role_id=args.role_id, kv_mount=args.kv_mount
-        )
+            name=args.name, address=args.address, role_id=args.role_id, kv_mount=args.kv_mount,
+            path_prefix=args.path_prefix, ca_pem=args.ca_file.read_text() if args.ca_file else "",
+            secret_id_delivery=pb.SECRET_ID_DELIVERY_PLAIN if plain else pb.SECRET_ID_DELIVERY_WRAPPED,
+        )  # fmt: skip
         reply = _call(settings, "CreateVaultIntegration", request)
         items = [reply.integration]
     else:
@@ -323,6 +356,11 @@ def run_integrations(settings: Settings, args: argparse.Namespace) -> int:
     if args.json:
         print_json(reply)
     else:
-        rows = [(i.integration_id, i.name, i.address, i.kv_mount, when(i.created_at)) for i in items]
-        print_table(["INTEGRATION", "NAME", "ADDRESS", "KV MOUNT", "CREATED"], rows)
+        plain_ids = pb.SECRET_ID_DELIVERY_PLAIN
+        rows = [
+            (i.integration_id, i.name, i.address, f"{i.kv_mount}/{i.path_prefix}",
+             "plain" if i.secret_id_delivery == plain_ids else "wrapped", when(i.created_at))
+            for i in items
+        ]  # fmt: skip
+        print_table(["INTEGRATION", "NAME", "ADDRESS", "KV PATH", "SECRET IDS", "CREATED"], rows)
     return 0

@@ -81,6 +81,37 @@ class HeldCredential(Mapping[str, Any]):
         self.revoked = True
 
 
+class Supplied:
+    """The credential supplied to one task from outside the local file (vault modes B and C).
+
+    ``external`` says the task's credentials come from there, so the local file is never
+    consulted; ``value`` is None when nothing is stored for the device; ``error`` is the stable
+    code (and ``message`` the reason) when it could not be had, e.g. ``vault_unavailable``.
+    """
+
+    __slots__ = ("error", "external", "message", "value")
+
+    def __init__(self) -> None:
+        self.external = False
+        self.value: HeldCredential | None = None
+        self.error = ""
+        self.message = ""
+
+    def __repr__(self) -> str:  # secret
+        return f"Supplied(external={self.external}, value={self.value!r}, error={self.error!r})"
+
+    def set(self, value: Mapping[str, Any] | None) -> None:
+        self.external = True
+        self.value = None if value is None else HeldCredential(value)
+
+    def fail(self, code: str, message: str) -> None:
+        self.external, self.error, self.message = True, code, message
+
+    def scrub(self) -> None:
+        if self.value is not None:
+            self.value.scrub()
+
+
 class StopSignal:
     """A request to stop one task (a cancel, protocol 3), and whether its device writes began.
 
@@ -129,10 +160,9 @@ class Task:
     output: OutputSink | None = field(default=None, compare=False, repr=False)
     # The credentials the driver took for this task (hold), so a revocation can wipe them.
     held: list[HeldCredential] = field(default_factory=list, compare=False, repr=False)
-    # Vault mode B: the device credential relayed with this dispatch (protocol 6), or why it did not
-    # open (a stable code: the task fails with it).
-    relayed: HeldCredential | None = field(default=None, compare=False, repr=False)
-    relay_error: str = ""
+    # The device credential the collector supplies from outside its local file: relayed with the
+    # dispatch (vault mode B) or read from the customer's Vault (mode C); or why it could not be.
+    supplied: Supplied = field(default_factory=lambda: Supplied(), compare=False, repr=False)
 
     def window_open(self) -> bool:
         """Whether the envelope's window is still open by the collector's clock (always, without one)."""
@@ -155,12 +185,16 @@ class Task:
     def device_credential(
         self, local: Callable[[], Mapping[str, Any]], provider: str
     ) -> Mapping[str, Any] | None:
-        """This task's device credential: the one relayed with the dispatch (vault mode B), else
-        the collector's own for ``provider`` and the task's device (vault mode A); None: none."""
-        if self.relay_error:
-            raise DriverError(self.relay_error, "the credential relayed with this task did not open")
-        if self.relayed is not None:
-            return self.relayed
+        """This task's device credential: the one supplied for it (relayed with the dispatch in
+        vault mode B, read from the customer's Vault in mode C), else the collector's own for
+        ``provider`` and the task's device (mode A); None: none. Raises :class:`DriverError` with
+        the stable code when the supplied one could not be had."""
+        if self.supplied.error:
+            raise DriverError(
+                self.supplied.error, self.supplied.message or "the task's credential is unavailable"
+            )
+        if self.supplied.external:
+            return self.supplied.value
         found: Mapping[str, Any] | None = local().get(provider, {}).get(self.target_ref)
         return found
 
@@ -194,6 +228,10 @@ class DriverContext:
 
 
 class Driver(Protocol):
+    """A driver. It may also set ``uses_credentials: ClassVar[bool] = False`` when its tasks never
+    read a device credential (in vault mode C the collector then reads nothing from the Vault
+    for them); the default is that they do."""
+
     provider: ClassVar[str]
     max_concurrency: ClassVar[int]
     operations: ClassVar[dict[str, Operation]]

@@ -4,13 +4,16 @@
     command  mutate_terminal  any command
 
 Params (JSON): ``{"command": "uname -a"}``. Host, port, user, password or key
-and the pinned host key come from the collector's local credentials, keyed by
-target_ref, so credentials never leave the customer's network::
+and the pinned host key are the device's credential, keyed by target_ref - from
+the collector's sealed file, relayed with the dispatch or read from the
+customer's Vault, as the vault mode says (docs/vault.md)::
 
     {"ssh": {"<target_ref>": {"host": "10.0.0.7", "port": 22, "username": "ops",
                                "password": "...", "client_key": "/path", "host_key": "ssh-ed25519 AAAA..."}}}
 
-Without a pinned ``host_key`` the connection is refused rather than trusting the device blindly.
+``client_key`` is a path on the collector host or the private key itself (PEM or
+OpenSSH text, as a relayed or Vault-held credential must carry it). Without a
+pinned ``host_key`` the connection is refused rather than trusting the device blindly.
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ def known_hosts_line(host: str, port: int, host_key: str) -> str:
     asyncssh look it up there), ``[host]:port`` on any other port."""
     name = host if port == 22 else f"[{host}]:{port}"
     return f"{name} {host_key}\n"
+
+
+def _client_key(value: str) -> Any:
+    """A private key given as text (it starts with ``-----BEGIN``), else the path of one."""
+    if not value.lstrip().startswith("-----BEGIN"):
+        return value
+    try:
+        return asyncssh.import_private_key(value)
+    except (asyncssh.KeyImportError, ValueError):
+        raise DriverError("client_key_invalid", "the credential's client_key is not a private key") from None
 
 
 class SshDriver:
@@ -61,7 +74,7 @@ class SshDriver:
         if target.get("password"):
             options["password"] = target["password"]
         if target.get("client_key"):
-            options["client_keys"] = [target["client_key"]]
+            options["client_keys"] = [_client_key(str(target["client_key"]))]
         try:
             async with asyncssh.connect(target["host"], port=int(target.get("port", 22)), **options) as conn:
                 task.check_window()  # the login may have taken a while: the command is the write

@@ -56,6 +56,8 @@ DEVICE_DIR_ENV = "VERSUS_STUB_DEVICE_DIR"
 class StubDriver:
     provider: ClassVar[str] = "stub"
     max_concurrency: ClassVar[int] = 8
+    # It touches no device: in vault mode C no Vault read precedes its tasks.
+    uses_credentials: ClassVar[bool] = False
     operations: ClassVar[dict[str, Operation]] = {
         "echo": Operation("read", timeout_s=30),
         "append": Operation("mutate_reconcilable", timeout_s=60, reconcile_operation="append.check"),

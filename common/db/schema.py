@@ -87,6 +87,11 @@ vault_integrations = Table(
     Column("role_id", Text, nullable=False),
     Column("kv_mount", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("path_prefix", Text, nullable=False, server_default=text("'versus'")),
+    # PEM of the CA behind the Vault's TLS certificate; NULL: the collector host's trust store.
+    Column("ca_pem", Text, nullable=True),
+    Column("secret_id_delivery", Text, nullable=False, server_default=text("'wrapped'")),
+    CheckConstraint("secret_id_delivery IN ('wrapped', 'plain')", name="secret_id_delivery"),
 )
 
 # --- enrollment service -------------------------------------------------------------------------
@@ -160,6 +165,10 @@ collectors = Table(
     # Credential vault mode as recorded by a collector-admin; the collector applies it on (re)start.
     Column("vault_mode", Text, nullable=False, server_default=text("'local'")),
     Column("vault_integration_id", Text, ForeignKey("vault_integrations.integration_id"), nullable=True),
+    # Vault mode C: the collector's AppRole secret id (or its wrapping token), sealed under the
+    # credentials master key (router/credential_vault.py), and its version (0: none).
+    Column("vault_secret", Text, nullable=True),
+    Column("vault_secret_version", BigInteger, nullable=False, server_default=text("0")),
     # The dispatch key ids handed to the collector at enrollment: the router signs its envelopes
     # only with one of these (docs/envelope.md, "Rotation today"). NULL: enrolled before 0007.
     Column("dispatch_kids", ARRAY(Text), nullable=True),

@@ -33,6 +33,8 @@ with warnings.catch_warnings():
 from common.embedded.process import pid_alive, short_socket_dir, spawn_server, stop_process, tail
 from common.errors import StartupError
 
+# The server's own tools (pg_dump for tests and operators' checks) are of the same version.
+BIN_DIR = Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
 DATABASE = "versus"
 SUPERUSER = "postgres"
 _SOCKET_PORT = 5432
@@ -48,7 +50,7 @@ class EmbeddedPostgres:
         self.log_file = self.directory / "postgres.log"
         self.port = port
         self.ready_timeout = ready_timeout
-        self.bin_dir = Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
+        self.bin_dir = BIN_DIR
         self._proc: subprocess.Popen[bytes] | None = None
         self._socket_dir: Path | None = None
         self._run_as: str | None = None

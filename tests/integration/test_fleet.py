@@ -28,6 +28,8 @@ from common.db.schema import audit_events, collectors
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc_client import aio_channel
 from common.rbac import Role
+from router.credential_store import CredentialStore
+from router.credential_vault import MasterKeys
 from router.server import sample_gauges
 from tests.integration import test_gateway_collector as gw
 from tests.support.access import mint
@@ -316,6 +318,9 @@ async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) 
     )
     await asyncio.sleep(0.3)
     request.integration_id = integration.integration_id
+    # Mode C needs the collector's AppRole secret id (tests/integration/test_vault_mode_c.py).
+    stack.router.credential_store = CredentialStore(stack.router.engine, MasterKeys("mk", {"mk": bytes(32)}))
+    request.secret_id = "hvs.wrapping-token"
     saved = (await admin.fleet.SetVaultMode(request)).collector
     assert saved.vault_mode == fpb.VAULT_MODE_EXTERNAL
     assert saved.session.vault_mode == fpb.VAULT_MODE_LOCAL  # the running process has not restarted yet
@@ -330,12 +335,16 @@ async def test_vault_mode_switch_reaches_a_held_claim(stack: Stack, admin: Ops) 
         now=int(time.time()),
     )
     assert (config["version"], config["vault_mode"]) == (1, "external")
-    assert config["vault"] == {
+    assert {k: v for k, v in config["vault"].items() if k != "secret"} == {
         "integration_id": integration.integration_id,
         "address": "https://vault.corp:8200",
         "role_id": "role-1",
         "kv_mount": "secret",
+        "path_prefix": "versus",
+        "ca_pem": "",
+        "secret_id_delivery": "wrapped",
     }
+    assert config["vault"]["secret"]["version"] == 1
     # The restarted process (new session, new config) claims normally and is shown running it.
     again = {"session_id": "s-2", "vault_mode": "external", "config_version": 1, "wait_s": 0}
     ok = await stack.post("/claim", again, c)
@@ -400,8 +409,12 @@ async def test_every_accepted_action_is_audited_with_the_caller(stack: Stack, ad
         ("collector.drain", "col-au"),
     ]
     vault = MessageToDict(next(e for e in events if e.action == "collector.vault_mode").details)
-    assert vault["before"] == {"vault_mode": "local", "vault_integration_id": None}
-    assert vault["after"] == {"vault_mode": "relayed", "vault_integration_id": None}
+    assert vault["before"] == {"vault_mode": "local", "vault_integration_id": None, "vault_secret_version": 0}
+    assert vault["after"] == {
+        "vault_mode": "relayed",
+        "vault_integration_id": None,
+        "vault_secret_version": 0,
+    }
     revoke = MessageToDict(next(e for e in events if e.action == "collector.revoked").details)
     assert revoke["reason"] == "rotate" and revoke["before"] == {"status": "active"}
     filtered = await admin.access.ListAuditEvents(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.drivers.base import DriverContext, Task
+from collector.drivers.base import DriverContext, DriverError, Task
 from collector.drivers.ssh import SshDriver
 from tests.support import netns
 
@@ -49,3 +49,18 @@ async def test_a_device_whose_key_differs_from_the_pin_is_refused(
     outcome = await _driver(device, tmp_path, impostor).execute(_task("echo never"))
     assert (outcome.status, outcome.error_code) == ("failed", "ssh_unreachable")
     assert "host key" in outcome.error_message.lower()
+
+
+async def test_a_client_key_carried_as_text_logs_in(device: netns.OpenSsh, tmp_path: Path) -> None:
+    # A credential relayed with the dispatch or read from a Vault carries the key itself, not a path.
+    target = {"host": device.address, "username": "root", "client_key": device.client_key.read_text(),
+              "host_key": device.host_key}  # fmt: skip
+    driver = SshDriver(DriverContext(tmp_path, lambda: {"ssh": {"sw-22": target}}))
+    outcome = await driver.execute(_task("echo key-as-text"))
+    assert outcome.status == "success", outcome
+    assert json.loads(outcome.result)["stdout"] == "key-as-text\n"
+    broken = {**target, "client_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n"}
+    driver = SshDriver(DriverContext(tmp_path, lambda: {"ssh": {"sw-22": broken}}))
+    with pytest.raises(DriverError) as caught:
+        await driver.execute(_task("echo never"))
+    assert caught.value.code == "client_key_invalid"

@@ -82,6 +82,11 @@ class InterceptingProxy:
         path = self.root / "results.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def captured(self) -> bytes:
+        """Every request and response body the proxy saw decrypted (mitm_addon.py)."""
+        path = self.root / "capture.bin"
+        return path.read_bytes() if path.exists() else b""
+
     def log(self) -> str:
         path = self.root / "mitmdump.log"
         return path.read_text(errors="replace") if path.exists() else ""

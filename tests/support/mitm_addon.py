@@ -82,6 +82,12 @@ class Attacks:
         flow.metadata["attacked"] = attack
 
     def response(self, flow: http.HTTPFlow) -> None:
+        # Everything the proxy sees in the clear, for tests that look for secrets in it.
+        assert flow.response is not None
+        with open(ROOT / "capture.bin", "ab") as fh:
+            fh.write(flow.request.path.encode() + b"\n" + (flow.request.content or b"") + b"\n")
+            fh.write(flow.response.content or b"")
+            fh.write(b"\n")
         path = flow.request.path
         if flow.is_replay == "request":
             _record("replayed", flow)

@@ -19,7 +19,8 @@ KEYS = KeySet.create(KeyPurpose.DISPATCH, NOW - 60)
 OTHER = KeySet.create(KeyPurpose.DISPATCH, NOW - 60)
 TRUSTED = trusted(KEYS.public_keys(NOW))
 ROW = {"config_version": 1, "vault_mode": "external", "vault_integration_id": "vi_1",
-       "address": "https://vault:8200", "role_id": "r", "kv_mount": "kv"}  # fmt: skip
+       "address": "https://vault:8200", "role_id": "r", "kv_mount": "kv", "path_prefix": "versus",
+       "ca_pem": None, "secret_id_delivery": "wrapped"}  # fmt: skip
 
 
 def _config(version: int = 1, now: int = NOW, keys: KeySet = KEYS, **change: Any) -> dict[str, str]:

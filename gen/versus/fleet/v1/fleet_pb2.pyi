@@ -127,6 +127,28 @@ UPDATE_BADGE_ROLLED_BACK: UpdateBadge.ValueType  # 5
 """The target was installed but did not pass its health window; the previous version runs again."""
 Global___UpdateBadge: _TypeAlias = UpdateBadge  # noqa: Y015
 
+class _SecretIdDelivery:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SecretIdDeliveryEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SecretIdDelivery.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SECRET_ID_DELIVERY_UNSPECIFIED: _SecretIdDelivery.ValueType  # 0
+    SECRET_ID_DELIVERY_WRAPPED: _SecretIdDelivery.ValueType  # 1
+    """As response-wrapping tokens (single use, short-lived): the collector unwraps its own."""
+    SECRET_ID_DELIVERY_PLAIN: _SecretIdDelivery.ValueType  # 2
+    """As the secret id itself, where the Vault's policy does not allow wrapping."""
+
+class SecretIdDelivery(_SecretIdDelivery, metaclass=_SecretIdDeliveryEnumTypeWrapper):
+    """How an integration's AppRole secret ids reach collectors."""
+
+SECRET_ID_DELIVERY_UNSPECIFIED: SecretIdDelivery.ValueType  # 0
+SECRET_ID_DELIVERY_WRAPPED: SecretIdDelivery.ValueType  # 1
+"""As response-wrapping tokens (single use, short-lived): the collector unwraps its own."""
+SECRET_ID_DELIVERY_PLAIN: SecretIdDelivery.ValueType  # 2
+"""As the secret id itself, where the Vault's policy does not allow wrapping."""
+Global___SecretIdDelivery: _TypeAlias = SecretIdDelivery  # noqa: Y015
+
 class _Channel:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -173,6 +195,7 @@ class Collector(_message.Message):
     STATUS_CHANGED_AT_FIELD_NUMBER: _builtins.int
     CERT_ISSUER_FIELD_NUMBER: _builtins.int
     UPDATE_FIELD_NUMBER: _builtins.int
+    VAULT_SECRET_VERSION_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     site_id: _builtins.str
     hostname: _builtins.str
@@ -193,6 +216,10 @@ class Collector(_message.Message):
     """Integration used in VAULT_MODE_EXTERNAL."""
     cert_issuer: _builtins.str
     """Id of the Collector CA that issued the current certificate (common/pki.py ca_id)."""
+    vault_secret_version: _builtins.int
+    """VAULT_MODE_EXTERNAL: the version of the AppRole secret id handed to the collector (0: none yet).
+    The value itself is write-only.
+    """
     @_builtins.property
     def cert_not_after(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -234,10 +261,11 @@ class Collector(_message.Message):
         status_changed_at: _timestamp_pb2.Timestamp | None = ...,
         cert_issuer: _builtins.str = ...,
         update: Global___CollectorUpdate | None = ...,
+        vault_secret_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cert_not_after", b"cert_not_after", "enrolled_at", b"enrolled_at", "last_seen_at", b"last_seen_at", "session", b"session", "status_changed_at", b"status_changed_at", "update", b"update"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_issuer", b"cert_issuer", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "update", b"update", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cert_fingerprint_sha256", b"cert_fingerprint_sha256", "cert_issuer", b"cert_issuer", "cert_not_after", b"cert_not_after", "cert_serial", b"cert_serial", "collector_id", b"collector_id", "drained", b"drained", "drivers", b"drivers", "enrolled_at", b"enrolled_at", "fips", b"fips", "hostname", b"hostname", "last_seen_at", b"last_seen_at", "os", b"os", "queue_depth", b"queue_depth", "session", b"session", "session_state", b"session_state", "site_id", b"site_id", "status", b"status", "status_changed_at", b"status_changed_at", "target_version", b"target_version", "update", b"update", "vault_integration_id", b"vault_integration_id", "vault_mode", b"vault_mode", "vault_secret_version", b"vault_secret_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -807,20 +835,29 @@ class SetVaultModeRequest(_message.Message):
     COLLECTOR_ID_FIELD_NUMBER: _builtins.int
     VAULT_MODE_FIELD_NUMBER: _builtins.int
     INTEGRATION_ID_FIELD_NUMBER: _builtins.int
+    SECRET_ID_FIELD_NUMBER: _builtins.int
     collector_id: _builtins.str
     vault_mode: Global___VaultMode.ValueType
     integration_id: _builtins.str
     """Required for VAULT_MODE_EXTERNAL: the configured integration to use."""
+    secret_id: _builtins.str
+    """VAULT_MODE_EXTERNAL only, write-only: the AppRole secret id for this collector, as the
+    integration delivers it - a response-wrapping token (SECRET_ID_DELIVERY_WRAPPED) or the
+    secret id itself (SECRET_ID_DELIVERY_PLAIN). Required when the collector enters the mode or
+    changes integration; empty keeps the one it has. Stored sealed under the credentials master
+    key and sent to the collector encrypted to its own key in its signed config.
+    """
     def __init__(
         self,
         *,
         collector_id: _builtins.str = ...,
         vault_mode: Global___VaultMode.ValueType = ...,
         integration_id: _builtins.str = ...,
+        secret_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "integration_id", b"integration_id", "vault_mode", b"vault_mode"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "integration_id", b"integration_id", "secret_id", b"secret_id", "vault_mode", b"vault_mode"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -858,14 +895,22 @@ class VaultIntegration(_message.Message):
     ROLE_ID_FIELD_NUMBER: _builtins.int
     KV_MOUNT_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    PATH_PREFIX_FIELD_NUMBER: _builtins.int
+    CA_PEM_FIELD_NUMBER: _builtins.int
+    SECRET_ID_DELIVERY_FIELD_NUMBER: _builtins.int
     integration_id: _builtins.str
     name: _builtins.str
     address: _builtins.str
     """Vault address as the collectors reach it, e.g. https://vault.corp.example:8200."""
     role_id: _builtins.str
-    """AppRole role id; the secret id is provisioned on the collector host, never here."""
+    """AppRole role id; each collector's secret id is set with SetVaultMode."""
     kv_mount: _builtins.str
     """KV v2 mount holding device credentials."""
+    path_prefix: _builtins.str
+    """Device credentials are read at <kv_mount>/data/<path_prefix>/<provider>/<target_ref>."""
+    ca_pem: _builtins.str
+    """PEM of the CA that issued the Vault's TLS certificate; empty: the collector host's trust store."""
+    secret_id_delivery: Global___SecretIdDelivery.ValueType
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -877,10 +922,13 @@ class VaultIntegration(_message.Message):
         role_id: _builtins.str = ...,
         kv_mount: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        path_prefix: _builtins.str = ...,
+        ca_pem: _builtins.str = ...,
+        secret_id_delivery: Global___SecretIdDelivery.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "created_at", b"created_at", "integration_id", b"integration_id", "kv_mount", b"kv_mount", "name", b"name", "role_id", b"role_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "ca_pem", b"ca_pem", "created_at", b"created_at", "integration_id", b"integration_id", "kv_mount", b"kv_mount", "name", b"name", "path_prefix", b"path_prefix", "role_id", b"role_id", "secret_id_delivery", b"secret_id_delivery"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -894,10 +942,18 @@ class CreateVaultIntegrationRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     ROLE_ID_FIELD_NUMBER: _builtins.int
     KV_MOUNT_FIELD_NUMBER: _builtins.int
+    PATH_PREFIX_FIELD_NUMBER: _builtins.int
+    CA_PEM_FIELD_NUMBER: _builtins.int
+    SECRET_ID_DELIVERY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     address: _builtins.str
     role_id: _builtins.str
     kv_mount: _builtins.str
+    path_prefix: _builtins.str
+    """Default "versus"."""
+    ca_pem: _builtins.str
+    secret_id_delivery: Global___SecretIdDelivery.ValueType
+    """Default SECRET_ID_DELIVERY_WRAPPED."""
     def __init__(
         self,
         *,
@@ -905,10 +961,13 @@ class CreateVaultIntegrationRequest(_message.Message):
         address: _builtins.str = ...,
         role_id: _builtins.str = ...,
         kv_mount: _builtins.str = ...,
+        path_prefix: _builtins.str = ...,
+        ca_pem: _builtins.str = ...,
+        secret_id_delivery: Global___SecretIdDelivery.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "kv_mount", b"kv_mount", "name", b"name", "role_id", b"role_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "ca_pem", b"ca_pem", "kv_mount", b"kv_mount", "name", b"name", "path_prefix", b"path_prefix", "role_id", b"role_id", "secret_id_delivery", b"secret_id_delivery"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
