@@ -289,10 +289,13 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             self._cut_off(4429, "too_many_pings")
             return
         self._ping_tokens -= 1
-        if self.transport.get_write_buffer_size() > MAX_WS_WRITE_BUFFER_BYTES:
+        # The protocol queued a pong for every ping of the bytes just read (possibly hundreds):
+        # they count before they are written, so the bound holds to the byte.
+        output = b"".join(self.conn.data_to_send())
+        if self.transport.get_write_buffer_size() + len(output) > MAX_WS_WRITE_BUFFER_BYTES:
             self._cut_off(4408, "peer_not_reading")
             return
-        super().handle_ping()
+        self.transport.write(output)
 
     def data_received(self, data: bytes) -> None:
         if self._cut:

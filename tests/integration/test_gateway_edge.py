@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import ssl
 import statistics
 import time
@@ -22,11 +23,16 @@ import httpx
 import pytest
 import uvicorn
 import websockets
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
 from common.embedded.process import free_port
 from common.logs import get_logger
 from common.tls import ensure_gateway_tls
 from gateway import edge
+from gateway.metrics import EDGE_REFUSALS
 from gateway.server import WS_OPTIONS
 from tests.integration import test_gateway_collector as gw
 
@@ -262,3 +268,82 @@ async def test_an_early_answer_is_delivered_and_the_unread_body_bounded(stack: S
     assert await asyncio.wait_for(reader.read(), 5) == b""
     assert time.monotonic() - started < DEADLINE_S + 1
     writer.close()
+
+
+async def test_a_peer_that_pings_without_reading_is_cut_with_4408_and_its_output_bounded(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reported case: pings sent flat out by a peer that never reads. The ping rate limit is
+    # lifted here so that only the bound on unread output acts (4429 is tested above).
+    monkeypatch.setattr(edge, "PING_BURST", 10**9)
+    bound = 256 * 1024
+    monkeypatch.setattr(edge, "MAX_WS_WRITE_BUFFER_BYTES", bound)
+    monkeypatch.setattr(edge, "CLOSE_GRACE_S", 30.0)  # the closing frame waits while we are not reading
+    buffered: list[int] = []
+    cut_off = edge.EdgeWebSocketProtocol._cut_off
+
+    def recording(self: edge.EdgeWebSocketProtocol, code: int, reason: str) -> None:
+        if not self._cut:
+            buffered.append(self.transport.get_write_buffer_size())
+        cut_off(self, code, reason)
+
+    monkeypatch.setattr(edge.EdgeWebSocketProtocol, "_cut_off", recording)
+    c = await stack.enroll("col-edge-unread")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for us
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, _address(stack))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    try:
+        await _flood_unread(stack, c, reader, writer, bound, buffered)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def _flood_unread(
+    stack: Stack, c: gw.Collector, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bound: int,
+    buffered: list[int],
+) -> None:  # fmt: skip
+    path = gw.API + "/control"
+    client = ClientProtocol(parse_uri(stack.url.replace("http://", "ws://") + path))
+    request = client.connect()
+    request.headers.update(c.headers_for("GET", path))
+    client.send_request(request)
+    writer.write(b"".join(client.data_to_send()))
+    while client.state is State.CONNECTING:
+        client.receive_data(await asyncio.wait_for(reader.read(4096), 5))
+    assert client.state is State.OPEN, client.handshake_exc
+    client.send_ping(b"p" * 125)
+    ping = b"".join(client.data_to_send())
+    cut = EDGE_REFUSALS.labels("peer_not_reading")
+    before = cut._value.get()
+    sent = 0
+    # Flat out until the gateway cuts the peer off (it stops reading us then), at most 80,000
+    # pings (10.5 MB: far beyond every buffer on the way back).
+    while cut._value.get() == before and sent < 80_000:
+        writer.write(ping * 800)
+        sent += 800
+        while True:
+            try:
+                await asyncio.wait_for(writer.drain(), 0.5)
+                break
+            except TimeoutError:
+                if cut._value.get() > before:
+                    break
+    assert cut._value.get() == before + 1
+    # Now read: the pongs the gateway had buffered, then its closing frame.
+    pongs = 0
+    while client.close_rcvd is None:
+        data = await asyncio.wait_for(reader.read(65536), 10)
+        if not data:
+            break
+        client.receive_data(data)
+        pongs += sum(isinstance(e, Frame) and e.opcode is Opcode.PONG for e in client.events_received())
+    assert client.close_rcvd is not None
+    assert (client.close_rcvd.code, client.close_rcvd.reason) == (4408, "peer_not_reading")
+    # What waited in the gateway for this peer never grew past the bound; the rest of the
+    # answered pings sat in the kernels' socket buffers.
+    assert len(buffered) == 1 and 0 < buffered[0] <= bound, buffered
+    assert 0 < pongs < sent
