@@ -80,12 +80,20 @@ class LocalCredentials:
         self._identity = identity
         try:
             migrate_plaintext(state_dir, identity)
-        except (OSError, SealedError, ValueError) as exc:
+        except SealedError as exc:
+            raise ValueError(f"credentials: {exc.code}: {exc}") from None
+        except (OSError, ValueError) as exc:
             raise ValueError(f"credentials: {exc}") from None
         self._file: WatchedFile[Credentials] = WatchedFile(
             state_dir / FILE_NAME, lambda raw: unseal(identity, raw), NONE, private_only
         )
-        self._file.get()  # a bad file at start is an error the operator sees at once
+        # A bad file at start is an error the operator sees at once. The collector does not run
+        # without its credentials: it goes offline, so the site's work is placed on collectors
+        # that can do it instead of failing here task after task.
+        try:
+            self._file.get()
+        except SealedError as exc:
+            raise ValueError(f"credentials: {exc.code}: {exc}") from None
 
     def __repr__(self) -> str:  # the content is secret
         return f"LocalCredentials({str(self._file.path)!r})"

@@ -22,6 +22,7 @@ from common.embedded.process import free_port
 from common.state_dir import write_private
 from tests.e2e.collector_harness import Collector, cli_json
 from tests.e2e.harness import ControlPlane
+from tests.support import netns
 from tests.support.devices import EchoDevice, HttpsDevice, SshDevice
 
 SESSIONS = 20
@@ -67,44 +68,60 @@ def test_openssh_through_a_tunnel(start_control_plane: Callable[..., ControlPlan
         device.close()
 
 
-def _device_connections(port: int) -> int:
-    """Established TCP connections to the device's port, as the OS sees them."""
+def _openssh_command(collector: Collector, device: netns.OpenSsh, remote: str) -> list[str]:
+    """OpenSSH to a real sshd with `versus-cp tunnel` as its ProxyCommand, pinning its host key."""
+    known = device.client_key.parent / "known_hosts"
+    known.write_text(f"device-behind-the-collector {device.host_key}\n")
+    proxy = shlex.join([sys.executable, "-m", "versus_cp", "tunnel", "--target", f"{device.address}:22",
+                        "--site", collector.site_id, "--tenant", "acme"])  # fmt: skip
+    return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={known}", "-o", f"ProxyCommand={proxy}", "-i", str(device.client_key),
+            "root@device-behind-the-collector", remote]  # fmt: skip
+
+
+def _connections_to(address: str, port: int) -> int:
+    """Established TCP connections from here to ``address:port``, as the OS sees them."""
     return sum(
         1
         for c in psutil.net_connections(kind="tcp")
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        if c.raddr and (c.raddr.ip, c.raddr.port) == (address, port) and c.status == psutil.CONN_ESTABLISHED
     )
 
 
 def test_every_ssh_session_closes_its_device_connection(
     start_control_plane: Callable[..., ControlPlane], tmp_path: Path
 ) -> None:
-    """ssh exits and kills its ProxyCommand: the collector's device connection must end too, and
-    a normal open/close logs no error."""
+    """OpenSSH's ssh exits and kills its ProxyCommand: the collector's connection to the device
+    (Debian's sshd, in a network namespace of its own) must end too, and with it the sshd session,
+    which on real gear holds one of its few VTY lines. A normal open/close logs no error."""
     cp = start_control_plane()
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
-    device = SshDevice()
-    try:
-        collector.start()
-        _wait_live(collector)
-        for n in range(SESSIONS):
-            command = _ssh_command(collector, device, tmp_path, f"echo session-{n}")
-            done = subprocess.run(
-                command, env=cp.env, capture_output=True, text=True, timeout=60, check=False
-            )
-            assert done.returncode == 0, done.stderr
-            assert done.stdout.strip() == f"session-{n}"
-            deadline = time.monotonic() + 2
-            while _device_connections(device.port) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert _device_connections(device.port) == 0, f"session {n} left its device connection open"
-        logged = cp.log() + collector.log()
-        assert "Traceback" not in logged
-        assert "[error" not in logged and '"level": "error"' not in logged
-    finally:
-        collector.stop()
-        device.close()
+    with netns.host() as where, netns.openssh_server(where, tmp_path / "sshd") as device:
+        try:
+            collector.start()
+            _wait_live(collector)
+            for n in range(SESSIONS):
+                command = _openssh_command(collector, device, f"echo session-{n}")
+                done = subprocess.run(
+                    command, env=cp.env, capture_output=True, text=True, timeout=60, check=False
+                )
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.strip() == f"session-{n}"
+                deadline = time.monotonic() + 2
+                while (
+                    _connections_to(device.address, 22) or device.sessions()
+                ) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert _connections_to(device.address, 22) == 0, (
+                    f"session {n} left its device connection open"
+                )
+                assert device.sessions() == 0, f"session {n} left its sshd session running"
+            logged = cp.log() + collector.log()
+            assert "Traceback" not in logged
+            assert "[error" not in logged and '"level": "error"' not in logged
+        finally:
+            collector.stop()
 
 
 def test_an_unreachable_target_is_reported_at_once(

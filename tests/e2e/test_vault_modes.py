@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from common import b64url
 from common.embedded.postgres import BIN_DIR
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
@@ -166,3 +167,33 @@ def test_ssh_logs_in_to_openssh_with_a_credential_from_each_vault_mode(
         for where, data in (("proxy", captured), ("postgresql", dump), ("logs", logs), ("state", state)):
             assert secret not in data, (where, secret[:12])
     assert not (collector.state / "vault-secret-id.sealed").exists()  # left mode C: removed
+
+
+def test_a_tampered_sealed_file_stops_the_collector_with_its_code_and_leaks_nothing(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    password = "pw-" + secrets.token_hex(8)
+    _on_host(collector, "set", "ssh", "sw-9", stdin=json.dumps({"host": "10.0.0.9", "password": password}))
+    sealed = collector.state / "credentials.sealed"
+    doc = json.loads(sealed.read_text())
+    ciphertext = bytearray(b64url.decode(doc["ciphertext"]))
+    ciphertext[len(ciphertext) // 2] ^= 0x01  # one flipped bit
+    sealed.write_text(json.dumps({**doc, "ciphertext": b64url.encode(bytes(ciphertext))}))
+
+    run = subprocess.run(
+        [*collector.command, "run", "--state-dir", str(collector.state)], env=collector._env(),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 1
+    assert "credentials_tampered" in run.stderr.splitlines()[-1], run.stderr
+    # The operator's tools say the same, and neither shows anything of the content.
+    listed = subprocess.run(
+        [*collector.command, "credentials", "list", "--state-dir", str(collector.state)],
+        env=collector._env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 1 and "credentials_tampered" in listed.stderr
+    for out in (run.stdout, run.stderr, listed.stdout, listed.stderr):
+        assert password not in out and "10.0.0.9" not in out

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -59,6 +61,14 @@ class OpenSsh:
     port: int
     host_key: str  # "ssh-ed25519 AAAA..." as a collector pins it
     client_key: Path  # private key the server accepts for root
+    pid: int = 0  # the listening sshd (each session is a child of it)
+
+    def sessions(self) -> int:
+        """Live sshd session processes (children of the listener), as the OS sees them."""
+        try:
+            return len(psutil.Process(self.pid).children())
+        except psutil.NoSuchProcess:
+            return 0
 
 
 @contextlib.contextmanager
@@ -109,7 +119,8 @@ def openssh_server(where: Host, directory: Path) -> Iterator[OpenSsh]:
                     ) from None
                 time.sleep(0.05)
         public = (directory / "host_key.pub").read_text().split()
-        yield OpenSsh(where.address, 22, f"{public[0]} {public[1]}", directory / "client_key")
+        # `ip netns exec` execs sshd in its own place: the process is the listener.
+        yield OpenSsh(where.address, 22, f"{public[0]} {public[1]}", directory / "client_key", process.pid)
     finally:
         process.terminate()
         process.wait(10)
