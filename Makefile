@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz clean
+.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -54,10 +54,15 @@ test: check system-deps mitm-deps
 
 check: lint proto-lint protos-check
 
+# The console's pages as the browser tests see them, into docs/console/ (docs/console.md).
+console-screenshots: system-deps $(STAMP)
+	VERSUS_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest tests/e2e/test_console_browser.py -q
+
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
-# start in a network namespace), iproute2 (the namespaces) and squid (the forward proxy a
-# collector is tested behind). Installed once, as root, with apt.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd
+# start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a
+# collector is tested behind) and Chromium (the console's browser tests, driven by Playwright).
+# Installed once, as root, with apt.
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment, as Salt does for the benchmarks.

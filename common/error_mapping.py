@@ -127,3 +127,14 @@ def trailing_metadata(error: errors.VersusError) -> tuple[tuple[str, str], ...]:
     if error.details:
         pairs.append((GRPC_DETAILS_METADATA_KEY, json.dumps(error.details, separators=(",", ":"))))
     return tuple(pairs)
+
+
+def from_rpc_error(exc: grpc.RpcError, unreachable: errors.VersusError) -> errors.VersusError:
+    """The domain error behind a failed call to another control-plane service (its stable code
+    travels in trailing metadata); ``unreachable`` when the service did not answer in time."""
+    code: grpc.StatusCode = exc.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return unreachable
+    metadata: Any = exc.trailing_metadata() or ()
+    versus_code = next((v for k, v in metadata if k == GRPC_CODE_METADATA_KEY), None)
+    return from_grpc(code, exc.details() or "", versus_code)

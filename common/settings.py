@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     enrollment_host: str = "127.0.0.1"
     enrollment_port: int = Field(default=50052, ge=1, le=65535)
     enrollment_metrics_port: int = Field(default=9465, ge=1, le=65535)
+    # The operator web console (docs/console.md), HTTPS with the gateway's TLS material.
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(default=8444, ge=1, le=65535)
+    console_public_url: str | None = Field(
+        default=None, description="Where operators' browsers reach the console (its origin)."
+    )
 
     # Where the gateway reaches the internal gRPC services; default: their own listen address.
     router_target: str | None = None
@@ -275,6 +281,11 @@ class Settings(BaseSettings):
     def gateway_url(self) -> str:
         """Where this machine reaches its own gateway."""
         return f"{self.gateway_scheme}://{_connectable(self.gateway_host)}:{self.gateway_port}"
+
+    @property
+    def console_url(self) -> str:
+        """Where this machine reaches its own console."""
+        return f"https://{_connectable(self.console_host)}:{self.console_port}"
 
     @property
     def public_gateway_url(self) -> str:

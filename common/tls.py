@@ -22,8 +22,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from common import pki
 from common.ca_store import CaStore
+from common.errors import ConfigError
 from common.pki import BACKDATE, cert_pem, private_pem, spki_pin
-from common.state_dir import write_private, write_public
+from common.settings import Settings
+from common.state_dir import ensure_writable, write_private, write_public
 
 SERVER_LIFETIME = dt.timedelta(days=397)
 # Renew the server certificate when less than this remains.
@@ -108,3 +110,21 @@ def ensure_gateway_tls(
     if not ca_path.exists() or ca_path.read_bytes() != bundle:
         write_public(ca_path, bundle)
     return GatewayTls(cert_file=cert_path, key_file=key_path, ca_file=ca_path, pin=spki_pin(ca_cert))
+
+
+def resolve_tls(settings: Settings, store: CaStore | None = None) -> GatewayTls | None:
+    """Configured certificate files, or ones generated under the state directory."""
+    if not settings.gateway_tls:
+        return None
+    cert, key = settings.tls_cert_file, settings.tls_key_file
+    if (cert is None) != (key is None):
+        raise ConfigError("VERSUS_TLS_CERT_FILE and VERSUS_TLS_KEY_FILE must be set together")
+    if cert is not None and key is not None:
+        for path in (cert, key):
+            if not path.is_file():
+                raise ConfigError(f"TLS file {path} does not exist")
+        return GatewayTls(cert_file=cert, key_file=key, ca_file=None)
+    state = ensure_writable(settings.state_dir)
+    return ensure_gateway_tls(
+        state / "tls", settings.gateway_server_name, [settings.gateway_host], store or CaStore(state)
+    )

@@ -12,13 +12,13 @@ import uvicorn
 
 from common import early_signals, token_files
 from common.ca_store import CaStore
-from common.errors import ConfigError, StartupError
+from common.errors import StartupError
 from common.logs import get_logger
 from common.metrics import SERVICE_UP
 from common.runtime import PARENT_PID_ENV, check_backends, require_backends, setup_logging
 from common.settings import Settings
 from common.state_dir import ensure_writable
-from common.tls import GatewayTls, ensure_gateway_tls
+from common.tls import resolve_tls
 from common.trust_bundle import BundleSource
 from gateway import edge
 from gateway.app import GatewayConfig, create_app
@@ -66,24 +66,6 @@ WS_OPTIONS: dict[str, Any] = {
     "ws_ping_interval": WS_PING_INTERVAL_S,
     "ws_ping_timeout": WS_PING_TIMEOUT_S,
 }
-
-
-def resolve_tls(settings: Settings, store: CaStore | None = None) -> GatewayTls | None:
-    """Configured certificate files, or ones generated under the state directory."""
-    if not settings.gateway_tls:
-        return None
-    cert, key = settings.tls_cert_file, settings.tls_key_file
-    if (cert is None) != (key is None):
-        raise ConfigError("VERSUS_TLS_CERT_FILE and VERSUS_TLS_KEY_FILE must be set together")
-    if cert is not None and key is not None:
-        for path in (cert, key):
-            if not path.is_file():
-                raise ConfigError(f"TLS file {path} does not exist")
-        return GatewayTls(cert_file=cert, key_file=key, ca_file=None)
-    state = ensure_writable(settings.state_dir)
-    return ensure_gateway_tls(
-        state / "tls", settings.gateway_server_name, [settings.gateway_host], store or CaStore(state)
-    )
 
 
 def raise_fd_limit(wanted: int = MAX_CONCURRENT_CONNECTIONS + FD_HEADROOM) -> int:

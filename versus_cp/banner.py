@@ -35,6 +35,11 @@ def render_banner(
         "",
         "Versus control plane is up.",
         f"  gateway     {settings.gateway_url}   (collectors; /healthz /readyz /metrics)",
+        *(
+            [f"  console     {settings.console_url}   (operators; sign in with an API token)"]
+            if settings.gateway_tls
+            else []
+        ),
         f"  router      {settings.router_address} gRPC   metrics http://{settings.router_host}:"
         f"{settings.router_metrics_port}/metrics",
         f"  enrollment  {settings.enrollment_address} gRPC   metrics http://{settings.enrollment_host}:"

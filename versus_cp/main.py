@@ -78,6 +78,8 @@ def _service(name: str) -> Handler:
             from router.server import serve
         elif name == "enrollment":
             from enrollment.server import serve
+        elif name == "console":
+            from console.server import serve
         else:
             from gateway.server import serve
         with contextlib.suppress(KeyboardInterrupt):
@@ -89,13 +91,18 @@ def _service(name: str) -> Handler:
 
 _SERVICES = "needs DATABASE_URL and REDIS_URL"
 # Commands that are the control plane (or set it up) rather than talk to a running one.
-_SERVERS = frozenset({"up", "migrate", "router", "enrollment", "gateway"})
+_SERVERS = frozenset({"up", "migrate", "router", "enrollment", "gateway", "console"})
 COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
     "up": ("Run the whole control plane (embedded PostgreSQL and Redis unless URLs are set).", _cmd_up, None),
     "migrate": ("Apply database migrations and exit.", _cmd_migrate, None),
     "router": (f"Run only the Task Router gRPC service ({_SERVICES}).", _service("router"), None),
     "enrollment": (f"Run only the Enrollment gRPC service ({_SERVICES}).", _service("enrollment"), None),
     "gateway": (f"Run only the collector gateway ({_SERVICES}).", _service("gateway"), None),
+    "console": (
+        "Run only the operator web console (needs REDIS_URL and the router).",
+        _service("console"),
+        None,
+    ),
     "keys": ("List or rotate the dispatch and release signing keys.", keys_cmd.run, keys_cmd.add_arguments),
     "ca": (
         "Rotate the Collector CA and the gateway CA; see who depends on which.",

@@ -17,12 +17,8 @@ TIMEOUT_S = 15.0
 
 def error_from(exc: grpc.RpcError, address: str) -> VersusError:
     """The domain error behind a failed call (its stable code travels in trailing metadata)."""
-    code: grpc.StatusCode = exc.code()
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return Unavailable(f"cannot reach the service at {address}; is the control plane running?")
-    metadata: Any = exc.trailing_metadata() or ()
-    versus_code = next((v for k, v in metadata if k == error_mapping.GRPC_CODE_METADATA_KEY), None)
-    return error_mapping.from_grpc(code, exc.details() or "", versus_code)
+    unreachable = Unavailable(f"cannot reach the service at {address}; is the control plane running?")
+    return error_mapping.from_rpc_error(exc, unreachable)
 
 
 def call(

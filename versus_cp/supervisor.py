@@ -48,8 +48,7 @@ from common.redis_client import check_reachable as redis_reachable
 from common.runtime import PARENT_PID_ENV, setup_logging, shutdown_signals
 from common.settings import Settings
 from common.state_dir import StateLock, ensure_writable
-from common.tls import GatewayTls
-from gateway.server import resolve_tls
+from common.tls import GatewayTls, resolve_tls
 from versus_cp import access_bootstrap, endpoints
 from versus_cp.banner import render_banner
 from versus_cp.migrate import apply as apply_migrations
@@ -57,7 +56,7 @@ from versus_cp.migrate import apply as apply_migrations
 log = get_logger("versus.up")
 
 READY_TIMEOUT_S = 60.0
-SERVICES = ("router", "enrollment", "gateway")
+SERVICES = ("router", "enrollment", "gateway", "console")
 
 
 @dataclass
@@ -73,6 +72,7 @@ class Child:
 def listen_ports(settings: Settings) -> list[tuple[str, str, int]]:
     return [
         ("gateway", settings.gateway_host, settings.gateway_port),
+        *([("console", settings.console_host, settings.console_port)] if settings.gateway_tls else []),
         ("router gRPC", settings.router_host, settings.router_port),
         ("router metrics", settings.router_host, settings.router_metrics_port),
         ("enrollment gRPC", settings.enrollment_host, settings.enrollment_port),
@@ -103,6 +103,9 @@ class Supervisor:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        # The console serves HTTPS only (its session cookie is Secure): behind a TLS-terminating
+        # edge (VERSUS_GATEWAY_TLS=false) it is not started.
+        self.services = [s for s in SERVICES if s != "console" or settings.gateway_tls]
         self.children: dict[str, Child] = {}
         self.postgres: EmbeddedPostgres | None = None
         self.redis: EmbeddedRedis | None = None
@@ -131,7 +134,7 @@ class Supervisor:
         tls = resolve_tls(self.settings)
         stop = shutdown_signals()
         env = self._child_env(database_url, redis_url)
-        for name in SERVICES:
+        for name in self.services:
             await self._spawn(name, env)
         await self._wait_ready(tls, stop)
         if stop.done():
@@ -212,8 +215,9 @@ class Supervisor:
             "router": lambda: _grpc_serving(self.settings.router_address),
             "enrollment": lambda: _grpc_serving(self.settings.enrollment_address),
             "gateway": lambda: _http_ready(f"{self.settings.gateway_url}/readyz", tls),
+            "console": lambda: _http_ready(f"{self.settings.console_url}/healthz", tls),
         }
-        pending = set(probes)
+        pending = set(probes) & set(self.services)
         while pending and not stop.done():
             for name in sorted(pending):
                 child = self.children[name]

@@ -21,7 +21,7 @@ BANNER = "Versus control plane is up."
 def service_env(state_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a control plane on its own state directory and free ports."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERSUS_", "DATABASE_URL", "REDIS_URL"))}
-    gateway, router, router_metrics, enrollment, enrollment_metrics = free_ports(5)
+    gateway, router, router_metrics, enrollment, enrollment_metrics, console = free_ports(6)
     env.update(
         {
             "VERSUS_STATE_DIR": str(state_dir),
@@ -30,6 +30,7 @@ def service_env(state_dir: Path, **extra: str) -> dict[str, str]:
             "VERSUS_ROUTER_METRICS_PORT": str(router_metrics),
             "VERSUS_ENROLLMENT_PORT": str(enrollment),
             "VERSUS_ENROLLMENT_METRICS_PORT": str(enrollment_metrics),
+            "VERSUS_CONSOLE_PORT": str(console),
             "VERSUS_SHUTDOWN_GRACE_S": "5",
         }
     )

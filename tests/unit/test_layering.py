@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("router", "gateway", "enrollment", "collector")
+SERVICES = ("router", "gateway", "enrollment", "collector", "console")
 
 
 def _imported(package: str) -> set[tuple[str, str]]:

@@ -1,0 +1,229 @@
+"""The console's pages and actions (Starlette, Jinja2 templates; no JavaScript needed).
+
+Every state-changing request is a POST carrying the session's CSRF token, from the console's
+own origin (:mod:`console.security`); every read and action is a gRPC call with the signed-in
+operator's token (:mod:`console.backend`), so the services' RBAC decides, never the console.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from common.error_mapping import status_for
+from common.errors import PermissionDenied, Unauthenticated, VersusError
+from common.logs import get_logger
+from console import security, views
+from console.backend import Backend
+from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
+
+log = get_logger("versus.console")
+HERE = Path(__file__).parent
+OPERATOR_ROLES = ("viewer", "operator", "collector-admin")
+# What an action's confirmation says will happen (seed 001), before the operator commits to it.
+CONSEQUENCE = {
+    "drain": "No new work will be routed to this collector. Work already running finishes.",
+    "undrain": "The collector will take new work again.",
+    "revoke": "Its certificate will no longer be accepted and every live session is closed at once. "
+    "There is no undo: the only way back is enrolling again with a new token.",
+}
+DONE = {
+    "drain": "Drained: no new work is routed to this collector; running work finishes.",
+    "undrain": "Undrained: the collector takes new work again.",
+    "revoke": "Revoked: its certificate is refused and its sessions were closed.",
+}
+
+
+class SecurityHeaders:
+    """Adds the console's security headers to every response."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *security.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+class Console:
+    """The app's state: the backend, the session store and the templates."""
+
+    def __init__(self, backend: Backend, sessions: SessionStore, origins: tuple[str, ...]):
+        self.backend = backend
+        self.sessions = sessions
+        self.origins = origins  # "https://host:port" as browsers send it in Origin
+        self.templates = Environment(
+            loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"])
+        )
+
+    def page(self, name: str, status: int = 200, **values: Any) -> HTMLResponse:
+        html = self.templates.get_template(name).render(may=views.may, **values)
+        return HTMLResponse(html, status_code=status)
+
+    def refusal(self, status: int, code: str, message: str, session: Session | None = None) -> HTMLResponse:
+        return self.page("error.html", status, session=session, code=code, message=message)
+
+    async def session(self, request: Request) -> Session | None:
+        return await self.sessions.load(request.cookies.get(COOKIE))
+
+    async def checked_post(self, request: Request) -> tuple[Session, dict[str, str]]:
+        """The session and form of a POST, after the origin and CSRF checks."""
+        security.same_origin(
+            self.origins, request.headers.get("origin"), request.headers.get("sec-fetch-site")
+        )
+        session = await self.session(request)
+        if session is None:
+            raise security.Refused(401, "session_missing", "sign in first")
+        fields = security.form(await request.body())
+        if not session.csrf_matches(fields.get("csrf", "")):
+            raise security.Refused(403, "csrf_invalid", "the form's CSRF token is missing or wrong")
+        return session, fields
+
+
+def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...]) -> ASGIApp:
+    console = Console(backend, sessions, origins)
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/collectors", status_code=303)
+
+    async def signin_page(request: Request) -> Response:
+        if await console.session(request) is not None:
+            return RedirectResponse("/collectors", status_code=303)
+        return console.page("signin.html", session=None, error="")
+
+    async def signin(request: Request) -> Response:
+        try:
+            _check_origin(origins, request)
+            token = security.form(await request.body()).get("token", "").strip()
+        except security.Refused as exc:
+            return console.refusal(exc.status, exc.code, str(exc))
+        if not token:
+            return console.page("signin.html", 400, session=None, error="Enter an API token.")
+        try:
+            who = await backend.whoami(token)
+        except (Unauthenticated, PermissionDenied):
+            log.info("console sign-in refused")
+            return console.page("signin.html", 401, session=None, error="That API token is not valid.")
+        except VersusError as exc:
+            return console.page("signin.html", 503, session=None, error=exc.message)
+        if who.role not in OPERATOR_ROLES:
+            return console.page(
+                "signin.html", 403, session=None,
+                error=f"A {who.role} token cannot sign in to the console: use an operator's token.",
+            )  # fmt: skip
+        cookie, _ = await sessions.create(token, who.name, who.role, who.tenants)
+        log.info("console sign-in", operator=who.name, role=who.role)
+        response = RedirectResponse("/collectors", status_code=303)
+        response.set_cookie(
+            COOKIE, cookie, max_age=ABSOLUTE_S, path="/", secure=True, httponly=True, samesite="strict"
+        )
+        return response
+
+    async def signout(request: Request) -> Response:
+        try:
+            await console.checked_post(request)
+        except security.Refused as exc:
+            if exc.code != "session_missing":
+                return console.refusal(exc.status, exc.code, str(exc))
+        await sessions.end(request.cookies.get(COOKIE))
+        response = RedirectResponse("/signin", status_code=303)
+        response.delete_cookie(COOKIE, path="/", secure=True, httponly=True, samesite="strict")
+        return response
+
+    async def collectors(request: Request) -> Response:
+        session = await console.session(request)
+        if session is None:
+            return RedirectResponse("/signin", status_code=303)
+        q = request.query_params
+        query, site, page = q.get("q", "")[:200], q.get("site", "")[:200], q.get("page", "")[:500]
+        try:
+            listed = await backend.collectors(session.token, query, site, page)
+        except VersusError as exc:
+            return console.refusal(_status(exc), exc.code, exc.message, session)
+        return console.page("collectors.html", session=session, page=listed, query=query, site=site)
+
+    async def collector(request: Request) -> Response:
+        session = await console.session(request)
+        if session is None:
+            return RedirectResponse("/signin", status_code=303)
+        return await _detail(
+            session, request.path_params["collector_id"], DONE.get(request.query_params.get("done", ""), "")
+        )
+
+    async def _detail(session: Session, collector_id: str, notice: str, status: int = 200) -> Response:
+        try:
+            view = await backend.collector(session.token, collector_id)
+        except VersusError as exc:
+            return console.refusal(_status(exc), exc.code, exc.message, session)
+        return console.page("collector.html", status, session=session, c=view, notice=notice)
+
+    async def confirm(request: Request) -> Response:
+        session = await console.session(request)
+        if session is None:
+            return RedirectResponse("/signin", status_code=303)
+        action = request.path_params["action"]
+        if action not in CONSEQUENCE:
+            return console.refusal(404, "not_found", "no such action", session)
+        return console.page(
+            "confirm.html", session=session, collector_id=request.path_params["collector_id"], action=action,
+            consequence=CONSEQUENCE[action],
+        )  # fmt: skip
+
+    async def act(request: Request) -> Response:
+        action, collector_id = request.path_params["action"], request.path_params["collector_id"]
+        if action not in views.ACTION_RPC:
+            return PlainTextResponse("not found", status_code=404)
+        try:
+            session, fields = await console.checked_post(request)
+        except security.Refused as exc:
+            return console.refusal(exc.status, exc.code, str(exc))
+        try:
+            said = await backend.act(session.token, action, collector_id, fields.get("reason", "")[:500])
+        except VersusError as exc:
+            return console.refusal(_status(exc), exc.code, exc.message, session)
+        log.info("console action", operator=session.name, action=action, collector_id=collector_id)
+        if action == "probe":
+            return await _detail(session, collector_id, said)
+        return RedirectResponse(f"/collectors/{collector_id}?done={action}", status_code=303)
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    routes = [
+        Route("/", home),
+        Route("/signin", signin_page, methods=["GET"]),
+        Route("/signin", signin, methods=["POST"]),
+        Route("/signout", signout, methods=["POST"]),
+        Route("/collectors", collectors),
+        Route("/collectors/{collector_id}", collector),
+        Route("/collectors/{collector_id}/confirm/{action}", confirm),
+        Route("/collectors/{collector_id}/{action}", act, methods=["POST"]),
+        Route("/healthz", healthz),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return SecurityHeaders(Starlette(routes=routes))
+
+
+def _check_origin(origins: tuple[str, ...], request: Request) -> None:
+    security.same_origin(origins, request.headers.get("origin"), request.headers.get("sec-fetch-site"))
+
+
+def _status(exc: VersusError) -> int:
+    """The HTTP status of a service's refusal, by the one table (common/error_mapping.py)."""
+    return status_for(exc).http_status

@@ -1,0 +1,105 @@
+"""The console's only way to the fleet: gRPC calls to the router and the enrollment service,
+each carrying the signed-in operator's API token. Answers are converted here into plain view
+dataclasses (:mod:`console.views`), so templates never see protobuf messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from versus.access.v1 import access_pb2, access_pb2_grpc
+from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+
+from common import error_mapping
+from common.errors import Unavailable, VersusError
+from common.grpc_server import AUTHORIZATION_HEADER
+from console.views import CollectorPage, CollectorView, Identity, collector_view
+
+T = TypeVar("T")
+TIMEOUT_S = 10.0
+PAGE_SIZE = 50
+
+_ROLES = {
+    access_pb2.ROLE_VIEWER: "viewer",
+    access_pb2.ROLE_OPERATOR: "operator",
+    access_pb2.ROLE_COLLECTOR_ADMIN: "collector-admin",
+    access_pb2.ROLE_PLATFORM: "platform",
+    access_pb2.ROLE_SERVICE: "service",
+}
+
+
+class Backend:
+    """Channels to the router and the enrollment service, shared by every operator's calls."""
+
+    def __init__(self, router_address: str, enrollment_address: str):
+        self.router_address = router_address
+        self.enrollment_address = enrollment_address
+        self._router = grpc.aio.insecure_channel(router_address)
+        self._fleet = fleet_pb2_grpc.FleetServiceStub(self._router)
+        self._access = access_pb2_grpc.AccessServiceStub(self._router)
+
+    async def close(self) -> None:
+        await self._router.close(None)
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any, token: str) -> T:
+        """One unary call as the operator; failures come back as the service's domain error."""
+        try:
+            return await method(
+                request, timeout=TIMEOUT_S, metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.router_address) from None
+
+    async def whoami(self, token: str) -> Identity:
+        reply = await self._call(self._access.WhoAmI, access_pb2.WhoAmIRequest(), token)
+        tenants = ("*",) if reply.all_tenants else tuple(reply.tenants)
+        return Identity(reply.name, _ROLES.get(reply.role, "unknown"), tenants)
+
+    async def collectors(self, token: str, query: str, site_id: str, page_token: str) -> CollectorPage:
+        reply = await self._call(
+            self._fleet.ListCollectors,
+            fleet_pb2.ListCollectorsRequest(
+                query=query, site_id=site_id, page_size=PAGE_SIZE, page_token=page_token
+            ),
+            token,
+        )
+        return CollectorPage(
+            [collector_view(c) for c in reply.collectors], reply.next_page_token, reply.outdated_count
+        )
+
+    async def collector(self, token: str, collector_id: str) -> CollectorView:
+        reply = await self._call(
+            self._fleet.GetCollector, fleet_pb2.GetCollectorRequest(collector_id=collector_id), token
+        )
+        return collector_view(reply.collector)
+
+    async def act(self, token: str, action: str, collector_id: str, reason: str = "") -> str:
+        """Probe, drain, undrain or revoke; the probe's result to show (empty for the others)."""
+        if action == "probe":
+            probe = await self._call(
+                self._fleet.ProbeCollector, fleet_pb2.ProbeCollectorRequest(collector_id=collector_id), token
+            )
+            age = f"{probe.heartbeat_age_s} s ago" if probe.HasField("heartbeat_age_s") else "never"
+            verdict = "reachable" if probe.reachable else "not reachable"
+            return f"Probe: {verdict} (last heartbeat {age}, queue depth {probe.queue_depth})."
+        fleet = self._fleet
+        calls: dict[str, tuple[Callable[..., Awaitable[Any]], Any]] = {
+            "drain": (fleet.DrainCollector, fleet_pb2.DrainCollectorRequest(collector_id=collector_id)),
+            "undrain": (fleet.UndrainCollector, fleet_pb2.UndrainCollectorRequest(collector_id=collector_id)),
+            "revoke": (
+                fleet.RevokeCollector,
+                fleet_pb2.RevokeCollectorRequest(collector_id=collector_id, reason=reason),
+            ),
+        }
+        if action in calls:
+            method, request = calls[action]
+            await self._call(method, request, token)
+            return ""
+        raise ValueError(action)
+
+
+def _error(exc: grpc.aio.AioRpcError, address: str) -> VersusError:
+    unreachable = Unavailable(f"the control plane at {address} did not answer", code="backend_unavailable")
+    return error_mapping.from_rpc_error(exc, unreachable)

@@ -1,0 +1,147 @@
+"""What the console's pages show, as plain dataclasses, and the one conversion from the fleet
+API's messages into them (the edge: templates and handlers never touch protobuf)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from versus.fleet.v1 import fleet_pb2 as pb
+
+from common import rbac
+
+STATUS = {
+    pb.COLLECTOR_STATUS_PENDING: "pending",
+    pb.COLLECTOR_STATUS_ACTIVE: "active",
+    pb.COLLECTOR_STATUS_REVOKED: "revoked",
+    pb.COLLECTOR_STATUS_EXPIRED: "expired",
+    pb.COLLECTOR_STATUS_DENIED: "denied",
+}
+SESSION = {
+    pb.SESSION_STATE_ACTIVE: "active",
+    pb.SESSION_STATE_STALE: "stale",
+    pb.SESSION_STATE_DRAINING: "draining",
+    pb.SESSION_STATE_DEAD: "dead",
+    pb.SESSION_STATE_OFFLINE: "offline",
+}
+VAULT = {
+    pb.VAULT_MODE_LOCAL: "A — Local Vault",
+    pb.VAULT_MODE_CLOUD_RELAYED: "B — Cloud-Relayed",
+    pb.VAULT_MODE_EXTERNAL: "C — External Secret Manager",
+}
+BADGE = {
+    pb.UPDATE_BADGE_UP_TO_DATE: "Up to date",
+    pb.UPDATE_BADGE_UPDATE_AVAILABLE: "Update available",
+    pb.UPDATE_BADGE_UPDATING: "Updating…",
+    pb.UPDATE_BADGE_FAILED: "Update failed",
+    pb.UPDATE_BADGE_ROLLED_BACK: "Rolled back",
+}
+_FLEET = "/versus.fleet.v1.FleetService/"
+# Each action a page offers, and the RPC whose policy decides who sees it.
+ACTION_RPC = {
+    "probe": _FLEET + "ProbeCollector",
+    "drain": _FLEET + "DrainCollector",
+    "undrain": _FLEET + "UndrainCollector",
+    "revoke": _FLEET + "RevokeCollector",
+}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who an API token belongs to (WhoAmI)."""
+
+    name: str
+    role: str
+    tenants: tuple[str, ...]
+
+
+def may(role: str, action: str) -> bool:
+    """Whether ``role`` may take ``action`` by the services' own policy table (the console
+    only hides what the services would refuse; they still decide every call)."""
+    allowed = rbac.POLICY.get(ACTION_RPC[action], frozenset())
+    return any(r.value == role for r in allowed)
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    op_class: str
+    timeout_s: int
+    parallel_safe: bool
+
+
+@dataclass(frozen=True)
+class Driver:
+    provider: str
+    max_concurrency: int
+    operations: list[Operation]
+
+
+@dataclass(frozen=True)
+class CollectorView:
+    collector_id: str
+    site_id: str
+    hostname: str
+    os: str
+    arch: str
+    version: str
+    fips: bool
+    status: str
+    session: str
+    drained: bool
+    cert_serial: str
+    cert_fingerprint: str
+    cert_not_after: str
+    enrolled_at: str
+    session_id: str
+    established_at: str
+    heartbeat_age: str
+    transport: str
+    queue_depth: int
+    vault_mode: str
+    running_vault_mode: str
+    update_badge: str
+    latest_version: str
+    update_policy: str
+    drivers: list[Driver] = field(default_factory=list)
+
+    @property
+    def update_available(self) -> bool:
+        return self.update_badge == "Update available"
+
+
+@dataclass(frozen=True)
+class CollectorPage:
+    collectors: list[CollectorView]
+    next_page_token: str
+    outdated_count: int
+
+
+def _time(ts: Any) -> str:
+    if not ts.seconds and not ts.nanos:
+        return ""
+    return dt.datetime.fromtimestamp(ts.seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def collector_view(c: pb.Collector) -> CollectorView:
+    """The view of one ``fleet.v1.Collector`` message."""
+    s = c.session
+    age = f"{s.heartbeat_age_s} s" if s.HasField("heartbeat_age_s") else "never"
+    return CollectorView(
+        collector_id=c.collector_id, site_id=c.site_id, hostname=c.hostname, os=c.os, arch=c.arch,
+        version=c.agent_version, fips=c.fips, status=STATUS.get(c.status, "unknown"),
+        session=SESSION.get(c.session_state, "dead"), drained=c.drained, cert_serial=c.cert_serial,
+        cert_fingerprint=c.cert_fingerprint_sha256, cert_not_after=_time(c.cert_not_after),
+        enrolled_at=_time(c.enrolled_at), session_id=s.session_id, established_at=_time(s.established_at),
+        heartbeat_age=age, transport=s.transport, queue_depth=c.queue_depth,
+        vault_mode=VAULT.get(c.vault_mode, "—"), running_vault_mode=VAULT.get(s.vault_mode, "—"),
+        update_badge=BADGE.get(c.update.badge, "") if c.HasField("update") else "",
+        latest_version=c.update.latest_version if c.HasField("update") else "",
+        update_policy=c.update.policy if c.HasField("update") else "",
+        drivers=[
+            Driver(d.provider, d.max_concurrency,
+                   [Operation(o.name, o.op_class, o.timeout_s, o.parallel_safe) for o in d.operations])
+            for d in c.drivers
+        ],
+    )  # fmt: skip

@@ -1,0 +1,136 @@
+"""The operator console against a real `versus-cp up` and a real collector, over HTTPS: sign-in
+and its cookie, the Collectors page and a collector's detail, actions authorised by the services'
+own RBAC, CSRF and cross-site refusals, sign-out. Pages are plain HTML forms, so reading and acting
+work without JavaScript (this test's client runs none). Browser tests: test_console_browser.py.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.collector_harness import Collector, cli_json, wait_for
+from tests.e2e.harness import ControlPlane
+
+pytestmark = pytest.mark.timeout(240)
+COOKIE = "__Host-versus-console"
+
+
+@pytest.fixture
+def fleet(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> Iterator[tuple[ControlPlane, str]]:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector_id = collector.enroll()
+    collector.start()
+    try:
+        wait_for(lambda: cli_json(["collectors", "show", collector_id], cp.env)["collector"].get(
+            "session_state") == "SESSION_STATE_ACTIVE", timeout=60)  # fmt: skip
+        yield cp, collector_id
+    finally:
+        collector.stop()
+
+
+def _console(cp: ControlPlane) -> httpx.Client:
+    port = cp.env["VERSUS_CONSOLE_PORT"]
+    context = ssl.create_default_context(cafile=str(cp.ca_file))
+    return httpx.Client(base_url=f"https://localhost:{port}", verify=context, timeout=15)
+
+
+def _origin(cp: ControlPlane) -> dict[str, str]:
+    return {"Origin": f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"}
+
+
+def _sign_in(client: httpx.Client, cp: ControlPlane, token: str) -> str:
+    """Sign in; the session's CSRF token (from the next page's forms)."""
+    answer = client.post("/signin", data={"token": token}, headers=_origin(cp))
+    assert answer.status_code == 303, answer.text
+    page = client.get("/collectors")
+    assert page.status_code == 200
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[ControlPlane, str]) -> None:
+    cp, collector_id = fleet
+    shown = cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+    with _console(cp) as client:
+        assert client.get("/collectors").headers["location"] == "/signin"  # not signed in
+        refused = client.post("/signin", data={"token": "vsk_not-a-token"}, headers=_origin(cp))
+        assert refused.status_code == 401 and "not valid" in refused.text
+        answer = client.post("/signin", data={"token": cp.admin_token}, headers=_origin(cp))
+        cookie = answer.headers["set-cookie"]
+        assert cookie.startswith(COOKIE + "=")
+        for flag in ("HttpOnly", "Secure", "SameSite=strict", "Path=/"):
+            assert flag.lower() in cookie.lower(), cookie
+        assert cp.admin_token not in cookie  # the cookie is an opaque session reference
+        page = client.get("/collectors", params={"q": shown["hostname"]})
+        assert page.status_code == 200 and collector_id in page.text
+        csp = page.headers["content-security-policy"]
+        assert (
+            "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "'unsafe-inline'" not in csp
+        )
+        assert client.get("/collectors", params={"q": "no-such-host"}).text.count("/collectors/col") == 0
+
+        detail = client.get(f"/collectors/{collector_id}")
+        for card in ("Identity", "Live Session", "Driver Capabilities", "Agent Version", "Credential Vault"):
+            assert f">{card}<" in detail.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', detail.text)
+        assert csrf is not None
+        confirm = client.get(f"/collectors/{collector_id}/confirm/drain")
+        assert "No new work will be routed" in confirm.text
+
+        # A forged cross-site POST (the browser sends the session cookie, not the CSRF token,
+        # and says where it came from) changes nothing.
+        evil = {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}
+        forged = client.post(f"/collectors/{collector_id}/drain", data={"csrf": "guess"}, headers=evil)
+        assert forged.status_code == 403 and "cross_site_request" in forged.text
+        no_token = client.post(f"/collectors/{collector_id}/drain", data={}, headers=_origin(cp))
+        assert no_token.status_code == 403 and "csrf_invalid" in no_token.text
+        assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+
+        drained = client.post(
+            f"/collectors/{collector_id}/drain", data={"csrf": csrf.group(1)}, headers=_origin(cp)
+        )
+        assert drained.status_code == 303
+        assert "Drained:" in client.get(drained.headers["location"]).text
+        assert cli_json(["collectors", "show", collector_id], cp.env)["collector"]["drained"] is True
+        probe = client.post(
+            f"/collectors/{collector_id}/probe", data={"csrf": csrf.group(1)}, headers=_origin(cp)
+        )
+        assert probe.status_code == 200 and "Probe: reachable" in probe.text
+
+        # The audit log names the operator behind the console's call.
+        events = cli_json(["audit", "list", "--subject", collector_id], cp.env)["events"]
+        assert any(e["action"] == "collector.drain" and "admin" in e["actor"] for e in events), events
+
+        out = client.post("/signout", data={"csrf": csrf.group(1)}, headers=_origin(cp))
+        assert out.status_code == 303
+        client.cookies.set(COOKIE, cookie.split(";", 1)[0].split("=", 1)[1])
+        assert client.get("/collectors").headers["location"] == "/signin"  # the session is gone
+
+
+def test_a_viewer_sees_no_action_and_the_services_refuse_one_anyway(fleet: tuple[ControlPlane, str]) -> None:
+    cp, collector_id = fleet
+    viewer = cp.mint_token("viewer", "e2e-viewer")
+    with _console(cp) as client:
+        csrf = _sign_in(client, cp, viewer)
+        detail = client.get(f"/collectors/{collector_id}").text
+        assert "Probe" in detail  # viewers may probe
+        for action in ("confirm/drain", "confirm/revoke"):
+            assert f"/{action}" not in detail
+        # Posting anyway: the router's RBAC refuses it, whatever the console showed.
+        refused = client.post(f"/collectors/{collector_id}/drain", data={"csrf": csrf}, headers=_origin(cp))
+        assert refused.status_code == 403 and "permission_denied" in refused.text
+    assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+    platform = cp.mint_token("platform", "e2e-platform")
+    with _console(cp) as client:
+        answer = client.post("/signin", data={"token": platform}, headers=_origin(cp))
+        assert answer.status_code == 403 and "operator" in answer.text
