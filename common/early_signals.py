@@ -10,22 +10,38 @@ recorded here. Deliberately free of heavy imports.
 
 from __future__ import annotations
 
+import os
 import signal
 from types import FrameType
 
 _requested: str | None = None
+# True while the service's modules are being imported: nothing has been opened, written or
+# started yet, so a stop signal then ends the process at once (importing can take seconds on a
+# loaded machine, and the stop must not wait for it).
+_importing = False
 
 
 def _record(signum: int, _frame: FrameType | None) -> None:
     global _requested
+    if _importing:
+        os._exit(0)
     if _requested is None:
         _requested = signal.Signals(signum).name
 
 
-def install() -> None:
-    """Record SIGTERM and SIGINT instead of dying of them."""
+def install(importing: bool = False) -> None:
+    """Record SIGTERM and SIGINT instead of dying of them; with ``importing``, exit 0 on one
+    until :func:`imported` says the service's code is loaded."""
+    global _importing
+    _importing = importing
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _record)
+
+
+def imported() -> None:
+    """The service's modules are loaded: from now on a stop signal is recorded, not obeyed."""
+    global _importing
+    _importing = False
 
 
 def requested() -> str | None:

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.error_mapping import status_for
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.logs import get_logger
-from console import security, views
+from console import queue_pages, security, views
 from console.backend import Backend
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
 
@@ -78,6 +78,10 @@ class Console:
 
     def refusal(self, status: int, code: str, message: str, session: Session | None = None) -> HTMLResponse:
         return self.page("error.html", status, session=session, code=code, message=message)
+
+    def failed(self, exc: VersusError, session: Session) -> HTMLResponse:
+        """A service's refusal, with its status by the one table (common/error_mapping.py)."""
+        return self.refusal(status_for(exc).http_status, exc.code, exc.message, session)
 
     async def session(self, request: Request) -> Session | None:
         return await self.sessions.load(request.cookies.get(COOKIE))
@@ -155,7 +159,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         try:
             listed = await backend.collectors(session.token, query, site, page)
         except VersusError as exc:
-            return console.refusal(_status(exc), exc.code, exc.message, session)
+            return console.failed(exc, session)
         return console.page("collectors.html", session=session, page=listed, query=query, site=site)
 
     async def collector(request: Request) -> Response:
@@ -170,7 +174,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         try:
             view = await backend.collector(session.token, collector_id)
         except VersusError as exc:
-            return console.refusal(_status(exc), exc.code, exc.message, session)
+            return console.failed(exc, session)
         return console.page("collector.html", status, session=session, c=view, notice=notice)
 
     async def confirm(request: Request) -> Response:
@@ -196,11 +200,29 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         try:
             said = await backend.act(session.token, action, collector_id, fields.get("reason", "")[:500])
         except VersusError as exc:
-            return console.refusal(_status(exc), exc.code, exc.message, session)
+            return console.failed(exc, session)
         log.info("console action", operator=session.name, action=action, collector_id=collector_id)
         if action == "probe":
             return await _detail(session, collector_id, said)
         return RedirectResponse(f"/collectors/{collector_id}?done={action}", status_code=303)
+
+    async def audit(request: Request) -> Response:
+        session = await console.session(request)
+        if session is None:
+            return RedirectResponse("/signin", status_code=303)
+        q = request.query_params
+        subject, actor, action = (
+            q.get("subject", "")[:200],
+            q.get("actor", "")[:200],
+            q.get("action", "")[:200],
+        )
+        try:
+            listed = await backend.audit(session.token, subject, actor, action, q.get("page", "")[:500])
+        except VersusError as exc:
+            return console.failed(exc, session)
+        return console.page(
+            "audit.html", session=session, page=listed, subject=subject, actor=actor, action=action
+        )
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -214,6 +236,8 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         Route("/collectors/{collector_id}", collector),
         Route("/collectors/{collector_id}/confirm/{action}", confirm),
         Route("/collectors/{collector_id}/{action}", act, methods=["POST"]),
+        *queue_pages.routes(console),
+        Route("/audit", audit),
         Route("/healthz", healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
@@ -222,8 +246,3 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
 
 def _check_origin(origins: tuple[str, ...], request: Request) -> None:
     security.same_origin(origins, request.headers.get("origin"), request.headers.get("sec-fetch-site"))
-
-
-def _status(exc: VersusError) -> int:
-    """The HTTP status of a service's refusal, by the one table (common/error_mapping.py)."""
-    return status_for(exc).http_status

@@ -5,17 +5,38 @@ dataclasses (:mod:`console.views`), so templates never see protobuf messages.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from versus.access.v1 import access_pb2, access_pb2_grpc
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
+from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
 from common import error_mapping
 from common.errors import Unavailable, VersusError
 from common.grpc_server import AUTHORIZATION_HEADER
-from console.views import CollectorPage, CollectorView, Identity, collector_view
+from common.pb_struct import integral
+from console.queue_views import (
+    OUTCOMES,
+    RESOLUTIONS,
+    DispatchPage,
+    DispatchView,
+    TaskView,
+    dispatch_view,
+    task_view,
+)
+from console.views import (
+    AuditEntry,
+    AuditPage,
+    CollectorPage,
+    CollectorView,
+    Identity,
+    collector_view,
+    timestamp,
+)
 
 T = TypeVar("T")
 TIMEOUT_S = 10.0
@@ -39,6 +60,7 @@ class Backend:
         self._router = grpc.aio.insecure_channel(router_address)
         self._fleet = fleet_pb2_grpc.FleetServiceStub(self._router)
         self._access = access_pb2_grpc.AccessServiceStub(self._router)
+        self._tasks = task_router_pb2_grpc.TaskRouterServiceStub(self._router)
 
     async def close(self) -> None:
         await self._router.close(None)
@@ -98,6 +120,51 @@ class Backend:
             await self._call(method, request, token)
             return ""
         raise ValueError(action)
+
+    async def audit(self, token: str, subject: str, actor: str, action: str, page_token: str) -> AuditPage:
+        request = access_pb2.ListAuditEventsRequest(
+            subject_id=subject, actor=actor, action_prefix=action, page_size=PAGE_SIZE, page_token=page_token
+        )
+        reply = await self._call(self._access.ListAuditEvents, request, token)
+        return AuditPage(
+            [
+                AuditEntry(
+                    timestamp(e.at),
+                    e.actor,
+                    e.action,
+                    e.subject_type,
+                    e.subject_id,
+                    json.dumps(integral(MessageToDict(e.details)), sort_keys=True, ensure_ascii=False),
+                )
+                for e in reply.events
+            ],
+            reply.next_page_token,
+        )
+
+    # --- the dispatch queue ---------------------------------------------------------------------
+    async def dispatches(
+        self, token: str, outcome: str, site_id: str, collector_id: str, page_token: str
+    ) -> DispatchPage:
+        states, task_states = OUTCOMES[outcome]
+        request = task_router_pb2.ListDispatchesRequest(
+            states=states, task_states=task_states, site_id=site_id, collector_id=collector_id,
+            page_size=PAGE_SIZE, page_token=page_token,
+        )  # fmt: skip
+        reply = await self._call(self._tasks.ListDispatches, request, token)
+        return DispatchPage([dispatch_view(d) for d in reply.dispatches], reply.next_page_token)
+
+    async def dispatch(self, token: str, dispatch_id: str) -> tuple[DispatchView, TaskView]:
+        reply = await self._call(
+            self._tasks.GetDispatch, task_router_pb2.GetDispatchRequest(dispatch_id=dispatch_id), token
+        )
+        return dispatch_view(reply.dispatch), task_view(reply.task)
+
+    async def resolve(self, token: str, task_id: str, resolution: str, note: str) -> TaskView:
+        request = task_router_pb2.ResolveIndeterminateRequest(
+            task_id=task_id, resolution=RESOLUTIONS[resolution], note=note
+        )
+        reply = await self._call(self._tasks.ResolveIndeterminate, request, token)
+        return task_view(reply.task)
 
 
 def _error(exc: grpc.aio.AioRpcError, address: str) -> VersusError:

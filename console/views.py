@@ -44,6 +44,7 @@ ACTION_RPC = {
     "drain": _FLEET + "DrainCollector",
     "undrain": _FLEET + "UndrainCollector",
     "revoke": _FLEET + "RevokeCollector",
+    "resolve": "/versus.router.v1.TaskRouterService/ResolveIndeterminate",
 }
 
 
@@ -112,13 +113,30 @@ class CollectorView:
 
 
 @dataclass(frozen=True)
+class AuditEntry:
+    at: str
+    actor: str
+    action: str
+    subject_type: str
+    subject_id: str
+    details: str  # JSON, integers as integers
+
+
+@dataclass(frozen=True)
+class AuditPage:
+    events: list[AuditEntry]
+    next_page_token: str
+
+
+@dataclass(frozen=True)
 class CollectorPage:
     collectors: list[CollectorView]
     next_page_token: str
     outdated_count: int
 
 
-def _time(ts: Any) -> str:
+def timestamp(ts: Any) -> str:
+    """A protobuf Timestamp as operators read it (empty when unset)."""
     if not ts.seconds and not ts.nanos:
         return ""
     return dt.datetime.fromtimestamp(ts.seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -132,8 +150,9 @@ def collector_view(c: pb.Collector) -> CollectorView:
         collector_id=c.collector_id, site_id=c.site_id, hostname=c.hostname, os=c.os, arch=c.arch,
         version=c.agent_version, fips=c.fips, status=STATUS.get(c.status, "unknown"),
         session=SESSION.get(c.session_state, "dead"), drained=c.drained, cert_serial=c.cert_serial,
-        cert_fingerprint=c.cert_fingerprint_sha256, cert_not_after=_time(c.cert_not_after),
-        enrolled_at=_time(c.enrolled_at), session_id=s.session_id, established_at=_time(s.established_at),
+        cert_fingerprint=c.cert_fingerprint_sha256, cert_not_after=timestamp(c.cert_not_after),
+        enrolled_at=timestamp(c.enrolled_at), session_id=s.session_id,
+        established_at=timestamp(s.established_at),
         heartbeat_age=age, transport=s.transport, queue_depth=c.queue_depth,
         vault_mode=VAULT.get(c.vault_mode, "—"), running_vault_mode=VAULT.get(s.vault_mode, "—"),
         update_badge=BADGE.get(c.update.badge, "") if c.HasField("update") else "",

@@ -22,10 +22,11 @@ from versus.access.v1 import access_pb2 as pb
 from versus.access.v1 import access_pb2_grpc
 
 from common.errors import ConfigError
+from common.pb_struct import integral
 from common.rbac import Role
 from common.settings import Settings
 from versus_cp import rpc
-from versus_cp.output import enum_name, integral, print_json, print_table, when
+from versus_cp.output import enum_name, print_json, print_table, when
 
 ROLES = {
     Role.VIEWER.value: pb.ROLE_VIEWER,

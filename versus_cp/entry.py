@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-SERVICE_COMMANDS = frozenset({"router", "enrollment", "gateway"})
+SERVICE_COMMANDS = frozenset({"router", "enrollment", "gateway", "console"})
 
 
 def command_of(argv: Sequence[str]) -> str:
@@ -25,7 +25,7 @@ def main() -> int:
     if command_of(sys.argv[1:]) in SERVICE_COMMANDS:
         from common import early_signals
 
-        early_signals.install()
+        early_signals.install(importing=True)
     from versus_cp.main import main as cli_main
 
     return cli_main()

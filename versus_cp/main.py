@@ -82,6 +82,9 @@ def _service(name: str) -> Handler:
             from console.server import serve
         else:
             from gateway.server import serve
+        from common import early_signals
+
+        early_signals.imported()  # a stop signal from here on is a clean shutdown, not an exit
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(settings))
         return 0

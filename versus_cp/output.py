@@ -10,6 +10,8 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from common.pb_struct import integral
+
 
 def print_json(message: Message) -> None:
     """The protobuf JSON mapping with proto field names, every field (zeros and empty values too),
@@ -19,17 +21,6 @@ def print_json(message: Message) -> None:
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
     print(json.dumps(integral(as_dict), indent=2))
-
-
-def integral(value: Any) -> Any:
-    """``value`` with every whole float (protobuf ``Struct`` has only doubles) as an int."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: integral(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [integral(v) for v in value]
-    return value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

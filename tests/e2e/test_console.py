@@ -110,6 +110,9 @@ def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[Contr
         # The audit log names the operator behind the console's call.
         events = cli_json(["audit", "list", "--subject", collector_id], cp.env)["events"]
         assert any(e["action"] == "collector.drain" and "admin" in e["actor"] for e in events), events
+        audit = client.get("/audit", params={"subject": collector_id, "action": "collector.drain"})
+        assert audit.status_code == 200 and "collector.drain" in audit.text
+        assert "bootstrap-admin" in audit.text
 
         out = client.post("/signout", data={"csrf": csrf.group(1)}, headers=_origin(cp))
         assert out.status_code == 303

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.e2e.collector_harness import Collector, cli_json, wait_for
+from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
@@ -122,3 +122,48 @@ def test_pages_read_with_javascript_disabled(
         expect(page.get_by_role("heading", name="Driver Capabilities")).to_be_visible()
     finally:
         context.close()
+
+
+def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+) -> None:
+    cp = start_control_plane()
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    collector.start()
+    platform = Platform(cp)
+    shots = _shots(tmp_path)
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    try:
+        # A one-shot change that landed on the device while its collector was killed: indeterminate.
+        task_id = platform.submit(
+            collector.site_id, "apply_once", "mutate_terminal", "sw-q", {"sleep": 30}, "k-q"
+        )
+        wait_for(lambda: len(collector.device("sw-q")) == 1, timeout=60)
+        collector.kill()
+        collector.start()
+        platform.wait_state(task_id, {"indeterminate"}, timeout=90)
+
+        page = context.new_page()
+        _sign_in(page, base, cp.admin_token)
+        page.get_by_role("link", name="Dispatch queue").click()
+        page.get_by_label("Outcome").select_option("indeterminate")
+        page.get_by_role("button", name="Filter").click()
+        rows = page.get_by_role("row").filter(has_text="indeterminate")
+        expect(rows).to_have_count(1)
+        page.screenshot(path=shots / "queue.png", full_page=True)
+        rows.get_by_role("link").first.click()
+        expect(page.get_by_role("heading", name="Resolve this indeterminate task")).to_be_visible()
+        page.screenshot(path=shots / "dispatch.png", full_page=True)
+        page.get_by_label("was applied (success)").check()
+        page.get_by_label("Note").fill("checked sw-q: the change is there")
+        page.get_by_role("button", name="Resolve").click()
+        expect(page.get_by_role("status")).to_contain_text("Resolved: the task is now success")
+        assert platform.wait_state(task_id, {"success"}, timeout=10).state
+        events = cli_json(["audit", "list", "--subject", task_id], cp.env)["events"]
+        assert any("checked sw-q" in str(e.get("details")) for e in events), events
+    finally:
+        context.close()
+        platform.close()
+        collector.stop()

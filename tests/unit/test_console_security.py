@@ -55,8 +55,8 @@ def test_each_role_sees_exactly_the_actions_the_services_allow_it() -> None:
     }
     assert seen == {
         "viewer": {"probe"},
-        "operator": {"probe", "drain", "undrain"},
-        "collector-admin": {"probe", "drain", "undrain", "revoke"},
+        "operator": {"probe", "drain", "undrain", "resolve"},
+        "collector-admin": {"probe", "drain", "undrain", "revoke", "resolve"},
         "platform": set(),
     }
 
