@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots clean
+.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -42,7 +42,7 @@ SERIAL_E2E := tests/e2e/test_fuzz_gateway.py
 # Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
 # directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
 # other's; the first suite's output is printed once both finished.
-test: check system-deps mitm-deps
+test: check system-deps mitm-deps axe-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
 	$(BIN)/pytest tests/unit tests/integration $(SERIAL_E2E) --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
@@ -55,7 +55,7 @@ test: check system-deps mitm-deps
 check: lint proto-lint protos-check
 
 # The console's pages as the browser tests see them, into docs/console/ (docs/console.md).
-console-screenshots: system-deps $(STAMP)
+console-screenshots: system-deps axe-deps $(STAMP)
 	VERSUS_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest tests/e2e/test_console_browser.py -q
 
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
@@ -73,6 +73,15 @@ SALT_VERSION := 3008.4
 MITM_VERSION := 11.0.2
 
 mitm-deps: $(MITM_VENV)/.installed-$(MITM_VERSION)
+
+# axe-core (npm), the accessibility engine the console's browser tests run in Chromium; the
+# version and its integrity hash are locked in tools/axe/package-lock.json.
+AXE_DIR := tools/axe
+axe-deps: $(AXE_DIR)/node_modules/.installed
+
+$(AXE_DIR)/node_modules/.installed: $(AXE_DIR)/package-lock.json
+	npm ci --prefix $(AXE_DIR) --no-audit --no-fund --silent
+	@touch $@
 
 $(MITM_VENV)/.installed-$(MITM_VERSION):
 	rm -rf $(MITM_VENV)

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.error_mapping import status_for
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.logs import get_logger
-from console import queue_pages, security, views
+from console import queue_pages, security, site_pages, views
 from console.backend import Backend
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
 
@@ -237,6 +237,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         Route("/collectors/{collector_id}/confirm/{action}", confirm),
         Route("/collectors/{collector_id}/{action}", act, methods=["POST"]),
         *queue_pages.routes(console),
+        *site_pages.routes(console),
         Route("/audit", audit),
         Route("/healthz", healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

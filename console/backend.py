@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.json_format import MessageToDict
 from versus.access.v1 import access_pb2, access_pb2_grpc
+from versus.enrollment.v1 import enrollment_pb2, enrollment_pb2_grpc
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
@@ -27,6 +28,16 @@ from console.queue_views import (
     TaskView,
     dispatch_view,
     task_view,
+)
+from console.site_views import (
+    APPROVALS,
+    CHANNELS,
+    POLICIES,
+    IssuedToken,
+    SiteView,
+    TokenView,
+    site_view,
+    token_view,
 )
 from console.views import (
     AuditEntry,
@@ -61,18 +72,23 @@ class Backend:
         self._fleet = fleet_pb2_grpc.FleetServiceStub(self._router)
         self._access = access_pb2_grpc.AccessServiceStub(self._router)
         self._tasks = task_router_pb2_grpc.TaskRouterServiceStub(self._router)
+        self._enrollment_channel = grpc.aio.insecure_channel(enrollment_address)
+        self._enroll = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)
 
     async def close(self) -> None:
         await self._router.close(None)
+        await self._enrollment_channel.close(None)
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: Any, token: str) -> T:
+    async def _call(
+        self, method: Callable[..., Awaitable[T]], request: Any, token: str, address: str = ""
+    ) -> T:
         """One unary call as the operator; failures come back as the service's domain error."""
         try:
             return await method(
                 request, timeout=TIMEOUT_S, metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),)
             )
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.router_address) from None
+            raise _error(exc, address or self.router_address) from None
 
     async def whoami(self, token: str) -> Identity:
         reply = await self._call(self._access.WhoAmI, access_pb2.WhoAmIRequest(), token)
@@ -140,6 +156,50 @@ class Backend:
             ],
             reply.next_page_token,
         )
+
+    # --- sites and enrollment tokens (the enrollment service) --------------------------------------
+    async def _enrollment(self, method: Callable[..., Awaitable[T]], request: Any, token: str) -> T:
+        return await self._call(method, request, token, self.enrollment_address)
+
+    async def sites(self, token: str, page_token: str) -> tuple[list[SiteView], str]:
+        request = enrollment_pb2.ListSitesRequest(page_size=PAGE_SIZE, page_token=page_token)
+        reply = await self._enrollment(self._enroll.ListSites, request, token)
+        return [site_view(s) for s in reply.sites], reply.next_page_token
+
+    async def site(self, token: str, site_id: str) -> tuple[SiteView, list[TokenView]]:
+        got = await self._enrollment(
+            self._enroll.GetSite, enrollment_pb2.GetSiteRequest(site_id=site_id), token
+        )
+        listed = await self._enrollment(
+            self._enroll.ListEnrollmentTokens,
+            enrollment_pb2.ListEnrollmentTokensRequest(site_id=site_id),
+            token,
+        )
+        return site_view(got.site), [token_view(t) for t in listed.tokens]
+
+    async def set_policy(self, token: str, site_id: str, policy: str, pinned: str, channel: str) -> None:
+        request = enrollment_pb2.UpdateSiteRequest(
+            site_id=site_id, update_policy=POLICIES[policy], update_channel=CHANNELS[channel]
+        )
+        if policy == "pinned":
+            request.pinned_version = pinned
+        await self._enrollment(self._enroll.UpdateSite, request, token)
+
+    async def issue_token(
+        self, token: str, site_id: str, max_uses: int, ttl_seconds: int, approval: str
+    ) -> IssuedToken:
+        request = enrollment_pb2.IssueEnrollmentTokenRequest(
+            site_id=site_id, max_uses=max_uses, ttl_seconds=ttl_seconds, approval_mode=APPROVALS[approval]
+        )
+        reply = await self._enrollment(self._enroll.IssueEnrollmentToken, request, token)
+        return IssuedToken(token_view(reply.token), reply.plaintext, reply.enroll_command)
+
+    async def revoke_token(self, token: str, token_id: str, with_collectors: bool) -> list[str]:
+        request = enrollment_pb2.RevokeEnrollmentTokenRequest(
+            token_id=token_id, with_collectors=with_collectors
+        )
+        reply = await self._enrollment(self._enroll.RevokeEnrollmentToken, request, token)
+        return list(reply.revoked_collector_ids)
 
     # --- the dispatch queue ---------------------------------------------------------------------
     async def dispatches(

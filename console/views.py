@@ -45,6 +45,9 @@ ACTION_RPC = {
     "undrain": _FLEET + "UndrainCollector",
     "revoke": _FLEET + "RevokeCollector",
     "resolve": "/versus.router.v1.TaskRouterService/ResolveIndeterminate",
+    "site_policy": "/versus.enrollment.v1.EnrollmentService/UpdateSite",
+    "issue_token": "/versus.enrollment.v1.EnrollmentService/IssueEnrollmentToken",
+    "revoke_token": "/versus.enrollment.v1.EnrollmentService/RevokeEnrollmentToken",
 }
 
 

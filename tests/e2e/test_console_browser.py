@@ -10,12 +10,14 @@ page is screenshotted: into the test's directory, or into VERSUS_CONSOLE_SCREENS
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, expect, sync_playwright
 
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
@@ -35,6 +37,30 @@ def browser() -> Iterator[Browser]:
         launched = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         yield launched
         launched.close()
+
+
+AXE = Path(__file__).resolve().parents[2] / "tools" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+
+
+def _context(browser: Browser, **options: Any) -> BrowserContext:
+    """A browser context for the console. The axe-core engine is injected as a script the
+    console's CSP would (rightly) refuse, so contexts that run it bypass the CSP; the first test
+    keeps it and fails on any CSP violation the pages themselves cause."""
+    return browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900}, **options)
+
+
+def _accessible(page: Page, name: str) -> None:
+    """axe-core finds no serious or critical violation on the page (WCAG 2 A/AA rules and best practices)."""
+    if not AXE.exists():
+        raise RuntimeError("axe-core missing: run `make axe-deps` (make test does)")
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
+    bad = [
+        (v["id"], v["impact"], [n["target"] for n in v["nodes"]][:3])
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    assert bad == [], (name, bad)
 
 
 def _shots(tmp_path: Path) -> Path:
@@ -59,7 +85,14 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
     collector.start()
     shots = _shots(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    context = _context(browser)
+    refused: list[str] = []
+
+    def watch(message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text:
+            refused.append(message.text)
+
+    context.on("console", watch)
     try:
         wait_for(lambda: cli_json(["collectors", "show", collector_id], cp.env)["collector"].get(
             "session_state") == "SESSION_STATE_ACTIVE", timeout=60)  # fmt: skip
@@ -101,6 +134,7 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
         wait_for(lambda: "identity was revoked" in collector.log(), timeout=30)
         assert collector.proc is not None
         assert collector.proc.wait(30) != 0
+        assert refused == []  # nothing on the pages breaks the console's own CSP
     finally:
         context.close()
         collector.stop()
@@ -113,7 +147,7 @@ def test_pages_read_with_javascript_disabled(
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = browser.new_context(ignore_https_errors=True, java_script_enabled=False)
+    context = _context(browser, java_script_enabled=False)
     try:
         page = context.new_page()
         _sign_in(page, base, cp.admin_token)
@@ -134,7 +168,7 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
     platform = Platform(cp)
     shots = _shots(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900})
+    context = _context(browser, bypass_csp=True)
     try:
         # A one-shot change that landed on the device while its collector was killed: indeterminate.
         task_id = platform.submit(
@@ -146,15 +180,24 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         platform.wait_state(task_id, {"indeterminate"}, timeout=90)
 
         page = context.new_page()
+        page.goto(f"{base}/signin")
+        _accessible(page, "signin")
         _sign_in(page, base, cp.admin_token)
+        _accessible(page, "collectors")
+        page.get_by_role("link", name=re.compile("^col-")).first.click()
+        _accessible(page, "collector")
+        page.get_by_role("link", name="Drain").click()
+        _accessible(page, "confirm")
         page.get_by_role("link", name="Dispatch queue").click()
         page.get_by_label("Outcome").select_option("indeterminate")
         page.get_by_role("button", name="Filter").click()
         rows = page.get_by_role("row").filter(has_text="indeterminate")
         expect(rows).to_have_count(1)
         page.screenshot(path=shots / "queue.png", full_page=True)
+        _accessible(page, "queue")
         rows.get_by_role("link").first.click()
         expect(page.get_by_role("heading", name="Resolve this indeterminate task")).to_be_visible()
+        _accessible(page, "dispatch")
         page.screenshot(path=shots / "dispatch.png", full_page=True)
         page.get_by_label("was applied (success)").check()
         page.get_by_label("Note").fill("checked sw-q: the change is there")
@@ -163,7 +206,65 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         assert platform.wait_state(task_id, {"success"}, timeout=10).state
         events = cli_json(["audit", "list", "--subject", task_id], cp.env)["events"]
         assert any("checked sw-q" in str(e.get("details")) for e in events), events
+        page.get_by_role("link", name="Audit log").click()
+        expect(page.get_by_text("checked sw-q")).to_be_visible()
+        _accessible(page, "audit")
     finally:
         context.close()
         platform.close()
+        collector.stop()
+
+
+def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with_the_shown_command(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+) -> None:
+    cp = start_control_plane()
+    site_id = cli_json(["sites", "create", "rack-7", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    shots = _shots(tmp_path)
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    context = _context(browser, bypass_csp=True)
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    try:
+        page = context.new_page()
+        _sign_in(page, base, cp.admin_token)
+        page.get_by_role("link", name="Sites").click()
+        _accessible(page, "sites")
+        page.get_by_role("link", name=site_id).click()
+        page.get_by_label("Policy", exact=True).select_option("auto")
+        page.get_by_role("button", name="Save policy").click()
+        expect(page.get_by_role("status")).to_contain_text("Update policy saved")
+        shown = next(s for s in cli_json(["sites", "list"], cp.env)["sites"] if s["site_id"] == site_id)
+        assert shown["update_policy"] == "UPDATE_POLICY_AUTO", shown
+
+        page.get_by_label("Max uses").fill("1")
+        page.get_by_role("button", name="Issue token").click()
+        expect(page.get_by_role("heading", name="Enrollment token issued")).to_be_visible()
+        plaintext = page.locator("#plaintext").inner_text()
+        command = page.locator("#enroll-command").inner_text()
+        assert len(plaintext) > 20
+        assert plaintext not in command  # the command never carries the token
+        page.screenshot(path=shots / "token-issued.png")
+        _accessible(page, "token issued")
+        # Enrolled on the "collector host" exactly as the page says.
+        collector_id = collector.enroll(site_id, issued={"enroll_command": command, "plaintext": plaintext})
+
+        page.goto(f"{base}/collectors?site={site_id}")
+        expect(page.get_by_role("link", name=collector_id)).to_be_visible()
+        page.goto(f"{base}/sites/{site_id}")
+        expect(page.get_by_text("0 of 1")).to_be_visible()  # the token was used
+        assert plaintext not in page.content()  # only its prefix is ever listed
+        page.screenshot(path=shots / "site.png", full_page=True)
+        _accessible(page, "site")
+
+        # A second token, revoked from the page.
+        page.get_by_role("button", name="Issue token").click()
+        page.get_by_role("link", name="Back to the site").click()
+        active = page.get_by_role("button", name=re.compile("Revoke token"))
+        expect(active).to_have_count(1)
+        active.click()
+        expect(page.get_by_role("status")).to_contain_text("Token revoked")
+        statuses = {t["status"] for t in cli_json(["tokens", "list", "--site", site_id], cp.env)["tokens"]}
+        assert statuses == {"TOKEN_STATUS_EXHAUSTED", "TOKEN_STATUS_REVOKED"}, statuses
+    finally:
+        context.close()
         collector.stop()
