@@ -56,7 +56,16 @@ def test_each_role_sees_exactly_the_actions_the_services_allow_it() -> None:
     assert seen == {
         "viewer": {"probe"},
         "operator": {"probe", "drain", "undrain", "resolve"},
-        "collector-admin": {"probe", "drain", "undrain", "revoke", "resolve"},
+        "collector-admin": {
+            "probe",
+            "drain",
+            "undrain",
+            "revoke",
+            "resolve",
+            "site_policy",
+            "issue_token",
+            "revoke_token",
+        },
         "platform": set(),
     }
 
