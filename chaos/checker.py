@@ -283,10 +283,23 @@ def outside_windows(
     error (500, INTERNAL) counts anywhere: a fault should make things unavailable, never broken."""
     return [
         f"{what} at +{at - origin:.1f}s "
-        + ("(internal error)" if _internal(what) else "outside any fault window")
+        + (
+            "(internal error)"
+            if _internal(what)
+            else "outside any fault window" + _nearest(at, windows, origin)
+        )
         for at, what in errors
         if _internal(what) or not any(w.covers(at) for w in windows)
     ]
+
+
+def _nearest(at: float, windows: Sequence[Window], origin: float) -> str:
+    """The server-side fault that ended last before ``at``, to read a violation by."""
+    before = [w for w in windows if w.kind in SERVER_SIDE and w.ended <= at]
+    if not before:
+        return ""
+    w = max(before, key=lambda w: w.ended)
+    return f" (last server-side fault: {w.kind} +{w.started - origin:.1f}s to +{w.ended - origin:.1f}s)"
 
 
 def _internal(what: str) -> bool:

@@ -69,7 +69,9 @@ def test_errors_outside_fault_windows_and_internal_errors_anywhere() -> None:
     problems = checker.outside_windows(errors, windows, origin=90.0)
     assert problems == [
         "POST /api/collector/v1/claim 500 at +11.0s (internal error)",
-        "outside 503 at +110.0s outside any fault window",
+        # Named with the server-side fault before it, to read a failure by.
+        "outside 503 at +110.0s outside any fault window"
+        " (last server-side fault: router_restart +10.0s to +13.0s)",
     ]
 
 
