@@ -7,6 +7,7 @@ operator's token (:mod:`console.backend`), so the services' RBAC decides, never 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,19 @@ class Console:
     async def session(self, request: Request) -> Session | None:
         return await self.sessions.load(request.cookies.get(COOKIE))
 
+    def signed_in(
+        self, handler: Callable[[Request, Session], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """A page handler that needs a session: without one the browser goes to the sign-in page."""
+
+        async def page(request: Request) -> Response:
+            session = await self.session(request)
+            if session is None:
+                return RedirectResponse("/signin", status_code=303)
+            return await handler(request, session)
+
+        return page
+
     async def checked_post(self, request: Request) -> tuple[Session, dict[str, str]]:
         """The session and form of a POST, after the origin and CSRF checks."""
         security.same_origin(
@@ -150,10 +164,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         response.delete_cookie(COOKIE, path="/", secure=True, httponly=True, samesite="strict")
         return response
 
-    async def collectors(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def collectors(request: Request, session: Session) -> Response:
         q = request.query_params
         query, site, page = q.get("q", "")[:200], q.get("site", "")[:200], q.get("page", "")[:500]
         try:
@@ -162,10 +173,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
             return console.failed(exc, session)
         return console.page("collectors.html", session=session, page=listed, query=query, site=site)
 
-    async def collector(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def collector(request: Request, session: Session) -> Response:
         return await _detail(
             session, request.path_params["collector_id"], DONE.get(request.query_params.get("done", ""), "")
         )
@@ -177,10 +185,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
             return console.failed(exc, session)
         return console.page("collector.html", status, session=session, c=view, notice=notice)
 
-    async def confirm(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def confirm(request: Request, session: Session) -> Response:
         action = request.path_params["action"]
         if action not in CONSEQUENCE:
             return console.refusal(404, "not_found", "no such action", session)
@@ -206,10 +211,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
             return await _detail(session, collector_id, said)
         return RedirectResponse(f"/collectors/{collector_id}?done={action}", status_code=303)
 
-    async def audit(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def audit(request: Request, session: Session) -> Response:
         q = request.query_params
         subject, actor, action = (
             q.get("subject", "")[:200],
@@ -232,13 +234,13 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         Route("/signin", signin_page, methods=["GET"]),
         Route("/signin", signin, methods=["POST"]),
         Route("/signout", signout, methods=["POST"]),
-        Route("/collectors", collectors),
-        Route("/collectors/{collector_id}", collector),
-        Route("/collectors/{collector_id}/confirm/{action}", confirm),
+        Route("/collectors", console.signed_in(collectors)),
+        Route("/collectors/{collector_id}", console.signed_in(collector)),
+        Route("/collectors/{collector_id}/confirm/{action}", console.signed_in(confirm)),
         Route("/collectors/{collector_id}/{action}", act, methods=["POST"]),
         *queue_pages.routes(console),
         *site_pages.routes(console),
-        Route("/audit", audit),
+        Route("/audit", console.signed_in(audit)),
         Route("/healthz", healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -16,6 +16,7 @@ from console.queue_views import OUTCOMES, RESOLUTIONS
 
 if TYPE_CHECKING:
     from console.app import Console
+    from console.sessions import Session
 
 log = get_logger("versus.console")
 MAX_NOTE = 1000
@@ -24,10 +25,7 @@ MAX_NOTE = 1000
 def routes(console: Console) -> list[Route]:
     backend = console.backend
 
-    async def queue(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def queue(request: Request, session: Session) -> Response:
         q = request.query_params
         outcome = q.get("outcome", "all")
         if outcome not in OUTCOMES:
@@ -44,10 +42,7 @@ def routes(console: Console) -> list[Route]:
             collector=collector,
         )  # fmt: skip
 
-    async def dispatch(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def dispatch(request: Request, session: Session) -> Response:
         try:
             d, task = await backend.dispatch(session.token, request.path_params["dispatch_id"])
         except VersusError as exc:
@@ -76,7 +71,7 @@ def routes(console: Console) -> list[Route]:
         return RedirectResponse(target, status_code=303)
 
     return [
-        Route("/queue", queue),
-        Route("/queue/{dispatch_id}", dispatch),
+        Route("/queue", console.signed_in(queue)),
+        Route("/queue/{dispatch_id}", console.signed_in(dispatch)),
         Route("/tasks/{task_id}/resolve", resolve, methods=["POST"]),
     ]

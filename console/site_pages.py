@@ -16,6 +16,7 @@ from console.site_views import APPROVALS, CHANNELS, POLICIES
 
 if TYPE_CHECKING:
     from console.app import Console
+    from console.sessions import Session
 
 log = get_logger("versus.console")
 
@@ -33,20 +34,14 @@ def _number(fields: dict[str, str], name: str) -> int:
 def routes(console: Console) -> list[Route]:
     backend = console.backend
 
-    async def sites(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def sites(request: Request, session: Session) -> Response:
         try:
             listed, next_page = await backend.sites(session.token, request.query_params.get("page", "")[:500])
         except VersusError as exc:
             return console.failed(exc, session)
         return console.page("sites.html", session=session, sites=listed, next_page=next_page)
 
-    async def site(request: Request) -> Response:
-        session = await console.session(request)
-        if session is None:
-            return RedirectResponse("/signin", status_code=303)
+    async def site(request: Request, session: Session) -> Response:
         try:
             found, tokens = await backend.site(session.token, request.path_params["site_id"])
         except VersusError as exc:
@@ -117,8 +112,8 @@ def routes(console: Console) -> list[Route]:
         return RedirectResponse(f"/sites/{site_id}?done=revoked" if site_id else "/sites", status_code=303)
 
     return [
-        Route("/sites", sites),
-        Route("/sites/{site_id}", site),
+        Route("/sites", console.signed_in(sites)),
+        Route("/sites/{site_id}", console.signed_in(site)),
         Route("/sites/{site_id}/policy", policy, methods=["POST"]),
         Route("/sites/{site_id}/tokens", issue, methods=["POST"]),
         Route("/tokens/{token_id}/revoke", revoke, methods=["POST"]),
