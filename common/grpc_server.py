@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -52,6 +52,44 @@ S = TypeVar("S")
 
 AUTHORIZATION_HEADER = "authorization"
 
+# How long a stop waits, after grpc.aio has cancelled the calls still running, for their handlers
+# to unwind (return database connections to their pool, close streams) before it gives up.
+HANDLER_UNWIND_S = 5.0
+
+
+class InFlight:
+    """Counts the RPC handlers running now, so a stop can wait until they have unwound.
+
+    ``grpc.aio.Server.stop`` returns as soon as it has cancelled the calls still in flight, before
+    their ``finally`` blocks and context managers have run. A caller that then disposes the
+    database engine or ends the event loop would cut a connection's return to its pool short: the
+    connection is leaked, and found later by the garbage collector.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def tracking(self) -> Iterator[None]:
+        """Count the enclosed handler as running until it has unwound."""
+        self.count += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._idle.set()
+
+    async def settled(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for no handler to be running; whether none is."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        return self.count == 0
+
 
 class Authenticator(Protocol):
     async def authenticate(self, plaintext: str) -> rbac.Principal | None: ...
@@ -84,6 +122,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def __init__(self, authenticator: Authenticator):
         self.authenticator = authenticator
+        self.in_flight = InFlight()
 
     async def intercept_service(
         self,
@@ -146,6 +185,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         service, method = call.service, call.method
 
         async def wrapped(request: Any, context: Context) -> Any:
+            with self.in_flight.tracking():
+                return await handle(request, context)
+
+        async def handle(request: Any, context: Context) -> Any:
             bind_request_id(call.request_id)
             bound = rbac.bind(None)
             started = time.perf_counter()
@@ -177,6 +220,16 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         service, method = call.service, call.method
 
         async def wrapped(request: Any, context: Context) -> AsyncIterator[Any]:
+            stream = handle(request, context)
+            with self.in_flight.tracking():
+                try:
+                    async for item in stream:
+                        yield item
+                finally:
+                    # Unwound here, where it is counted, not later by garbage collection.
+                    await stream.aclose()
+
+        async def handle(request: Any, context: Context) -> AsyncGenerator[Any, None]:
             bind_request_id(call.request_id)
             bound = rbac.bind(None)
             started = time.perf_counter()
@@ -320,9 +373,8 @@ class GrpcServer:
         self.address = f"{host}:{port}"
         self.services = list(services)
         self.health = HealthServicer()
-        self.server = grpc.aio.server(
-            interceptors=[ServiceInterceptor(authenticator)], options=SERVER_OPTIONS
-        )
+        self.interceptor = ServiceInterceptor(authenticator)
+        self.server = grpc.aio.server(interceptors=[self.interceptor], options=SERVER_OPTIONS)
 
     async def start(self) -> None:
         for reg in self.services:
@@ -343,6 +395,14 @@ class GrpcServer:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float) -> None:
-        """Report NOT_SERVING, let in-flight RPCs finish within ``grace``, then close."""
+        """Report NOT_SERVING, let in-flight RPCs finish within ``grace``, then close.
+
+        Returns once the handlers of the calls cancelled at the end of ``grace`` have unwound too
+        (at most :data:`HANDLER_UNWIND_S` more), so what they held is released before the caller
+        closes it.
+        """
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        in_flight = self.interceptor.in_flight
+        if not await in_flight.settled(HANDLER_UNWIND_S):
+            log.warning("rpc_handlers_still_running", server=self.name, count=in_flight.count)

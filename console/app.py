@@ -31,12 +31,22 @@ HERE = Path(__file__).parent
 OPERATOR_ROLES = ("viewer", "operator", "collector-admin")
 # What an action's confirmation says will happen (seed 001), before the operator commits to it.
 CONSEQUENCE = {
+    "approve": "The collector becomes active: work for its site may be routed to it.",
+    "deny": "The collector is refused for good; it cannot be approved later and must enroll again.",
+    "apply_update": "The collector downloads the latest release for its site's channel, verifies its "
+    "signature and restarts into it; a failed start rolls back.",
+    "cancel_update": "The update is withdrawn: a collector that has not started it stays on its version.",
     "drain": "No new work will be routed to this collector. Work already running finishes.",
     "undrain": "The collector will take new work again.",
     "revoke": "Its certificate will no longer be accepted and every live session is closed at once. "
     "There is no undo: the only way back is enrolling again with a new token.",
 }
 DONE = {
+    "approve": "Approved: the collector is active.",
+    "deny": "Denied: the collector is refused for good.",
+    "apply_update": "Update applied: the collector installs it at its next claim.",
+    "cancel_update": "Update cancelled.",
+    "vault": "Vault mode changed: the collector restarts into it with its next signed config.",
     "drain": "Drained: no new work is routed to this collector; running work finishes.",
     "undrain": "Undrained: the collector takes new work again.",
     "revoke": "Revoked: its certificate is refused and its sessions were closed.",
@@ -165,13 +175,16 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         return response
 
     async def collectors(request: Request, session: Session) -> Response:
-        q = request.query_params
-        query, site, page = q.get("q", "")[:200], q.get("site", "")[:200], q.get("page", "")[:500]
+        filters = views.CollectorFilters.parse(request.query_params)
+        page = request.query_params.get("page", "")[:500]
         try:
-            listed = await backend.collectors(session.token, query, site, page)
+            listed = await backend.collectors(session.token, filters, page)
         except VersusError as exc:
             return console.failed(exc, session)
-        return console.page("collectors.html", session=session, page=listed, query=query, site=site)
+        return console.page(
+            "collectors.html", session=session, page=listed, f=filters,
+            statuses=views.STATUS.values(), sessions=views.SESSION.values(),
+        )  # fmt: skip
 
     async def collector(request: Request, session: Session) -> Response:
         return await _detail(
@@ -191,7 +204,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
             return console.refusal(404, "not_found", "no such action", session)
         return console.page(
             "confirm.html", session=session, collector_id=request.path_params["collector_id"], action=action,
-            consequence=CONSEQUENCE[action],
+            consequence=CONSEQUENCE[action], label=action.replace("_", " ").capitalize(),
         )  # fmt: skip
 
     async def act(request: Request) -> Response:
@@ -203,7 +216,14 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         except security.Refused as exc:
             return console.refusal(exc.status, exc.code, str(exc))
         try:
-            said = await backend.act(session.token, action, collector_id, fields.get("reason", "")[:500])
+            if action == "vault":
+                await backend.set_vault(
+                    session.token, collector_id, fields.get("mode", ""),
+                    fields.get("integration_id", "")[:200], fields.get("secret_id", "")[:4096],
+                )  # fmt: skip
+                said = ""
+            else:
+                said = await backend.act(session.token, action, collector_id, fields.get("reason", "")[:500])
         except VersusError as exc:
             return console.failed(exc, session)
         log.info("console action", operator=session.name, action=action, collector_id=collector_id)

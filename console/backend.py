@@ -6,7 +6,7 @@ dataclasses (:mod:`console.views`), so templates never see protobuf messages.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -17,7 +17,7 @@ from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
 from common import error_mapping
-from common.errors import Unavailable, VersusError
+from common.errors import InvalidArgument, Unavailable, VersusError
 from common.grpc_server import AUTHORIZATION_HEADER
 from common.pb_struct import integral
 from console.queue_views import (
@@ -40,8 +40,12 @@ from console.site_views import (
     token_view,
 )
 from console.views import (
+    SESSION,
+    STATUS,
+    VAULT_NAME,
     AuditEntry,
     AuditPage,
+    CollectorFilters,
     CollectorPage,
     CollectorView,
     Identity,
@@ -95,14 +99,13 @@ class Backend:
         tenants = ("*",) if reply.all_tenants else tuple(reply.tenants)
         return Identity(reply.name, _ROLES.get(reply.role, "unknown"), tenants)
 
-    async def collectors(self, token: str, query: str, site_id: str, page_token: str) -> CollectorPage:
-        reply = await self._call(
-            self._fleet.ListCollectors,
-            fleet_pb2.ListCollectorsRequest(
-                query=query, site_id=site_id, page_size=PAGE_SIZE, page_token=page_token
-            ),
-            token,
-        )
+    async def collectors(self, token: str, filters: CollectorFilters, page_token: str) -> CollectorPage:
+        request = fleet_pb2.ListCollectorsRequest(
+            query=filters.q, site_id=filters.site, page_size=PAGE_SIZE, page_token=page_token,
+            status=_number(STATUS, filters.status), session_state=_number(SESSION, filters.session),
+            agent_version=filters.version, driver=filters.driver,
+        )  # fmt: skip
+        reply = await self._call(self._fleet.ListCollectors, request, token)
         return CollectorPage(
             [collector_view(c) for c in reply.collectors], reply.next_page_token, reply.outdated_count
         )
@@ -124,6 +127,13 @@ class Backend:
             return f"Probe: {verdict} (last heartbeat {age}, queue depth {probe.queue_depth})."
         fleet = self._fleet
         calls: dict[str, tuple[Callable[..., Awaitable[Any]], Any]] = {
+            "approve": (fleet.ApproveCollector, fleet_pb2.ApproveCollectorRequest(collector_id=collector_id)),
+            "deny": (
+                fleet.DenyCollector,
+                fleet_pb2.DenyCollectorRequest(collector_id=collector_id, reason=reason),
+            ),
+            "apply_update": (fleet.ApplyUpdate, fleet_pb2.ApplyUpdateRequest(collector_id=collector_id)),
+            "cancel_update": (fleet.CancelUpdate, fleet_pb2.CancelUpdateRequest(collector_id=collector_id)),
             "drain": (fleet.DrainCollector, fleet_pb2.DrainCollectorRequest(collector_id=collector_id)),
             "undrain": (fleet.UndrainCollector, fleet_pb2.UndrainCollectorRequest(collector_id=collector_id)),
             "revoke": (
@@ -136,6 +146,18 @@ class Backend:
             await self._call(method, request, token)
             return ""
         raise ValueError(action)
+
+    async def set_vault(
+        self, token: str, collector_id: str, mode: str, integration_id: str, secret_id: str
+    ) -> None:
+        """Switch the collector's credential vault mode (it restarts into it: docs/vault.md)."""
+        number = _number(VAULT_NAME, mode)
+        if not number:
+            raise InvalidArgument(f"no vault mode {mode!r}", code="vault_mode_invalid")
+        request = fleet_pb2.SetVaultModeRequest(
+            collector_id=collector_id, vault_mode=number, integration_id=integration_id, secret_id=secret_id
+        )
+        await self._call(self._fleet.SetVaultMode, request, token)
 
     async def audit(self, token: str, subject: str, actor: str, action: str, page_token: str) -> AuditPage:
         request = access_pb2.ListAuditEventsRequest(
@@ -230,3 +252,8 @@ class Backend:
 def _error(exc: grpc.aio.AioRpcError, address: str) -> VersusError:
     unreachable = Unavailable(f"the control plane at {address} did not answer", code="backend_unavailable")
     return error_mapping.from_rpc_error(exc, unreachable)
+
+
+def _number(names: Mapping[Any, str], name: str) -> Any:
+    """The enum number a view name stands for (0, unspecified, for none)."""
+    return next((number for number, named in names.items() if named == name), 0)

@@ -4,7 +4,9 @@ API's messages into them (the edge: templates and handlers never touch protobuf)
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from versus.fleet.v1 import fleet_pb2 as pb
@@ -30,6 +32,12 @@ VAULT = {
     pb.VAULT_MODE_CLOUD_RELAYED: "B — Cloud-Relayed",
     pb.VAULT_MODE_EXTERNAL: "C — External Secret Manager",
 }
+# The vault-mode switch's values (the form's), to and from the API's enum.
+VAULT_NAME = {
+    pb.VAULT_MODE_LOCAL: "local",
+    pb.VAULT_MODE_CLOUD_RELAYED: "cloud_relayed",
+    pb.VAULT_MODE_EXTERNAL: "external",
+}
 BADGE = {
     pb.UPDATE_BADGE_UP_TO_DATE: "Up to date",
     pb.UPDATE_BADGE_UPDATE_AVAILABLE: "Update available",
@@ -40,10 +48,15 @@ BADGE = {
 _FLEET = "/versus.fleet.v1.FleetService/"
 # Each action a page offers, and the RPC whose policy decides who sees it.
 ACTION_RPC = {
+    "approve": _FLEET + "ApproveCollector",
+    "deny": _FLEET + "DenyCollector",
     "probe": _FLEET + "ProbeCollector",
     "drain": _FLEET + "DrainCollector",
     "undrain": _FLEET + "UndrainCollector",
     "revoke": _FLEET + "RevokeCollector",
+    "apply_update": _FLEET + "ApplyUpdate",
+    "cancel_update": _FLEET + "CancelUpdate",
+    "vault": _FLEET + "SetVaultMode",
     "resolve": "/versus.router.v1.TaskRouterService/ResolveIndeterminate",
     "site_policy": "/versus.enrollment.v1.EnrollmentService/UpdateSite",
     "issue_token": "/versus.enrollment.v1.EnrollmentService/IssueEnrollmentToken",
@@ -108,11 +121,18 @@ class CollectorView:
     update_badge: str
     latest_version: str
     update_policy: str
+    target_version: str = ""
+    vault_mode_name: str = ""  # the recorded mode as SetVaultMode names it (local, cloud_relayed, external)
     drivers: list[Driver] = field(default_factory=list)
 
     @property
     def update_available(self) -> bool:
         return self.update_badge == "Update available"
+
+    @property
+    def update_pending(self) -> bool:
+        """An update was applied and has not finished: it can still be cancelled."""
+        return bool(self.target_version) and self.update_badge in ("Updating…", "Update available")
 
 
 @dataclass(frozen=True)
@@ -129,6 +149,38 @@ class AuditEntry:
 class AuditPage:
     events: list[AuditEntry]
     next_page_token: str
+
+
+@dataclass(frozen=True)
+class CollectorFilters:
+    """The Collectors page's search and filters, as the query string carries them."""
+
+    q: str = ""
+    site: str = ""
+    status: str = ""  # a value of STATUS, or empty: any
+    session: str = ""  # a value of SESSION, or empty: any
+    version: str = ""
+    driver: str = ""
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str]) -> CollectorFilters:
+        """Bounded, and an unknown status or session is no filter (the form only offers known ones)."""
+        status, session = params.get("status", ""), params.get("session", "")
+        return cls(
+            q=params.get("q", "")[:200],
+            site=params.get("site", "")[:200],
+            status=status if status in STATUS.values() else "",
+            session=session if session in SESSION.values() else "",
+            version=params.get("version", "")[:100],
+            driver=params.get("driver", "")[:100],
+        )
+
+    def query(self, page: str = "") -> str:
+        """The query string of these filters (and a page), for links."""
+        values = {k: v for k, v in asdict(self).items() if v}
+        if page:
+            values["page"] = page
+        return urllib.parse.urlencode(values)
 
 
 @dataclass(frozen=True)
@@ -161,6 +213,8 @@ def collector_view(c: pb.Collector) -> CollectorView:
         update_badge=BADGE.get(c.update.badge, "") if c.HasField("update") else "",
         latest_version=c.update.latest_version if c.HasField("update") else "",
         update_policy=c.update.policy if c.HasField("update") else "",
+        target_version=c.update.target_version if c.HasField("update") else "",
+        vault_mode_name=VAULT_NAME.get(c.vault_mode, ""),
         drivers=[
             Driver(d.provider, d.max_concurrency,
                    [Operation(o.name, o.op_class, o.timeout_s, o.parallel_safe) for o in d.operations])

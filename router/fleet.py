@@ -83,6 +83,44 @@ class CollectorView:
         return str(self.row["collector_id"])
 
 
+@dataclass(frozen=True, slots=True)
+class ListFilters:
+    """What the collector list keeps beyond its SQL filters, judged on each view: the effective
+    status, the session state now, the running version and whether it is behind its release."""
+
+    outdated: bool = False
+    status: CollectorStatus | None = None
+    session: SessionState | None = None
+    version: str = ""
+
+    @property
+    def stored_status(self) -> tuple[str, ...]:
+        """The stored statuses that can have the effective one (narrows the SQL)."""
+        if self.status is None:
+            return ()
+        if self.status is CollectorStatus.EXPIRED:
+            return (CollectorStatus.PENDING.value, CollectorStatus.ACTIVE.value)
+        return (self.status.value,)
+
+    @property
+    def on_views(self) -> bool:
+        return self.outdated or self.status is not None or self.session is not None or bool(self.version)
+
+    def keeps(self, view: CollectorView) -> bool:
+        if self.status is not None and view.status is not self.status:
+            return False
+        if self.session is not None and view.session.state is not self.session:
+            return False
+        running = view.update.running_version if view.update is not None else ""
+        if self.version and running != self.version:
+            return False
+        return not self.outdated or (
+            view.status is CollectorStatus.ACTIVE
+            and view.update is not None
+            and update_policy.outdated(view.update.running_version, view.update.latest_version)
+        )
+
+
 def _int(value: str | None) -> int:
     try:
         return int(value) if value else 0
@@ -122,10 +160,10 @@ class Fleet:
         ids = [r["collector_id"] for r in rows]
         loads = await self.router.in_flight.get(ids) if ids else {}
         views = []
+        sessions = await self.router.liveness.sessions(ids)
         for row in rows:
             cid = row["collector_id"]
-            last = await self.router.liveness.last_seen(cid)
-            details = await self.router.liveness.session(cid)
+            last, details = sessions[cid]
             drained = bool(row["draining"])
             self_draining = details.get("draining") == "1"
             age = fleet_state.heartbeat_age(last, now)
@@ -177,26 +215,22 @@ class Fleet:
         after: str,
         limit: int,
         expiring_within: dt.timedelta | None = None,
-        outdated: bool = False,
+        driver: str = "",
+        filters: ListFilters = ListFilters(),
     ) -> list[CollectorView]:
-        """Up to ``limit`` collectors after ``after``; ``outdated`` keeps only those behind the latest
-        release (checked on each page read, so several pages may be read to fill one)."""
+        """Up to ``limit`` collectors after ``after``. ``filters`` are checked on each page read
+        (status, session and version live partly in Redis), so several pages may be read to fill
+        one; ``driver`` and the rest narrow the SQL."""
         found: list[CollectorView] = []
         while len(found) < limit:
             async with self.engine.connect() as conn:
                 rows = await fleet_store.list_collectors(
                     conn, query=query, site_id=site_id, after=after, limit=limit,
-                    expiring_within=expiring_within,
+                    expiring_within=expiring_within, stored_status=filters.stored_status, driver=driver,
                 )  # fmt: skip
             views = await self._views(rows)
-            if outdated:
-                views = [
-                    v for v in views
-                    if v.status is CollectorStatus.ACTIVE and v.update is not None
-                    and update_policy.outdated(v.update.running_version, v.update.latest_version)
-                ]  # fmt: skip
-            found.extend(views)
-            if len(rows) < limit or not outdated:
+            found.extend(v for v in views if filters.keeps(v))
+            if len(rows) < limit or not filters.on_views:
                 break
             after = rows[-1]["collector_id"]
         return found[:limit]

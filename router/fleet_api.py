@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import TypeVar
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -17,11 +18,13 @@ from common.grpc_server import Context
 from common.pb_time import timestamp as _ts
 from common.rbac import current_actor
 from router.enrollment_client import forwarded
-from router.fleet import CollectorView, Fleet, UpdateView
+from router.fleet import CollectorView, Fleet, ListFilters, UpdateView
 from router.fleet_state import CollectorStatus, SessionState
 from router.releases import Header, Releases
 from router.update_policy import Badge
 from router.updates import Updates
+
+E = TypeVar("E")
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100
@@ -176,6 +179,16 @@ def integration_pb(row: RowMapping) -> pb.VaultIntegration:
     )
 
 
+def _from_pb(table: Mapping[E, int], value: int, field: str) -> E | None:
+    """The domain value of a filter enum (``None`` when unspecified)."""
+    if value == 0:
+        return None
+    for domain, number in table.items():
+        if number == value:
+            return domain
+    raise InvalidArgument(f"{field} {value} is not one this server knows", code=f"{field}_invalid")
+
+
 class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     """Collector list, detail and admin actions; releases and upgrades."""
 
@@ -191,9 +204,15 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         within = request.expiring_within.ToTimedelta() if request.HasField("expiring_within") else None
         if within is not None and within < dt.timedelta(0):
             raise InvalidArgument("expiring_within must not be negative", code="expiring_within_invalid")
+        filters = ListFilters(
+            outdated=request.outdated,
+            status=_from_pb(STATUS_TO_PB, request.status, "status"),
+            session=_from_pb(SESSION_TO_PB, request.session_state, "session_state"),
+            version=request.agent_version.strip(),
+        )
         views = await self.fleet.list(
             query=request.query.strip(), site_id=request.site_id, after=request.page_token, limit=size + 1,
-            expiring_within=within, outdated=request.outdated,
+            expiring_within=within, driver=request.driver.strip(), filters=filters,
         )  # fmt: skip
         page = views[:size]
         token = page[-1].collector_id if len(views) > size else ""

@@ -63,14 +63,22 @@ async def list_collectors(
     after: str,
     limit: int,
     expiring_within: dt.timedelta | None = None,
+    stored_status: Sequence[str] = (),
+    driver: str = "",
     columns: Sequence[Any] = (),
 ) -> Sequence[RowMapping]:
     """Collectors ordered by id; ``query`` matches id, hostname or site id (case-insensitive substring);
     ``expiring_within`` keeps pending and active collectors whose certificate expires that soon;
-    ``columns`` (default: everything a view shows) and ``limit`` 0 (no limit) serve counting."""
+    ``stored_status`` keeps those whose stored status is one of these; ``driver`` those whose
+    published capabilities list that provider; ``columns`` (default: everything a view shows) and
+    ``limit`` 0 (no limit) serve counting."""
     stmt = _joined(*columns).where(collectors.c.collector_id > after).order_by(collectors.c.collector_id)
     if limit:
         stmt = stmt.limit(limit)
+    if stored_status:
+        stmt = stmt.where(collectors.c.status.in_(list(stored_status)))
+    if driver:
+        stmt = stmt.where(collector_capabilities.c.manifest["providers"].has_key(driver))
     if expiring_within is not None:
         stmt = stmt.where(
             collectors.c.status.in_(["pending", "active"]),

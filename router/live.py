@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,6 +205,21 @@ class Liveness:
     async def last_seen(self, collector_id: str) -> float | None:
         score = await self.redis.zscore(_LIVE, collector_id)
         return None if score is None else float(score)
+
+    async def sessions(self, collector_ids: Sequence[str]) -> dict[str, tuple[float | None, dict[str, str]]]:
+        """:meth:`last_seen` and :meth:`session` of many collectors in one round trip (a page)."""
+        ids = list(collector_ids)
+        if not ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zmscore(_LIVE, ids)
+        for cid in ids:
+            pipe.hgetall(_SESSION + cid)
+        scores, *details = await pipe.execute()
+        return {
+            cid: (None if score is None else float(score), {_text(k): _text(v) for k, v in raw.items()})
+            for cid, score, raw in zip(ids, scores, details, strict=True)
+        }
 
 
 # Since when the live set has been tracked by this Redis server: "<run id>:<unix time>".

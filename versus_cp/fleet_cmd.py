@@ -32,6 +32,17 @@ from versus_cp import rpc
 from versus_cp.output import age, enum_name, fields, print_json, print_table, table, when
 
 EXIT_UNREACHABLE = 3
+# `collectors list --status/--session` values, as the list prints them.
+STATUS_FILTER = {
+    n.removeprefix("COLLECTOR_STATUS_").lower(): v
+    for n, v in pb.CollectorStatus.items()
+    if v != pb.COLLECTOR_STATUS_UNSPECIFIED
+}
+SESSION_FILTER = {
+    n.removeprefix("SESSION_STATE_").lower(): v
+    for n, v in pb.SessionState.items()
+    if v != pb.SESSION_STATE_UNSPECIFIED
+}
 
 # Letters as the product names them, and the words the API uses.
 VAULT_MODES = {
@@ -65,6 +76,12 @@ def add_collector_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument(
         "--outdated", action="store_true", help="only collectors behind the latest release on their channel"
     )
+    listing.add_argument("--status", choices=sorted(STATUS_FILTER), help="only collectors with this status")
+    listing.add_argument(
+        "--session", choices=sorted(SESSION_FILTER), help="only collectors whose session is in this state now"
+    )
+    listing.add_argument("--version", default="", help="only collectors running exactly this version")
+    listing.add_argument("--driver", default="", help="only collectors whose capabilities list this driver")
     parsers = [listing]
     for name, text in (
         ("show", "Identity, live session, driver capabilities and vault mode of one collector."),
@@ -237,8 +254,11 @@ def run_collectors(settings: Settings, args: argparse.Namespace) -> int:
         page = ""
         while True:
             request = pb.ListCollectorsRequest(
-                site_id=args.site, query=args.query, page_token=page, outdated=args.outdated
-            )
+                site_id=args.site, query=args.query, page_token=page, outdated=args.outdated,
+                status=STATUS_FILTER.get(args.status or "", pb.COLLECTOR_STATUS_UNSPECIFIED),
+                session_state=SESSION_FILTER.get(args.session or "", pb.SESSION_STATE_UNSPECIFIED),
+                agent_version=args.version, driver=args.driver,
+            )  # fmt: skip
             if args.expiring is not None:
                 request.expiring_within.FromTimedelta(args.expiring)
             reply = _call(settings, "ListCollectors", request)

@@ -78,6 +78,17 @@ def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[Contr
             "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "'unsafe-inline'" not in csp
         )
         assert client.get("/collectors", params={"q": "no-such-host"}).text.count("/collectors/col") == 0
+        # The filters: each narrows the list the services answer (the form sends them all).
+        version, driver = shown["update"]["running_version"], shown["drivers"][0]["provider"]
+        for params, listed in (
+            ({"status": "active", "session": "active", "version": version, "driver": driver}, True),
+            ({"session": "dead"}, False),
+            ({"status": "revoked"}, False),
+            ({"version": "0.0.0-nope"}, False),
+            ({"driver": "no-such-driver"}, False),
+        ):
+            page = client.get("/collectors", params={"q": "", "site": "", **params})
+            assert page.status_code == 200 and (f"/collectors/{collector_id}" in page.text) is listed, params
 
         detail = client.get(f"/collectors/{collector_id}")
         for card in ("Identity", "Live Session", "Driver Capabilities", "Agent Version", "Credential Vault"):
@@ -137,3 +148,56 @@ def test_a_viewer_sees_no_action_and_the_services_refuse_one_anyway(fleet: tuple
     with _console(cp) as client:
         answer = client.post("/signin", data={"token": platform}, headers=_origin(cp))
         assert answer.status_code == 403 and "operator" in answer.text
+
+
+def test_an_operator_approves_denies_and_switches_a_vault_mode(
+    fleet: tuple[ControlPlane, str], tmp_path: Path
+) -> None:
+    cp, collector_id = fleet
+    site_id = cli_json(["sites", "create", "site-approvals", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    waiting = []
+    for name in ("one", "two"):
+        issued = cli_json(["tokens", "issue", "--site", site_id, "--manual-approval"], cp.env)
+        waiting.append(Collector(cp, tmp_path / name, tmp_path / f"{name}.log").enroll(site_id, issued))
+    approved, denied = waiting
+
+    def status(cid: str) -> str:
+        return str(cli_json(["collectors", "show", cid], cp.env)["collector"]["status"])
+
+    with _console(cp) as client:
+        csrf = _sign_in(client, cp, cp.admin_token)
+        listed = client.get("/collectors", params={"status": "pending"}).text
+        assert f"/collectors/{approved}" in listed and f"/collectors/{collector_id}" not in listed
+        detail = client.get(f"/collectors/{approved}").text
+        assert f"/collectors/{approved}/confirm/approve" in detail and "confirm/drain" not in detail
+        confirm = client.get(f"/collectors/{denied}/confirm/deny").text
+        assert "cannot be approved later" in confirm  # the consequence, named before the commit
+        for cid, action in ((approved, "approve"), (denied, "deny")):
+            done = client.post(
+                f"/collectors/{cid}/{action}", data={"csrf": csrf, "reason": "not ours"}, headers=_origin(cp)
+            )
+            assert done.status_code == 303, done.text
+        assert (status(approved), status(denied)) == ("COLLECTOR_STATUS_ACTIVE", "COLLECTOR_STATUS_DENIED")
+        again = client.post(f"/collectors/{denied}/approve", data={"csrf": csrf}, headers=_origin(cp))
+        assert again.status_code == 412  # FAILED_PRECONDITION from the service, by the one table
+        assert status(denied) == "COLLECTOR_STATUS_DENIED"
+
+        assert 'value="local" checked' in client.get(f"/collectors/{collector_id}").text
+        switched = client.post(
+            f"/collectors/{collector_id}/vault",
+            data={"csrf": csrf, "mode": "cloud_relayed"},
+            headers=_origin(cp),
+        )
+        assert switched.status_code == 303, switched.text
+        shown = cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+        assert shown["vault_mode"] == "VAULT_MODE_CLOUD_RELAYED"
+        bad = client.post(
+            f"/collectors/{collector_id}/vault", data={"csrf": csrf, "mode": "nope"}, headers=_origin(cp)
+        )
+        assert bad.status_code == 400 and "vault_mode_invalid" in bad.text
+        forged = client.post(f"/collectors/{collector_id}/vault", data={"csrf": "x", "mode": "local"},
+                             headers=_origin(cp))  # fmt: skip
+        assert forged.status_code == 403
+        assert cli_json(["collectors", "show", collector_id], cp.env)["collector"]["vault_mode"] == (
+            "VAULT_MODE_CLOUD_RELAYED"
+        )

@@ -109,6 +109,46 @@ async def test_list_search_and_detail(stack: Stack, admin: Ops) -> None:
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_the_list_filters_by_status_session_version_and_driver(stack: Stack, admin: Ops) -> None:
+    await _connected(stack, "col-f-live")
+    for name in ("col-f-idle", "col-f-revoked", "col-f-expired"):
+        await stack.enroll(name)
+    async with stack.router.engine.begin() as conn:
+        await conn.execute(update(collectors).where(collectors.c.collector_id == "col-f-revoked").values(
+            status="revoked"
+        ))  # fmt: skip
+        await conn.execute(update(collectors).where(collectors.c.collector_id == "col-f-expired").values(
+            cert_not_after=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
+        ))  # fmt: skip
+
+    async def ids(**filters: Any) -> list[str]:
+        found, page = [], ""
+        while True:  # page by page, one at a time: filtered pages are filled across reads
+            reply = await admin.fleet.ListCollectors(
+                fpb.ListCollectorsRequest(page_size=1, page_token=page, **filters)
+            )
+            found += [c.collector_id for c in reply.collectors]
+            page = reply.next_page_token
+            if not page:
+                return found
+
+    assert await ids(status=fpb.COLLECTOR_STATUS_ACTIVE) == ["col-f-idle", "col-f-live"]
+    assert await ids(status=fpb.COLLECTOR_STATUS_REVOKED) == ["col-f-revoked"]
+    assert await ids(status=fpb.COLLECTOR_STATUS_EXPIRED) == ["col-f-expired"]
+    assert await ids(session_state=fpb.SESSION_STATE_ACTIVE) == ["col-f-live"]
+    assert await ids(session_state=fpb.SESSION_STATE_DEAD) == ["col-f-expired", "col-f-idle", "col-f-revoked"]
+    assert await ids(driver="stub") == ["col-f-live"]
+    assert await ids(driver="ssh") == []
+    running = (await _show(admin, "col-f-live")).update.running_version
+    assert running and await ids(agent_version=running, session_state=fpb.SESSION_STATE_ACTIVE) == [
+        "col-f-live"
+    ]
+    assert await ids(agent_version="0.0.0-nope") == []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await admin.fleet.ListCollectors(fpb.ListCollectorsRequest(status=99))  # type: ignore[arg-type]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and _code(info.value) == "status_invalid"
+
+
 async def test_certificates_expiring_soon_are_listed_and_the_soonest_is_a_gauge(
     stack: Stack, admin: Ops
 ) -> None:

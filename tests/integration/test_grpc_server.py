@@ -4,9 +4,11 @@ own tests (test_access.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
@@ -39,9 +41,21 @@ class StaticTokens:
 
 
 class Router(task_router_pb2_grpc.TaskRouterServiceServicer):
+    # "slow": the handler holds a resource and takes a moment to give it back when cancelled
+    # (as a database connection's return to its pool does).
+    slow_started: ClassVar[asyncio.Event] = asyncio.Event()
+    slow_released: ClassVar[list[float]] = []
+
     async def GetTask(
         self, request: task_router_pb2.GetTaskRequest, context: Context
     ) -> task_router_pb2.GetTaskResponse:
+        if request.task_id == "slow":
+            Router.slow_started.set()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                await asyncio.shield(asyncio.sleep(0.3))
+                Router.slow_released.append(time.monotonic())
         if request.task_id == "boom":
             raise RuntimeError(f"lost connection to {SECRET}")
         raise NotFound(f"task {request.task_id} does not exist", code="task_not_found")
@@ -75,6 +89,25 @@ async def test_health_reports_each_service_serving(server: GrpcServer) -> None:
             "": health_pb2.HealthCheckResponse.SERVING,
             "versus.router.v1.TaskRouterService": health_pb2.HealthCheckResponse.SERVING,
         }
+
+
+async def test_stop_returns_once_cancelled_handlers_have_released_what_they_held(server: GrpcServer) -> None:
+    # grpc.aio's own stop returns as soon as it has cancelled the call; the database engine is
+    # disposed next, and a connection still on its way back to the pool was leaked.
+    srv = server
+    Router.slow_started.clear()
+    Router.slow_released.clear()
+    async with aio_channel(srv.address, PLATFORM_TOKEN) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        call = stub.GetTask(task_router_pb2.GetTaskRequest(task_id="slow"))
+        await asyncio.wait_for(Router.slow_started.wait(), 10)
+        assert srv.interceptor.in_flight.count == 1
+        await srv.stop(0)
+        stopped = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await call
+    assert len(Router.slow_released) == 1 and Router.slow_released[0] <= stopped
+    assert srv.interceptor.in_flight.count == 0
 
 
 async def test_reflection_lists_services(server: GrpcServer) -> None:

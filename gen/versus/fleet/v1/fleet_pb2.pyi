@@ -480,6 +480,10 @@ class ListCollectorsRequest(_message.Message):
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     EXPIRING_WITHIN_FIELD_NUMBER: _builtins.int
     OUTDATED_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SESSION_STATE_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    DRIVER_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     query: _builtins.str
     """Matches collector id, hostname or site id."""
@@ -487,6 +491,18 @@ class ListCollectorsRequest(_message.Message):
     page_token: _builtins.str
     outdated: _builtins.bool
     """Only collectors not running the latest release on their site's channel."""
+    status: Global___CollectorStatus.ValueType
+    """Only collectors with this effective status (expired: a pending or active collector whose
+    certificate has ended). Unset: any.
+    """
+    session_state: Global___SessionState.ValueType
+    """Only collectors whose session is in this state now. Unset: any."""
+    agent_version: _builtins.str
+    """Only collectors running exactly this version (as their session reports it, else their last
+    published capabilities, else the version they enrolled with).
+    """
+    driver: _builtins.str
+    """Only collectors whose published capabilities list this driver (provider), e.g. "ssh"."""
     @_builtins.property
     def expiring_within(self) -> _duration_pb2.Duration:
         """Only collectors whose certificate expires within this long (expired ones included);
@@ -502,10 +518,14 @@ class ListCollectorsRequest(_message.Message):
         page_token: _builtins.str = ...,
         expiring_within: _duration_pb2.Duration | None = ...,
         outdated: _builtins.bool = ...,
+        status: Global___CollectorStatus.ValueType = ...,
+        session_state: Global___SessionState.ValueType = ...,
+        agent_version: _builtins.str = ...,
+        driver: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expiring_within", b"expiring_within", "outdated", b"outdated", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "site_id", b"site_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "driver", b"driver", "expiring_within", b"expiring_within", "outdated", b"outdated", "page_size", b"page_size", "page_token", b"page_token", "query", b"query", "session_state", b"session_state", "site_id", b"site_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
