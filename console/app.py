@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.error_mapping import status_for
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.logs import get_logger
-from console import queue_pages, security, site_pages, views
+from console import live, queue_pages, security, site_pages, views
 from console.backend import Backend
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
 
@@ -124,7 +124,13 @@ class Console:
         return session, fields
 
 
-def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...]) -> ASGIApp:
+def create_app(
+    backend: Backend,
+    sessions: SessionStore,
+    origins: tuple[str, ...],
+    stopping: Callable[[], bool] = lambda: False,
+) -> ASGIApp:
+    """The console's ASGI app; ``stopping`` says the server is shutting down (live streams end)."""
     console = Console(backend, sessions, origins)
 
     async def home(request: Request) -> Response:
@@ -182,7 +188,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         except VersusError as exc:
             return console.failed(exc, session)
         return console.page(
-            "collectors.html", session=session, page=listed, f=filters,
+            "collectors.html", session=session, page=listed, f=filters, live=True,
             statuses=views.STATUS.values(), sessions=views.SESSION.values(),
         )  # fmt: skip
 
@@ -196,7 +202,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
             view = await backend.collector(session.token, collector_id)
         except VersusError as exc:
             return console.failed(exc, session)
-        return console.page("collector.html", status, session=session, c=view, notice=notice)
+        return console.page("collector.html", status, session=session, c=view, notice=notice, live=True)
 
     async def confirm(request: Request, session: Session) -> Response:
         action = request.path_params["action"]
@@ -261,6 +267,7 @@ def create_app(backend: Backend, sessions: SessionStore, origins: tuple[str, ...
         *queue_pages.routes(console),
         *site_pages.routes(console),
         Route("/audit", console.signed_in(audit)),
+        *live.routes(console, stopping),
         Route("/healthz", healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -39,7 +39,7 @@ def routes(console: Console) -> list[Route]:
             return console.failed(exc, session)
         return console.page(
             "queue.html", session=session, page=listed, outcome=outcome, outcomes=list(OUTCOMES), site=site,
-            collector=collector,
+            collector=collector, live=True,
         )  # fmt: skip
 
     async def dispatch(request: Request, session: Session) -> Response:

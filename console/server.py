@@ -56,7 +56,10 @@ async def serve(settings: Settings) -> None:
         raise StartupError("no TLS material for the console")
     redis = create_async(settings.redis_url)
     backend = Backend(settings.router_address, settings.enrollment_address)
-    app = create_app(backend, SessionStore(redis), origins(settings))
+    server: uvicorn.Server | None = None
+    app = create_app(
+        backend, SessionStore(redis), origins(settings), stopping=lambda: server is None or server.should_exit
+    )
     config = uvicorn.Config(
         app, host=settings.console_host, port=settings.console_port, ssl_certfile=str(tls.cert_file),
         ssl_keyfile=str(tls.key_file), lifespan="off", log_config=None, access_log=False,

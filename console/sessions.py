@@ -73,8 +73,9 @@ class SessionStore:
         await self.redis.set(_key(sid), json.dumps(record), ex=IDLE_S)
         return f"{sid}.{b64url.encode(key)}", session
 
-    async def load(self, cookie: str | None) -> Session | None:
-        """The session a cookie names, or None (unknown, expired, or not opening with its key)."""
+    async def load(self, cookie: str | None, *, refresh: bool = True) -> Session | None:
+        """The session a cookie names, or None (unknown, expired, or not opening with its key);
+        ``refresh`` (a page view, not a live page's poll) starts the idle timeout again."""
         sid, key = _split(cookie)
         if not sid:
             return None
@@ -91,7 +92,8 @@ class SessionStore:
             )
         except (InvalidTag, ValueError, KeyError, TypeError):
             return None
-        await self.redis.expire(_key(sid), IDLE_S)  # the idle timeout starts again
+        if refresh:
+            await self.redis.expire(_key(sid), IDLE_S)  # the idle timeout starts again
         return Session(
             str(record["name"]), str(record["role"]), tuple(record["tenants"]), float(record["created_at"]),
             str(secret["token"]), str(secret["csrf"]),

@@ -201,3 +201,33 @@ def test_an_operator_approves_denies_and_switches_a_vault_mode(
         assert cli_json(["collectors", "show", collector_id], cp.env)["collector"]["vault_mode"] == (
             "VAULT_MODE_CLOUD_RELAYED"
         )
+
+
+def test_a_live_page_hears_of_a_change_and_only_a_signed_in_one(fleet: tuple[ControlPlane, str]) -> None:
+    cp, collector_id = fleet
+    with _console(cp) as client:
+        assert client.get("/live", params={"path": "/collectors"}).status_code == 401
+        _sign_in(client, cp, cp.admin_token)
+        not_live = client.get("/live", params={"path": "/audit"})
+        assert not_live.status_code == 404 and "not_live" in not_live.text
+        with client.stream("GET", "/live", params={"path": f"/collectors/{collector_id}"}) as events:
+            assert events.headers["content-type"].startswith("text/event-stream")
+            lines = events.iter_lines()
+            assert next(lines) == "retry: 3000"
+            cli_json(["collectors", "drain", collector_id], cp.env)  # another operator, elsewhere
+            seen = []
+            for line in lines:  # the next event: a keepalive comes only after 15 s without one
+                seen.append(line)
+                if line.startswith("event:"):
+                    break
+            assert seen[-1] == "event: changed", seen
+            signed_out = client.post("/signout", data={"csrf": _csrf(client)}, headers=_origin(cp))
+            assert signed_out.status_code == 303
+            ended = [line for line in lines if line.startswith("event:")]  # the stream then closes
+            assert ended == ["event: signedout"]
+
+
+def _csrf(client: httpx.Client) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', client.get("/collectors").text)
+    assert found is not None
+    return found.group(1)

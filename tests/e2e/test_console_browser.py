@@ -124,6 +124,14 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
         expect(page.get_by_role("status")).to_contain_text("Undrained")
         assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
 
+        # Live: another operator drains it from the CLI; the open page shows it without a reload.
+        page.evaluate("window.__notReloaded = true")
+        cli_json(["collectors", "drain", collector_id], cp.env)
+        expect(page.locator("#main .badge", has_text="drained")).to_be_visible(timeout=15_000)
+        cli_json(["collectors", "undrain", collector_id], cp.env)
+        expect(page.locator("#main .badge", has_text="drained")).to_have_count(0, timeout=15_000)
+        assert page.evaluate("window.__notReloaded") is True
+
         page.get_by_role("link", name="Revoke").click()
         expect(page.get_by_text("There is no undo")).to_be_visible()
         page.screenshot(path=shots / "confirm-revoke.png")
@@ -170,6 +178,16 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
     context = _context(browser, bypass_csp=True)
     try:
+        page = context.new_page()
+        page.goto(f"{base}/signin")
+        _accessible(page, "signin")
+        _sign_in(page, base, cp.admin_token)
+        # The indeterminate queue, open while the task becomes indeterminate: it appears live.
+        watching = context.new_page()
+        watching.goto(f"{base}/queue?outcome=indeterminate")
+        expect(watching.get_by_role("row").filter(has_text="indeterminate")).to_have_count(0)
+        watching.evaluate("window.__notReloaded = true")
+
         # A one-shot change that landed on the device while its collector was killed: indeterminate.
         task_id = platform.submit(
             collector.site_id, "apply_once", "mutate_terminal", "sw-q", {"sleep": 30}, "k-q"
@@ -178,11 +196,11 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         collector.kill()
         collector.start()
         platform.wait_state(task_id, {"indeterminate"}, timeout=90)
+        expect(watching.get_by_role("row").filter(has_text="indeterminate")).to_have_count(1, timeout=15_000)
+        assert watching.evaluate("window.__notReloaded") is True
+        watching.close()
 
-        page = context.new_page()
-        page.goto(f"{base}/signin")
-        _accessible(page, "signin")
-        _sign_in(page, base, cp.admin_token)
+        page.reload()
         _accessible(page, "collectors")
         page.get_by_role("link", name=re.compile("^col-")).first.click()
         _accessible(page, "collector")
@@ -245,11 +263,16 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
         assert plaintext not in command  # the command never carries the token
         page.screenshot(path=shots / "token-issued.png")
         _accessible(page, "token issued")
+        # The site's collectors, open in another tab while the collector enrolls: it appears live.
+        watching = context.new_page()
+        watching.goto(f"{base}/collectors?site={site_id}")
+        expect(watching.get_by_text("No collector matches.")).to_be_visible()
+        watching.evaluate("window.__notReloaded = true")
         # Enrolled on the "collector host" exactly as the page says.
         collector_id = collector.enroll(site_id, issued={"enroll_command": command, "plaintext": plaintext})
-
-        page.goto(f"{base}/collectors?site={site_id}")
-        expect(page.get_by_role("link", name=collector_id)).to_be_visible()
+        expect(watching.get_by_role("link", name=collector_id)).to_be_visible(timeout=15_000)
+        assert watching.evaluate("window.__notReloaded") is True
+        watching.close()
         page.goto(f"{base}/sites/{site_id}")
         expect(page.get_by_text("0 of 1")).to_be_visible()  # the token was used
         assert plaintext not in page.content()  # only its prefix is ever listed
