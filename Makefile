@@ -128,7 +128,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 bench-deps: $(BENCH_STAMP)
 
-bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-collector-dist
+bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-collector-dist bench-console
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -171,6 +171,9 @@ bench-tunnel: $(BENCH_STAMP)
 
 bench-idle: $(BENCH_STAMP)
 	$(BIN)/python -m bench.idle
+
+bench-console: $(BENCH_STAMP) system-deps
+	$(BIN)/python -m bench.console
 
 salt-deps: $(SALT_VENV)/.installed-$(SALT_VERSION)
 

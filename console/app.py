@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from common.error_mapping import status_for
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.logs import get_logger
-from console import live, queue_pages, security, site_pages, views
+from console import live, queue_pages, release_pages, security, site_pages, views
 from console.backend import Backend
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
 
@@ -266,6 +266,7 @@ def create_app(
         Route("/collectors/{collector_id}/{action}", act, methods=["POST"]),
         *queue_pages.routes(console),
         *site_pages.routes(console),
+        *release_pages.routes(console),
         Route("/audit", console.signed_in(audit)),
         *live.routes(console, stopping),
         Route("/healthz", healthz),

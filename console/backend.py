@@ -5,9 +5,10 @@ dataclasses (:mod:`console.views`), so templates never see protobuf messages.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, BinaryIO, TypeVar
 
 import grpc
 from google.protobuf.json_format import MessageToDict
@@ -29,6 +30,8 @@ from console.queue_views import (
     dispatch_view,
     task_view,
 )
+from console.release_views import CHANNELS as RELEASE_CHANNELS
+from console.release_views import ReleaseView, Upload, release_view
 from console.site_views import (
     APPROVALS,
     CHANNELS,
@@ -103,7 +106,7 @@ class Backend:
         request = fleet_pb2.ListCollectorsRequest(
             query=filters.q, site_id=filters.site, page_size=PAGE_SIZE, page_token=page_token,
             status=_number(STATUS, filters.status), session_state=_number(SESSION, filters.session),
-            agent_version=filters.version, driver=filters.driver,
+            agent_version=filters.version, driver=filters.driver, outdated=filters.outdated == "1",
         )  # fmt: skip
         reply = await self._call(self._fleet.ListCollectors, request, token)
         return CollectorPage(
@@ -158,6 +161,43 @@ class Backend:
             collector_id=collector_id, vault_mode=number, integration_id=integration_id, secret_id=secret_id
         )
         await self._call(self._fleet.SetVaultMode, request, token)
+
+    # --- releases -------------------------------------------------------------------------------
+    async def releases(self, token: str) -> list[ReleaseView]:
+        """Every release, yanked ones too, newest first."""
+        request = fleet_pb2.ListReleasesRequest(include_yanked=True)
+        reply = await self._call(self._fleet.ListReleases, request, token)
+        return [release_view(r) for r in reply.releases]
+
+    async def behind(self, token: str) -> int:
+        """Active collectors behind the latest release on their site's channel (all pages)."""
+        request = fleet_pb2.ListCollectorsRequest(page_size=1)
+        return int((await self._call(self._fleet.ListCollectors, request, token)).outdated_count)
+
+    async def yank(self, token: str, version: str, reason: str) -> None:
+        request = fleet_pb2.YankReleaseRequest(version=version, reason=reason)
+        await self._call(self._fleet.YankRelease, request, token)
+
+    async def publish(self, token: str, upload: Upload, artifact: BinaryIO, length: int, sha256: str) -> None:
+        """Stream the release to the router: its header, then the artifact in 1 MiB messages."""
+        header = fleet_pb2.ReleaseHeader(
+            version=upload.version, channel=RELEASE_CHANNELS[upload.channel],
+            security_fix=upload.security_fix, os=upload.os, arch=upload.arch, notes=upload.notes,
+            length=length, sha256=sha256,
+        )  # fmt: skip
+
+        async def messages() -> AsyncIterator[fleet_pb2.PublishReleaseRequest]:
+            yield fleet_pb2.PublishReleaseRequest(header=header)
+            while block := await asyncio.to_thread(artifact.read, 1 << 20):
+                yield fleet_pb2.PublishReleaseRequest(chunk=block)
+
+        try:
+            await self._fleet.PublishRelease(
+                messages(), timeout=60.0 + length / (1 << 20),
+                metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),),
+            )  # fmt: skip
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, self.router_address) from None
 
     async def audit(self, token: str, subject: str, actor: str, action: str, page_token: str) -> AuditPage:
         request = access_pb2.ListAuditEventsRequest(

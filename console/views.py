@@ -57,6 +57,8 @@ ACTION_RPC = {
     "apply_update": _FLEET + "ApplyUpdate",
     "cancel_update": _FLEET + "CancelUpdate",
     "vault": _FLEET + "SetVaultMode",
+    "publish": _FLEET + "PublishRelease",
+    "yank": _FLEET + "YankRelease",
     "resolve": "/versus.router.v1.TaskRouterService/ResolveIndeterminate",
     "site_policy": "/versus.enrollment.v1.EnrollmentService/UpdateSite",
     "issue_token": "/versus.enrollment.v1.EnrollmentService/IssueEnrollmentToken",
@@ -161,6 +163,7 @@ class CollectorFilters:
     session: str = ""  # a value of SESSION, or empty: any
     version: str = ""
     driver: str = ""
+    outdated: str = ""  # "1": only collectors behind the latest release (the Releases page's link)
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> CollectorFilters:
@@ -173,6 +176,7 @@ class CollectorFilters:
             session=session if session in SESSION.values() else "",
             version=params.get("version", "")[:100],
             driver=params.get("driver", "")[:100],
+            outdated="1" if params.get("outdated") == "1" else "",
         )
 
     def query(self, page: str = "") -> str:

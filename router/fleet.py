@@ -83,6 +83,9 @@ class CollectorView:
         return str(self.row["collector_id"])
 
 
+FILTER_READ_ROWS = 500
+
+
 @dataclass(frozen=True, slots=True)
 class ListFilters:
     """What the collector list keeps beyond its SQL filters, judged on each view: the effective
@@ -222,18 +225,40 @@ class Fleet:
         (status, session and version live partly in Redis), so several pages may be read to fill
         one; ``driver`` and the rest narrow the SQL."""
         found: list[CollectorView] = []
+        # Filtered on the views, a page may need many rows read: in reads of at least
+        # FILTER_READ_ROWS (a rare state across 10,000 collectors: 20 reads, not 200).
+        chunk = max(limit, FILTER_READ_ROWS) if filters.on_views else limit
+        among = await self._heard_in_window(filters.session)
+        if among is not None and not among:
+            return []
         while len(found) < limit:
             async with self.engine.connect() as conn:
                 rows = await fleet_store.list_collectors(
-                    conn, query=query, site_id=site_id, after=after, limit=limit,
+                    conn, query=query, site_id=site_id, after=after, limit=chunk,
                     expiring_within=expiring_within, stored_status=filters.stored_status, driver=driver,
+                    among=among,
                 )  # fmt: skip
             views = await self._views(rows)
             found.extend(v for v in views if filters.keeps(v))
-            if len(rows) < limit or not filters.on_views:
+            if len(rows) < chunk or not filters.on_views:
                 break
             after = rows[-1]["collector_id"]
         return found[:limit]
+
+    async def _heard_in_window(self, session: SessionState | None) -> Sequence[str] | None:
+        """For a session state that needs a recent heartbeat, the collectors heard in its window
+        (a second wider each side; the views judge exactly), so a rare state is found without
+        reading every row; None: any collector may be in it."""
+        now = self.clock()
+        window = {
+            SessionState.ACTIVE: (now - fleet_state.STALE_AFTER_S, now),
+            SessionState.STALE: (now - fleet_state.DEAD_AFTER_S, now - fleet_state.STALE_AFTER_S),
+            SessionState.DRAINING: (now - fleet_state.DEAD_AFTER_S, now),
+        }.get(session) if session is not None else None  # fmt: skip
+        if window is None:
+            return None
+        oldest, newest = window
+        return await self.router.liveness.heard_between(oldest - 1.0, newest + 1.0)
 
     async def get(self, collector_id: str) -> CollectorView:
         async with self.engine.connect() as conn:

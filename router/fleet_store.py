@@ -65,13 +65,14 @@ async def list_collectors(
     expiring_within: dt.timedelta | None = None,
     stored_status: Sequence[str] = (),
     driver: str = "",
+    among: Sequence[str] | None = None,
     columns: Sequence[Any] = (),
 ) -> Sequence[RowMapping]:
     """Collectors ordered by id; ``query`` matches id, hostname or site id (case-insensitive substring);
     ``expiring_within`` keeps pending and active collectors whose certificate expires that soon;
     ``stored_status`` keeps those whose stored status is one of these; ``driver`` those whose
-    published capabilities list that provider; ``columns`` (default: everything a view shows) and
-    ``limit`` 0 (no limit) serve counting."""
+    published capabilities list that provider; ``among`` only these collectors; ``columns``
+    (default: everything a view shows) and ``limit`` 0 (no limit) serve counting."""
     stmt = _joined(*columns).where(collectors.c.collector_id > after).order_by(collectors.c.collector_id)
     if limit:
         stmt = stmt.limit(limit)
@@ -79,6 +80,8 @@ async def list_collectors(
         stmt = stmt.where(collectors.c.status.in_(list(stored_status)))
     if driver:
         stmt = stmt.where(collector_capabilities.c.manifest["providers"].has_key(driver))
+    if among is not None:
+        stmt = stmt.where(collectors.c.collector_id.in_(list(among)))
     if expiring_within is not None:
         stmt = stmt.where(
             collectors.c.status.in_(["pending", "active"]),

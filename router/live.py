@@ -206,6 +206,11 @@ class Liveness:
         score = await self.redis.zscore(_LIVE, collector_id)
         return None if score is None else float(score)
 
+    async def heard_between(self, oldest: float, newest: float) -> list[str]:
+        """Collectors whose last claim was between these times (unix seconds, inclusive)."""
+        members = await self.redis.zrangebyscore(_LIVE, oldest, newest)
+        return [_text(m) for m in members if isinstance(m, bytes | str)]
+
     async def sessions(self, collector_ids: Sequence[str]) -> dict[str, tuple[float | None, dict[str, str]]]:
         """:meth:`last_seen` and :meth:`session` of many collectors in one round trip (a page)."""
         ids = list(collector_ids)

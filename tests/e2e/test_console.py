@@ -231,3 +231,46 @@ def _csrf(client: httpx.Client) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', client.get("/collectors").text)
     assert found is not None
     return found.group(1)
+
+
+def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
+    fleet: tuple[ControlPlane, str],
+) -> None:
+    cp, _ = fleet
+    artifact = b"#!/usr/bin/env python3\n# not a real collector: the router signs any bytes it is sent\n" * 50
+    with _console(cp) as client:
+        csrf = _sign_in(client, cp, cp.admin_token)
+        form = {"csrf": csrf, "version": "9.9.1", "channel": "stable", "os": "linux", "arch": "x86_64"}
+        upload = {"artifact": ("collector.pex", artifact, "application/octet-stream")}
+        forged = client.post(
+            "/releases/publish", data={**form, "csrf": "x"}, files=upload, headers=_origin(cp)
+        )
+        assert forged.status_code == 403 and "csrf_invalid" in forged.text
+        missing = client.post(
+            "/releases/publish", data=form, headers=_origin(cp), files={"x": ("", b"", "a/b")}
+        )
+        assert missing.status_code == 400 and "artifact_missing" in missing.text
+        bad = client.post(
+            "/releases/publish", data={**form, "version": "not a version"}, files=upload, headers=_origin(cp)
+        )
+        assert bad.status_code == 400  # the router's own check, shown with its code
+        assert cli_json(["releases", "list"], cp.env)["releases"] == []
+
+        published = client.post("/releases/publish", data=form, files=upload, headers=_origin(cp))
+        assert published.status_code == 303, published.text
+        [release] = cli_json(["releases", "list"], cp.env)["releases"]
+        assert (release["version"], release["length"]) == ("9.9.1", str(len(artifact)))
+        page = client.get("/releases").text
+        assert "9.9.1" in page and "/releases/9.9.1/confirm/yank" in page
+        # The fleet's collector runs an older version: it is behind, and listed as such.
+        assert re.search(r"<strong>1</strong> active collector behind", page), page
+        behind = client.get("/collectors", params={"outdated": "1"}).text
+        assert behind.count('<td><a href="/collectors/') == 1
+
+        yanked = client.post(
+            "/releases/9.9.1/yank", data={"csrf": csrf, "reason": "bad build"}, headers=_origin(cp)
+        )
+        assert yanked.status_code == 303, yanked.text
+        [release] = cli_json(["releases", "list", "--all"], cp.env)["releases"]
+        assert release["yanked"] is True and release["yank_reason"] == "bad build"
+        assert "yanked" in client.get("/releases").text

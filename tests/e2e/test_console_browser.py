@@ -288,6 +288,11 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
         expect(page.get_by_role("status")).to_contain_text("Token revoked")
         statuses = {t["status"] for t in cli_json(["tokens", "list", "--site", site_id], cp.env)["tokens"]}
         assert statuses == {"TOKEN_STATUS_EXHAUSTED", "TOKEN_STATUS_REVOKED"}, statuses
+
+        page.get_by_role("link", name="Releases").click()
+        expect(page.get_by_role("heading", name="Publish a release")).to_be_visible()
+        page.screenshot(path=shots / "releases.png", full_page=True)
+        _accessible(page, "releases")
     finally:
         context.close()
         collector.stop()

@@ -137,6 +137,11 @@ async def test_the_list_filters_by_status_session_version_and_driver(stack: Stac
     assert await ids(status=fpb.COLLECTOR_STATUS_EXPIRED) == ["col-f-expired"]
     assert await ids(session_state=fpb.SESSION_STATE_ACTIVE) == ["col-f-live"]
     assert await ids(session_state=fpb.SESSION_STATE_DEAD) == ["col-f-expired", "col-f-idle", "col-f-revoked"]
+    assert await ids(session_state=fpb.SESSION_STATE_STALE) == []
+    await stack.router.redis.zadd("versus:live", {"col-f-idle": time.time() - 100})  # heard 100 s ago
+    assert await ids(session_state=fpb.SESSION_STATE_STALE) == ["col-f-idle"]
+    assert await ids(session_state=fpb.SESSION_STATE_ACTIVE) == ["col-f-live"]
+    await stack.router.redis.zrem("versus:live", "col-f-idle")
     assert await ids(driver="stub") == ["col-f-live"]
     assert await ids(driver="ssh") == []
     running = (await _show(admin, "col-f-live")).update.running_version

@@ -65,6 +65,13 @@ def test_each_role_sees_exactly_the_actions_the_services_allow_it() -> None:
             "site_policy",
             "issue_token",
             "revoke_token",
+            "approve",
+            "deny",
+            "apply_update",
+            "cancel_update",
+            "vault",
+            "publish",
+            "yank",
         },
         "platform": set(),
     }

@@ -1,0 +1,53 @@
+"""Collector releases as the console shows them, and the conversion from the fleet API's
+messages (the edge: pages never see protobuf)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from versus.fleet.v1 import fleet_pb2 as pb
+
+from console.views import timestamp
+
+CHANNELS = {"stable": pb.CHANNEL_STABLE, "beta": pb.CHANNEL_BETA}
+_CHANNEL_NAMES = {v: k for k, v in CHANNELS.items()}
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    version: str
+    channel: str
+    security_fix: bool
+    platform: str
+    size: str
+    sha256: str
+    published_at: str
+    published_by: str
+    running_count: int
+    yanked: bool
+    yanked_at: str
+    yanked_by: str
+    yank_reason: str
+    notes: str
+
+
+def release_view(r: pb.Release) -> ReleaseView:
+    return ReleaseView(
+        version=r.version, channel=_CHANNEL_NAMES.get(r.channel, "?"), security_fix=r.security_fix,
+        platform=f"{r.os}/{r.arch}", size=f"{r.length / 1048576:.1f} MiB", sha256=r.sha256,
+        published_at=timestamp(r.published_at), published_by=r.published_by, running_count=r.running_count,
+        yanked=r.yanked, yanked_at=timestamp(r.yanked_at), yanked_by=r.yanked_by, yank_reason=r.yank_reason,
+        notes=r.notes,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A release to publish, as the form gave it (the artifact is streamed from ``path``)."""
+
+    version: str
+    channel: str
+    security_fix: bool
+    os: str
+    arch: str
+    notes: str
