@@ -124,6 +124,7 @@ class CollectorView:
     latest_version: str
     update_policy: str
     target_version: str = ""
+    approved_version: str = ""  # an operator's approval the collector has not applied yet
     vault_mode_name: str = ""  # the recorded mode as SetVaultMode names it (local, cloud_relayed, external)
     drivers: list[Driver] = field(default_factory=list)
 
@@ -133,8 +134,8 @@ class CollectorView:
 
     @property
     def update_pending(self) -> bool:
-        """An update was applied and has not finished: it can still be cancelled."""
-        return bool(self.target_version) and self.update_badge in ("Updating…", "Update available")
+        """An update was approved and the collector has not installed it: it can be cancelled."""
+        return bool(self.approved_version) and self.approved_version != self.version
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,7 @@ def collector_view(c: pb.Collector) -> CollectorView:
         latest_version=c.update.latest_version if c.HasField("update") else "",
         update_policy=c.update.policy if c.HasField("update") else "",
         target_version=c.update.target_version if c.HasField("update") else "",
+        approved_version=c.update.approved_version if c.HasField("update") else "",
         vault_mode_name=VAULT_NAME.get(c.vault_mode, ""),
         drivers=[
             Driver(d.provider, d.max_concurrency,

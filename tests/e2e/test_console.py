@@ -234,9 +234,10 @@ def _csrf(client: httpx.Client) -> str:
 
 
 def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
-    fleet: tuple[ControlPlane, str],
+    fleet: tuple[ControlPlane, str], tmp_path: Path
 ) -> None:
     cp, _ = fleet
+    idle = Collector(cp, tmp_path / "idle", tmp_path / "idle.log").enroll()  # enrolled, never started
     artifact = b"#!/usr/bin/env python3\n# not a real collector: the router signs any bytes it is sent\n" * 50
     with _console(cp) as client:
         csrf = _sign_in(client, cp, cp.admin_token)
@@ -262,10 +263,22 @@ def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
         assert (release["version"], release["length"]) == ("9.9.1", str(len(artifact)))
         page = client.get("/releases").text
         assert "9.9.1" in page and "/releases/9.9.1/confirm/yank" in page
-        # The fleet's collector runs an older version: it is behind, and listed as such.
-        assert re.search(r"<strong>1</strong> active collector behind", page), page
+        # Both collectors run an older version: they are behind, and listed as such.
+        assert re.search(r"<strong>2</strong> active collectors behind", page), page
         behind = client.get("/collectors", params={"outdated": "1"}).text
-        assert behind.count('<td><a href="/collectors/') == 1
+        assert behind.count('<td><a href="/collectors/') == 2
+
+        # Its site's policy is manual: the operator applies the update, then thinks better of it.
+        assert f"/collectors/{idle}/confirm/apply_update" in client.get(f"/collectors/{idle}").text
+        applied = client.post(f"/collectors/{idle}/apply_update", data={"csrf": csrf}, headers=_origin(cp))
+        assert applied.status_code == 303, applied.text
+        shown = cli_json(["collectors", "show", idle], cp.env)["collector"]["update"]
+        assert shown["approved_version"] == "9.9.1"
+        detail = client.get(f"/collectors/{idle}").text
+        assert f"/collectors/{idle}/confirm/cancel_update" in detail and "confirm/apply_update" not in detail
+        cancelled = client.post(f"/collectors/{idle}/cancel_update", data={"csrf": csrf}, headers=_origin(cp))
+        assert cancelled.status_code == 303, cancelled.text
+        assert cli_json(["collectors", "show", idle], cp.env)["collector"]["update"]["approved_version"] == ""
 
         yanked = client.post(
             "/releases/9.9.1/yank", data={"csrf": csrf, "reason": "bad build"}, headers=_origin(cp)

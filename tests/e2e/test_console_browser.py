@@ -2,16 +2,19 @@
 (its own browser download is never used; `make system-deps` installs chromium).
 
 An operator signs in, finds a collector by host, probes, drains, undrains and revokes it (and the
-revoked collector's connection is closed); with JavaScript disabled the pages still read. Each
+revoked collector's connection is closed); a viewer sees no action it cannot take, and a form
+another site makes the browser post is refused; with JavaScript disabled the pages still read. Each
 page is screenshotted: into the test's directory, or into VERSUS_CONSOLE_SCREENSHOTS when set
 (`make console-screenshots` refreshes docs/console/).
 """
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -296,3 +299,64 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
     finally:
         context.close()
         collector.stop()
+
+
+class _OtherSite:
+    """A page on another origin (plain HTTP on its own port) whose form posts to the console as
+    soon as it loads: what a malicious site would make a signed-in operator's browser do."""
+
+    def __init__(self, action: str):
+        page = (
+            "<!doctype html><title>Win a prize</title>"
+            f'<form id="f" method="post" action="{action}"><input name="csrf" value="guess"></form>'
+            "<script>document.getElementById('f').submit()</script>"
+        ).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+) -> None:
+    cp = start_control_plane()
+    collector_id = Collector(cp, tmp_path / "collector", tmp_path / "collector.log").enroll()
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    other = _OtherSite(f"{base}/collectors/{collector_id}/drain")
+    context = _context(browser)
+    try:
+        page = context.new_page()
+        _sign_in(page, base, cp.mint_token("viewer", "browser-viewer"))
+        page.goto(f"{base}/collectors/{collector_id}")
+        expect(page.get_by_role("button", name="Probe")).to_be_visible()  # a viewer may probe
+        for link in ("Drain", "Revoke"):
+            expect(page.get_by_role("link", name=link)).to_have_count(0)
+        expect(page.get_by_role("button", name="Switch vault mode")).to_have_count(0)
+        page.get_by_role("button", name="Sign out").click()
+
+        _sign_in(page, base, cp.admin_token)
+        page.goto(f"{base}/collectors/{collector_id}")
+        expect(page.get_by_role("link", name="Drain")).to_be_visible()  # an admin could drain it
+        page.goto(other.url)  # the other site's form submits itself at once
+        expect(page.get_by_text("cross_site_request")).to_be_visible()
+        assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+    finally:
+        context.close()
+        other.close()
