@@ -24,6 +24,16 @@ T = TypeVar("T")
 
 Token = str | Callable[[], str]
 
+# How soon a channel tries again after its server went away. gRPC's defaults (1 s, growing by 1.6
+# up to 120 s) suit clients of distant services; between control-plane services a restart that
+# took 15 s left callers refusing for several seconds more after the server was back, waiting out
+# a backoff that had grown to 10 s. Here the wait stays under 2 s (plus gRPC's 20 % jitter).
+RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
 
 def _current(token: Token) -> str:
     return token() if callable(token) else token
@@ -112,16 +122,20 @@ class _SyncBearer(
 
 
 def aio_channel(address: str, token: Token, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """An asyncio channel to ``address`` whose every call carries ``token``."""
+    """An asyncio channel to ``address`` whose every call carries ``token`` (and which reconnects
+    within :data:`RECONNECT_OPTIONS`)."""
     interceptors: list[Any] = [
         kind(token) for kind in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
     ]
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+    return grpc.aio.insecure_channel(
+        address, options=[*RECONNECT_OPTIONS, *options], interceptors=interceptors
+    )
 
 
 def sync_channel(address: str, token: Token) -> grpc.Channel:
     """A blocking channel to ``address`` whose every call carries ``token``."""
-    return grpc.intercept_channel(grpc.insecure_channel(address), _SyncBearer(token))
+    channel = grpc.insecure_channel(address, options=list(RECONNECT_OPTIONS))
+    return grpc.intercept_channel(channel, _SyncBearer(token))
 
 
 async def call_mapped(

@@ -17,7 +17,7 @@ import grpc
 from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
-from common.grpc_client import call_mapped
+from common.grpc_client import RECONNECT_OPTIONS, call_mapped
 from common.grpc_server import AUTHORIZATION_HEADER, MAX_MESSAGE_BYTES
 from common.logs import REQUEST_ID_HEADER
 
@@ -40,6 +40,7 @@ class EnrollmentClient:
         self._channel = grpc.aio.insecure_channel(
             address,
             options=[
+                *RECONNECT_OPTIONS,
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],

@@ -257,3 +257,43 @@ async def test_a_role_outside_the_policy_is_permission_denied(server: GrpcServer
         with pytest.raises(grpc.aio.AioRpcError) as read:
             await stub.GetTask(task_router_pb2.GetTaskRequest(task_id="t-1"))
         assert read.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.timeout(120)
+async def test_a_client_is_served_again_within_seconds_of_its_server_coming_back() -> None:
+    # With gRPC's default backoff (1 s, x1.6, up to 120 s) a server down for 30 s was tried again
+    # only some 13 s after it was back: the gateway answered 503 all that time (a chaos run saw it).
+    reg = ServiceRegistration(
+        "versus.router.v1.TaskRouterService",
+        placeholder(Router),
+        task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
+    )
+    port = free_port()
+    srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
+    await srv.start()
+
+    async def answered(stub: Any) -> bool:
+        try:
+            await stub.GetTask(task_router_pb2.GetTaskRequest(task_id="t-1"), timeout=1)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() == grpc.StatusCode.NOT_FOUND  # the handler's answer: the server is there
+        return True
+
+    async with aio_channel(srv.address, PLATFORM_TOKEN) as channel:
+        stub = task_router_pb2_grpc.TaskRouterServiceStub(channel)
+        assert await answered(stub)
+        await srv.stop(0)
+        down = time.monotonic()
+        while time.monotonic() - down < 30:  # calls keep failing (and the backoff growing) meanwhile
+            assert not await answered(stub)
+            await asyncio.sleep(0.5)
+        srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
+        await srv.start()
+        back = time.monotonic()
+        try:
+            while not await answered(stub):
+                assert time.monotonic() - back < 20, "not reconnected"
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - back < 4.0
+        finally:
+            await srv.stop(0)
