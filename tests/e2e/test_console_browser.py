@@ -229,6 +229,7 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         assert any("checked sw-q" in str(e.get("details")) for e in events), events
         page.get_by_role("link", name="Audit log").click()
         expect(page.get_by_text("checked sw-q")).to_be_visible()
+        page.screenshot(path=shots / "audit.png", full_page=True)
         _accessible(page, "audit")
     finally:
         context.close()
@@ -249,6 +250,7 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
         page = context.new_page()
         _sign_in(page, base, cp.admin_token)
         page.get_by_role("link", name="Sites").click()
+        page.screenshot(path=shots / "sites.png", full_page=True)
         _accessible(page, "sites")
         page.get_by_role("link", name=site_id).click()
         page.get_by_label("Policy", exact=True).select_option("auto")
