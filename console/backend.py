@@ -88,12 +88,14 @@ class Backend:
         await self._enrollment_channel.close(None)
 
     async def _call(
-        self, method: Callable[..., Awaitable[T]], request: Any, token: str, address: str = ""
-    ) -> T:
-        """One unary call as the operator; failures come back as the service's domain error."""
+        self, method: Callable[..., Awaitable[T]], request: Any, token: str, address: str = "",
+        timeout_s: float = TIMEOUT_S,
+    ) -> T:  # fmt: skip
+        """One call as the operator (``request`` a message, or an async iterator of them for a
+        client stream); failures come back as the service's domain error."""
         try:
             return await method(
-                request, timeout=TIMEOUT_S, metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),)
+                request, timeout=timeout_s, metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),)
             )
         except grpc.aio.AioRpcError as exc:
             raise _error(exc, address or self.router_address) from None
@@ -192,13 +194,7 @@ class Backend:
             while block := await asyncio.to_thread(artifact.read, 1 << 20):
                 yield fleet_pb2.PublishReleaseRequest(chunk=block)
 
-        try:
-            await self._fleet.PublishRelease(
-                messages(), timeout=60.0 + length / (1 << 20),
-                metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),),
-            )  # fmt: skip
-        except grpc.aio.AioRpcError as exc:
-            raise _error(exc, self.router_address) from None
+        await self._call(self._fleet.PublishRelease, messages(), token, timeout_s=60.0 + length / (1 << 20))
 
     async def audit(self, token: str, subject: str, actor: str, action: str, page_token: str) -> AuditPage:
         request = access_pb2.ListAuditEventsRequest(

@@ -4,6 +4,7 @@ length and SHA-256 and signs it into the update repository) and yanking one."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -86,7 +87,7 @@ def routes(console: Console) -> list[Route]:
             artifact = form.get("artifact")
             if not isinstance(artifact, UploadFile) or not artifact.filename:
                 return console.refusal(400, "artifact_missing", "choose the release's artifact file", session)
-            size, sha256 = artifact_facts(artifact.file)
+            size, sha256 = await asyncio.to_thread(artifact_facts, artifact.file)  # up to 256 MiB
             if size > MAX_ARTIFACT_BYTES:
                 return console.refusal(413, "artifact_too_large", TOO_LARGE, session)
             upload = Upload(
