@@ -62,7 +62,7 @@ console-screenshots: system-deps axe-deps $(STAMP)
 # start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a
 # collector is tested behind) and Chromium (the console's browser tests, driven by Playwright).
 # Installed once, as root, with apt.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment, as Salt does for the benchmarks.

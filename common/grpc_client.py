@@ -19,6 +19,7 @@ import grpc
 from common import error_mapping
 from common.errors import Unavailable, VersusError
 from common.grpc_server import AUTHORIZATION_HEADER
+from common.targets import grpc_target
 
 T = TypeVar("T")
 
@@ -32,6 +33,18 @@ RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
+)
+# Calls are spread over every address of the target (several replicas, common/targets.py); a
+# replica whose connection fails is skipped at once. Keepalive pings while calls are open (a held
+# claim, a tunnel) find a peer that vanished without closing its connections (a host that died)
+# within 30 s instead of the kernel's hours; the servers accept pings that often
+# (common/grpc_server.py SERVER_OPTIONS).
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    *RECONNECT_OPTIONS,
+    ("grpc.lb_policy_name", "round_robin"),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 0),
 )
 
 
@@ -122,19 +135,25 @@ class _SyncBearer(
 
 
 def aio_channel(address: str, token: Token, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """An asyncio channel to ``address`` whose every call carries ``token`` (and which reconnects
-    within :data:`RECONNECT_OPTIONS`)."""
+    """An asyncio channel to ``address`` (one or several replicas: common/targets.py) whose every
+    call carries ``token``, with :data:`CHANNEL_OPTIONS`."""
     interceptors: list[Any] = [
         kind(token) for kind in (_AioUnaryUnary, _AioUnaryStream, _AioStreamUnary, _AioStreamStream)
     ]
     return grpc.aio.insecure_channel(
-        address, options=[*RECONNECT_OPTIONS, *options], interceptors=interceptors
+        grpc_target(address), options=[*CHANNEL_OPTIONS, *options], interceptors=interceptors
     )
+
+
+def aio_plain_channel(address: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+    """An asyncio channel like :func:`aio_channel` for callers that pass each call's credentials
+    themselves (the console acts as the signed-in operator, the router forwards its caller's)."""
+    return grpc.aio.insecure_channel(grpc_target(address), options=[*CHANNEL_OPTIONS, *options])
 
 
 def sync_channel(address: str, token: Token) -> grpc.Channel:
     """A blocking channel to ``address`` whose every call carries ``token``."""
-    channel = grpc.insecure_channel(address, options=list(RECONNECT_OPTIONS))
+    channel = grpc.insecure_channel(grpc_target(address), options=list(CHANNEL_OPTIONS))
     return grpc.intercept_channel(channel, _SyncBearer(token))
 
 

@@ -41,6 +41,10 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    # Clients ping every 20 s while a call is open (common/grpc_client.py CHANNEL_OPTIONS); a held
+    # claim sends no data for longer, so pings without data that often must not count as abuse.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 log = get_logger("versus.grpc")

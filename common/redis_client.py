@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as async_sentinel
+import redis.sentinel as sync_sentinel
+from redis.asyncio.sentinel import SentinelConnectionPool
 
+from common import redis_sentinel
 from common.errors import Unavailable
 from common.redaction import redact_url
 
@@ -22,9 +27,51 @@ MAX_CONNECTIONS = 128
 POOL_WAIT_S = 5.0
 
 
+class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """The Sentinel group's master, with the same bounded, waiting pool as a plain URL."""
+
+
+class _SentinelRedis(aioredis.Redis):
+    """A client of a Sentinel group's master whose ``aclose`` also closes its connections to the
+    sentinels (redis-py leaves those open)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        await super().aclose(close_connection_pool)
+        for client in getattr(manager, "sentinels", ()):
+            await client.aclose()
+
+
+def _timeouts() -> dict[str, Any]:
+    return {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S}
+
+
+def _sentinel(parts: redis_sentinel.SentinelUrl, module: Any) -> Any:
+    sentinel_kwargs: dict[str, Any] = {**_timeouts(), "ssl": parts.tls}
+    if parts.sentinel_password:
+        sentinel_kwargs["password"] = parts.sentinel_password
+    return module.Sentinel(list(parts.sentinels), sentinel_kwargs=sentinel_kwargs, **_timeouts())
+
+
+def _master_kwargs(parts: redis_sentinel.SentinelUrl) -> dict[str, Any]:
+    return {"db": parts.db, "username": parts.username, "password": parts.password, "ssl": parts.tls}
+
+
 def create_async(url: str) -> aioredis.Redis:
     """Async client with explicit timeouts and a bounded pool; a dead Redis fails calls instead of
-    hanging them."""
+    hanging them. A ``redis+sentinel://`` URL follows its group's master (common/redis_sentinel.py)."""
+    if redis_sentinel.is_sentinel(url):
+        parts = redis_sentinel.parse(url)
+        client: aioredis.Redis = _sentinel(parts, async_sentinel).master_for(
+            parts.service,
+            redis_class=_SentinelRedis,
+            connection_pool_class=_BlockingSentinelPool,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_WAIT_S,
+            health_check_interval=30,
+            **_master_kwargs(parts),
+        )
+        return client
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=MAX_CONNECTIONS,
@@ -37,6 +84,10 @@ def create_async(url: str) -> aioredis.Redis:
 
 
 def describe(url: str) -> str:
+    if redis_sentinel.is_sentinel(url):
+        group = redis_sentinel.parse(url)
+        hosts = ",".join(f"{h}:{p}" for h, p in group.sentinels)
+        return f"Sentinel group {group.service} at {hosts}"
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return parts.path
@@ -45,9 +96,11 @@ def describe(url: str) -> str:
 
 def check_reachable(url: str) -> None:
     """PING once; raise :class:`Unavailable` with a one-line reason."""
-    client = redis.Redis.from_url(
-        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
-    )
+    if redis_sentinel.is_sentinel(url):
+        parts = redis_sentinel.parse(url)
+        client = _sentinel(parts, sync_sentinel).master_for(parts.service, **_master_kwargs(parts))
+    else:
+        client = redis.Redis.from_url(url, **_timeouts())
     try:
         client.ping()
     except redis.RedisError as exc:

@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Sequence
 
-from common import early_signals
+from common import early_signals, sd_notify
 from common.db import engine as db_engine
 from common.db import migrate
 from common.errors import ConfigError, StartupError, Unavailable
@@ -128,9 +128,13 @@ async def serve_grpc_service(
     try:
         await server.start()
         SERVICE_UP.labels(name).set(1)
+        metrics.ready.set()
+        sd_notify.ready()
         log.info("serving", service=name, grpc=server.address, metrics_port=metrics_port)
         reason = await wait_for_shutdown()
         log.info("stopping", service=name, reason=reason)
+        metrics.ready.clear()
+        sd_notify.stopping()
         SERVICE_UP.labels(name).set(0)
         await server.stop(settings.shutdown_grace_s)
     finally:

@@ -18,8 +18,9 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from common import limits
+from common import limits, redis_sentinel
 from common.errors import ConfigError
+from common.targets import grpc_target
 
 CONFIG_FILE_ENV = "VERSUS_CONFIG"
 
@@ -32,6 +33,13 @@ def default_state_dir() -> Path:
 class LogFormat(StrEnum):
     CONSOLE = "console"
     JSON = "json"
+
+
+class KeyMaterialMode(StrEnum):
+    """Where the deployment's key and CA material comes from (common/material.py)."""
+
+    LOCAL = "local"
+    SHARED = "shared"
 
 
 class _TomlFileSource(PydanticBaseSettingsSource):
@@ -86,6 +94,17 @@ class Settings(BaseSettings):
         description="Keys, CAs, generated TLS files and embedded server data live here.",
     )
 
+    key_material: KeyMaterialMode = Field(
+        default=KeyMaterialMode.LOCAL,
+        description="local: keys and CAs in the state directory (one host). shared: sealed in "
+        "PostgreSQL, followed by every replica (docs/deployment.md).",
+    )
+    material_key_file: Path | None = Field(
+        default=None,
+        description="Material key file (mode 0600) that seals the shared key material; needed by "
+        "routers, enrollment services and the key and CA commands in shared mode, never by gateways.",
+    )
+
     # --- listeners -------------------------------------------------------------------------------
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8443, ge=1, le=65535)
@@ -103,8 +122,15 @@ class Settings(BaseSettings):
     )
 
     # Where the gateway reaches the internal gRPC services; default: their own listen address.
+    # One host:port, a comma-separated list of replicas' IP:port, or a gRPC target such as
+    # dns:///routers.internal:50051 (common/targets.py); calls are balanced round robin.
     router_target: str | None = None
     enrollment_target: str | None = None
+    router_advertise: str | None = Field(
+        default=None,
+        description="host:port at which gateways on other hosts reach this router replica (tunnel "
+        "sessions it holds are found there). Default: its listen address.",
+    )
 
     # --- gateway TLS -----------------------------------------------------------------------------
     gateway_tls: bool = Field(
@@ -125,6 +151,13 @@ class Settings(BaseSettings):
         le=397 * 24 * 3600,
         description="How long a collector certificate is valid (seconds); collectors renew at about two "
         "thirds of it. Short values are for tests.",
+    )
+    gateway_drain_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        description="On SIGTERM, how long the gateway answers /readyz with 503 while still serving, so "
+        "a load balancer's health checks move collectors away before the listener closes (seconds).",
     )
     gateway_max_anonymous_per_source: int = Field(
         default=256,
@@ -238,9 +271,12 @@ class Settings(BaseSettings):
     def _check_redis_url(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
+        if redis_sentinel.is_sentinel(value):
+            redis_sentinel.parse(value)  # raises ValueError with what is wrong
+            return value
         parts = urlsplit(value)
         if parts.scheme not in {"redis", "rediss", "unix"}:
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+            raise ValueError("must be a redis://, rediss://, unix:// or redis+sentinel:// URL")
         try:
             parts.port  # noqa: B018
         except ValueError as exc:
@@ -249,6 +285,29 @@ class Settings(BaseSettings):
             raise ValueError("names no socket path")
         if parts.scheme != "unix" and not parts.hostname:
             raise ValueError("names no host")
+        return value
+
+    @field_validator("router_target", "enrollment_target")
+    @classmethod
+    def _check_target(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        try:
+            grpc_target(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        return value
+
+    @field_validator("router_advertise")
+    @classmethod
+    def _check_advertise(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("must be host:port")
+        if host.strip("[]") in {"0.0.0.0", "::"}:
+            raise ValueError("must be an address other hosts can dial, not a wildcard")
         return value
 
     @field_validator("log_level")
@@ -268,6 +327,11 @@ class Settings(BaseSettings):
     @property
     def router_address(self) -> str:
         return self.router_target or f"{_connectable(self.router_host)}:{self.router_port}"
+
+    @property
+    def router_advertise_address(self) -> str:
+        """Where other hosts reach this router process (tunnel session records carry it)."""
+        return self.router_advertise or f"{_connectable(self.router_host)}:{self.router_port}"
 
     @property
     def enrollment_address(self) -> str:

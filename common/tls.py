@@ -69,6 +69,38 @@ def _server_current(path: Path, ca: x509.Certificate, sans: list[x509.GeneralNam
     return set(sans) <= set(have)
 
 
+def issue_server_cert(store: CaStore, server_name: str, sans: list[x509.GeneralName]) -> tuple[bytes, bytes]:
+    """A new key and a server certificate for it from the store's active gateway CA:
+    (certificate followed by the CA, PEM; private key, PEM)."""
+    active = store.load_or_create().active_entry("gateway")
+    ca_cert = active.cert
+    ca_key = store.private_key("gateway", active.ca_id)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + SERVER_LIFETIME)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert_pem(cert) + cert_pem(ca_cert), private_pem(key)
+
+
+def san_entries(names: list[str]) -> list[x509.GeneralName]:
+    """Subject alternative names for host names and IP addresses (wildcard binds left out)."""
+    return _san_entries(names)
+
+
 def ensure_gateway_tls(
     directory: Path, server_name: str, extra_names: list[str], store: CaStore | None = None
 ) -> GatewayTls:
@@ -83,28 +115,10 @@ def ensure_gateway_tls(
     cert_path, key_path = directory / "gateway.pem", directory / "gateway.key"
     sans = _san_entries([server_name, "localhost", "127.0.0.1", "::1", *extra_names])
     if not (_server_current(cert_path, ca_cert, sans) and key_path.exists()):
-        ca_key = store.private_key("gateway", active.ca_id)
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name)]))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE)
-            .not_valid_after(now + SERVER_LIFETIME)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
+        chain, key_pem = issue_server_cert(store, server_name, sans)
         # The key first: a reader that sees the new certificate finds its key (gateway/tls_reload.py).
-        write_private(key_path, private_pem(key))
-        write_public(cert_path, cert_pem(cert) + cert_pem(ca_cert))
+        write_private(key_path, key_pem)
+        write_public(cert_path, chain)
     ca_path = directory / "gateway-ca.pem"
     bundle = "".join(trust.pems("gateway")).encode()
     if not ca_path.exists() or ca_path.read_bytes() != bundle:

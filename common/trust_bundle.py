@@ -9,7 +9,8 @@ file instead:
 - ``VERSUS_COLLECTOR_CA_CERT_FILE``: that CA is the only Collector CA (rotating it is the operator's);
 - ``VERSUS_GATEWAY_CA_FILE``: the gateway CAs are the certificates in that file;
 - operator-supplied gateway certificate without a CA file: the gateway is publicly trusted, the
-  bundle carries no gateway CA.
+  bundle carries no gateway CA - except with shared key material (common/material.py), where the
+  gateways' certificates are issued from the store's gateway CA by `versus-cp ca issue-server-cert`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from cryptography import x509
 from common import pki
 from common.ca_store import CaStore, ReloadingTrust, Trust
 from common.pki import spki_pin
-from common.settings import Settings
+from common.settings import KeyMaterialMode, Settings
 
 GatewaySource = Literal["store", "file", "none"]
 
@@ -70,7 +71,7 @@ class BundleSource:
         file_pem = ""
         if settings.gateway_ca_file is not None:
             gateway, file_pem = "file", settings.gateway_ca_file.read_text()
-        elif settings.tls_cert_file is not None:
+        elif settings.tls_cert_file is not None and settings.key_material is KeyMaterialMode.LOCAL:
             gateway = "none"
         return cls(
             CaStore(state),

@@ -19,7 +19,7 @@ from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
 from common import error_mapping
 from common.errors import InvalidArgument, Unavailable, VersusError
-from common.grpc_client import RECONNECT_OPTIONS
+from common.grpc_client import aio_plain_channel
 from common.grpc_server import AUTHORIZATION_HEADER
 from common.pb_struct import integral
 from console.queue_views import (
@@ -76,11 +76,11 @@ class Backend:
     def __init__(self, router_address: str, enrollment_address: str):
         self.router_address = router_address
         self.enrollment_address = enrollment_address
-        self._router = grpc.aio.insecure_channel(router_address, options=RECONNECT_OPTIONS)
+        self._router = aio_plain_channel(router_address)
         self._fleet = fleet_pb2_grpc.FleetServiceStub(self._router)
         self._access = access_pb2_grpc.AccessServiceStub(self._router)
         self._tasks = task_router_pb2_grpc.TaskRouterServiceStub(self._router)
-        self._enrollment_channel = grpc.aio.insecure_channel(enrollment_address, options=RECONNECT_OPTIONS)
+        self._enrollment_channel = aio_plain_channel(enrollment_address)
         self._enroll = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ import uvicorn
 
 from common import early_signals
 from common.ca_store import CaStore
+from common.draining_server import DrainingServer
 from common.errors import ConfigError, StartupError
 from common.logs import get_logger
 from common.redis_client import check_reachable, create_async
@@ -65,7 +66,7 @@ async def serve(settings: Settings) -> None:
         ssl_keyfile=str(tls.key_file), lifespan="off", log_config=None, access_log=False,
         server_header=False, timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, 0.0)
     early_signals.install()
     server.should_exit = early_signals.requested() is not None
     watchdog = asyncio.create_task(_watch_parent(server))

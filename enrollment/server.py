@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 from versus.enrollment.v1 import enrollment_pb2, enrollment_pb2_grpc
 
+from common import material
 from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
 from common.grpc_server import ServiceRegistration
 from common.keys import KeyPurpose
 from common.keystore import KeyStore, ReloadingKeySet
-from common.runtime import require_backends, serve_grpc_service
+from common.runtime import check_backends, require_backends, serve_grpc_service
 from common.settings import Settings
 from common.state_dir import ensure_writable
 from common.trust_bundle import BundleSource
@@ -69,7 +71,11 @@ def registrations(service: EnrollmentService) -> list[ServiceRegistration]:
 
 
 async def serve(settings: Settings) -> None:
-    database_url, _ = require_backends(settings, "enrollment")
+    database_url, redis_url = require_backends(settings, "enrollment")
+    check_backends(database_url, redis_url)
+    follower = await material.start_service(settings, database_url, material.Role.CORE)
+    stop = asyncio.Event()
+    following = asyncio.create_task(follower.run(stop)) if follower is not None else None
     engine = db_engine.create_async(database_url, application_name="versus-enrollment")
     try:
         await serve_grpc_service(
@@ -82,4 +88,7 @@ async def serve(settings: Settings) -> None:
             authenticator=TokenAuthenticator(engine),
         )
     finally:
+        stop.set()
+        if following is not None:
+            await asyncio.wait({following}, timeout=5.0)
         await engine.dispose()

@@ -222,7 +222,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         tags=["operations"],
     )
     async def readyz(request: Request) -> JSONResponse:
-        """Readiness: PostgreSQL and Redis both answer within the probe timeout."""
+        """Readiness: PostgreSQL and Redis both answer within the probe timeout, and the gateway
+        is not draining (common/draining_server.py: a load balancer takes it out of rotation first)."""
+        draining = getattr(request.app.state, "draining", None)
+        if draining is not None and draining():
+            body = Readiness(status="draining", checks={})
+            return JSONResponse(body.model_dump(), status_code=503)
         connections: Connections = request.app.state.connections
         results = await asyncio.gather(
             _probe("postgres", _postgres_ok(connections.engine)),

@@ -10,8 +10,9 @@ from typing import Any
 
 import uvicorn
 
-from common import early_signals, token_files
+from common import early_signals, material, token_files
 from common.ca_store import CaStore
+from common.draining_server import DrainingServer
 from common.errors import StartupError
 from common.logs import get_logger
 from common.metrics import SERVICE_UP
@@ -123,6 +124,10 @@ async def serve(settings: Settings) -> None:
     setup_logging(settings, "gateway")
     database_url, redis_url = require_backends(settings, "gateway")
     check_backends(database_url, redis_url)
+    # The gateway takes the public material only: no private key lives on an edge host.
+    follower = await material.start_service(settings, database_url, material.Role.EDGE)
+    stop_following = asyncio.Event()
+    following = asyncio.create_task(follower.run(stop_following)) if follower is not None else None
     state = ensure_writable(settings.state_dir)
     store = CaStore(state)
     tls = resolve_tls(settings, store)
@@ -154,7 +159,8 @@ async def serve(settings: Settings) -> None:
         timeout_keep_alive=KEEPALIVE_TIMEOUT_S,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, settings.gateway_drain_s)
+    app.state.draining = lambda: server.draining
     # Loaded here rather than in serve() so the certificate can be swapped in the live SSL context.
     config.load()
     reloading = None
@@ -177,6 +183,9 @@ async def serve(settings: Settings) -> None:
         await server.serve(sockets=[sock])
     finally:
         watchdog.cancel()
+        stop_following.set()
+        if following is not None:
+            await asyncio.wait({following}, timeout=5.0)
         if reloading is not None:
             reloading.cancel()
         SERVICE_UP.labels("gateway").set(0)

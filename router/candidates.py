@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -54,8 +54,15 @@ def parse_providers(manifest: Mapping[str, Any]) -> dict[str, ProviderCap]:
 class CandidateLoader:
     """Candidates of a site and tenant with liveness, load and drain state (see the module doc)."""
 
-    def __init__(self, redis: Redis, in_flight: InFlight, liveness_window_s: int):
+    def __init__(
+        self,
+        redis: Redis,
+        in_flight: InFlight,
+        liveness_window_s: int,
+        clock: Callable[[], float] = time.time,
+    ):
         self.redis = redis
+        self.clock = clock
         self.in_flight = in_flight
         self.window_s = liveness_window_s
         self._manifests: dict[str, tuple[tuple[int, dt.datetime], Providers]] = {}
@@ -117,7 +124,7 @@ class CandidateLoader:
                     parse_providers(m["manifest"]),
                 )
         ids = [r["collector_id"] for r in rows]
-        view = await placement_view(self.redis, self.in_flight, ids, provider, time.time(), self.window_s)
+        view = await placement_view(self.redis, self.in_flight, ids, provider, self.clock(), self.window_s)
         held = self.reservations.held(provider)
         out = []
         for r in rows:

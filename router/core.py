@@ -19,13 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common import limits
 from common.errors import FailedPrecondition
+from common.fleet_clock import FleetClock
 from common.keys import KeySet
 from common.logs import get_logger
 from common.protocol import features_floor
 from router import ladder, store
 from router.candidates import CandidateLoader
 from router.key_chains import KeyChains
-from router.live import InFlight, Liveness, TaskWakes, WakeHub
+from router.live import CANDIDATES_CHANGED, InFlight, Liveness, TaskWakes, WakeHub
 from router.sql import Row
 from router.states import State
 from router.submit import SubmitRequest
@@ -170,10 +171,12 @@ class RouterCore:
         self.output_retention_s = float(limits.OUTPUT_RETENTION_S)
         # Vault mode B's store (router/credential_store.py); set by the server.
         self.credential_store: Any = None
+        # Liveness times are written by one replica and read by another: one clock (PostgreSQL's).
+        self.clock = FleetClock()
         self.liveness = Liveness(redis)
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)
-        self.candidates = CandidateLoader(redis, self.in_flight, self.liveness.window_s)
+        self.candidates = CandidateLoader(redis, self.in_flight, self.liveness.window_s, self.clock.now)
         self.task_wakes = TaskWakes(engine, self.wake, store.CHANGED_TASKS)
         self._background: set[asyncio.Task[Any]] = set()
         # Set by the server when this process also serves tunnels (router/tunnels.py).
@@ -212,6 +215,26 @@ class RouterCore:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def candidates_changed(self) -> None:
+        """Forget cached candidate rows in this process now and in every other router replica
+        (each caches a site's rows for a second: router/candidates.py)."""
+        self.candidates.invalidate()
+        self._spawn(self.wake.publish_many([CANDIDATES_CHANGED]))
+
+    async def follow_candidate_changes(self) -> None:
+        """Until cancelled: forget cached candidate rows whenever a replica says they changed."""
+        async with self.wake.listening(CANDIDATES_CHANGED) as changed:
+            while True:
+                await changed.wait()
+                changed.clear()
+                self.candidates.invalidate()
+
+    def start(self) -> None:
+        """Start listening for wake-ups and for other replicas' cache invalidations."""
+        self.wake.start()
+        self._spawn(self.follow_candidate_changes())
+        self._spawn(self.clock.run(self.engine))
 
     async def close(self) -> None:
         for task in list(self._background):

@@ -16,29 +16,28 @@ Master keys come from a file the operator provides
 Rotation: add a key and make it ``active`` (new writes wrap with it, every key
 listed still unwraps), run ``versus-cp credentials rewrap`` (every data key is
 wrapped again with the active one), then remove the old key. Pure code but for
-:meth:`MasterKeys.load_or_create`.
+:meth:`MasterKeys.load_or_create` (common/master_keys.py).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from common.errors import ConfigError, FailedPrecondition
-from common.state_dir import write_private
+from common.errors import FailedPrecondition
+from common.master_keys import CREDENTIALS_MASTER_FILE, MasterKeys, SealBroken, UnknownMasterKey
 
-DEFAULT_FILE = "credentials-master-keys.json"
+DEFAULT_FILE = CREDENTIALS_MASTER_FILE
 _WRAP_AAD = b"versus credential data key v1"
 _NONCE = 12
+
+__all__ = ["CredentialUnreadable", "MasterKeys", "SealedCredential", "open_value", "rewrap", "seal_value"]
 
 
 class CredentialUnreadable(FailedPrecondition):
@@ -47,57 +46,20 @@ class CredentialUnreadable(FailedPrecondition):
     default_code = "credential_unreadable"
 
 
-@dataclass(frozen=True, slots=True)
-class MasterKeys:
-    """The operator's master keys: one active (wraps), all listed (unwrap)."""
+def wrap(master: MasterKeys, data_key: bytes) -> tuple[str, bytes]:
+    """``data_key`` wrapped with the active master key: (key id, wrapped bytes)."""
+    return master.seal(data_key, _WRAP_AAD)
 
-    active: str
-    keys: Mapping[str, bytes] = field(repr=False)
 
-    def __repr__(self) -> str:  # secret
-        return f"MasterKeys(active={self.active!r}, kids={sorted(self.keys)!r})"
-
-    @classmethod
-    def parse(cls, raw: bytes, where: str) -> MasterKeys:
-        try:
-            doc = json.loads(raw)
-            keys = {
-                str(kid): base64.b64decode(str(value), validate=True) for kid, value in doc["keys"].items()
-            }
-            active = str(doc["active"])
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{where}: not a master key file ({type(exc).__name__})") from None
-        if active not in keys or any(len(k) != 32 for k in keys.values()):
-            raise ConfigError(f"{where}: the active key must be listed, and every key must be 32 bytes")
-        return cls(active, keys)
-
-    @classmethod
-    def load_or_create(cls, path: Path, create: bool) -> MasterKeys:
-        """The keys in ``path``; with ``create``, a new file with one key when there is none."""
-        if not path.exists():
-            if not create:
-                raise ConfigError(f"{path}: the credentials master key file does not exist")
-            kid = f"mk-{secrets.token_hex(4)}"
-            doc = {"active": kid, "keys": {kid: base64.b64encode(os.urandom(32)).decode()}}
-            write_private(path, json.dumps(doc, indent=2).encode())
-        if path.stat().st_mode & 0o077:
-            raise ConfigError(f"{path} is readable by others; run `chmod 600 {path}`")
-        return cls.parse(path.read_bytes(), str(path))
-
-    def wrap(self, data_key: bytes) -> tuple[str, bytes]:
-        nonce = os.urandom(_NONCE)
-        return self.active, nonce + AESGCM(self.keys[self.active]).encrypt(nonce, data_key, _WRAP_AAD)
-
-    def unwrap(self, kid: str, wrapped: bytes) -> bytes:
-        key = self.keys.get(kid)
-        if key is None:
-            raise CredentialUnreadable(
-                f"the credential's data key is wrapped with master key {kid!r}, which is not loaded"
-            )
-        try:
-            return AESGCM(key).decrypt(wrapped[:_NONCE], wrapped[_NONCE:], _WRAP_AAD)
-        except (InvalidTag, ValueError):
-            raise CredentialUnreadable("the credential's data key does not open: altered") from None
+def unwrap(master: MasterKeys, kid: str, wrapped: bytes) -> bytes:
+    try:
+        return master.open(kid, wrapped, _WRAP_AAD)
+    except UnknownMasterKey:
+        raise CredentialUnreadable(
+            f"the credential's data key is wrapped with master key {kid!r}, which is not loaded"
+        ) from None
+    except SealBroken:
+        raise CredentialUnreadable("the credential's data key does not open: altered") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +83,14 @@ def seal_value(
     nonce = os.urandom(_NONCE)
     plaintext = json.dumps(dict(value), separators=(",", ":"), sort_keys=True).encode()
     ciphertext = AESGCM(data_key).encrypt(nonce, plaintext, _aad(tenant_id, ref, version))
-    kid, wrapped = master.wrap(data_key)
+    kid, wrapped = wrap(master, data_key)
     return SealedCredential(kid, wrapped, nonce, ciphertext)
 
 
 def open_value(
     master: MasterKeys, tenant_id: str, ref: str, version: int, sealed: SealedCredential
 ) -> dict[str, Any]:
-    data_key = master.unwrap(sealed.key_id, sealed.wrapped_key)
+    data_key = unwrap(master, sealed.key_id, sealed.wrapped_key)
     try:
         plaintext = AESGCM(data_key).decrypt(sealed.nonce, sealed.ciphertext, _aad(tenant_id, ref, version))
     except (InvalidTag, ValueError):
@@ -139,5 +101,5 @@ def open_value(
 
 def rewrap(master: MasterKeys, sealed: SealedCredential) -> SealedCredential:
     """The same credential with its data key wrapped by the active master key."""
-    kid, wrapped = master.wrap(master.unwrap(sealed.key_id, sealed.wrapped_key))
+    kid, wrapped = wrap(master, unwrap(master, sealed.key_id, sealed.wrapped_key))
     return SealedCredential(kid, wrapped, sealed.nonce, sealed.ciphertext)

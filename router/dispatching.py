@@ -312,7 +312,7 @@ class Dispatching(RouterCore):
         them) and to a tenant the caller may see (``may_see``): a tunnel never crosses into
         another tenant's network.
         """
-        now = time.time()
+        now = self.clock.now()
         if collector_id:
             async with self.engine.connect() as conn:
                 home = await store.collector_home(conn, collector_id)

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import grpc
 from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
-from common.grpc_client import RECONNECT_OPTIONS, call_mapped
+from common.grpc_client import aio_plain_channel, call_mapped
 from common.grpc_server import AUTHORIZATION_HEADER, MAX_MESSAGE_BYTES
 from common.logs import REQUEST_ID_HEADER
 
@@ -37,10 +36,9 @@ class EnrollmentClient:
     """Collector status transitions, through the enrollment service."""
 
     def __init__(self, address: str):
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = aio_plain_channel(
             address,
-            options=[
-                *RECONNECT_OPTIONS,
+            [
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],

@@ -287,8 +287,8 @@ class Fleet:
                     conn, current_actor(), "collector.drain" if drained else "collector.undrain",
                     "collector", collector_id, {"before": {"drained": before}, "after": {"drained": drained}},
                 )  # fmt: skip
-        # This process's cached candidate rows still say the old drain state for up to a second.
-        self.router.candidates.invalidate()
+        # Cached candidate rows (here and in other replicas) still say the old drain state.
+        self.router.candidates_changed()
         if not drained:
             # Routing is back: place what waited for this collector's site.
             await self.router.reevaluate(row["site_id"])
@@ -370,7 +370,7 @@ class Fleet:
                     {"before": before, "after": after},
                 )  # fmt: skip
         # Placement reads the mode from its candidate rows (vault mode B relays credentials).
-        self.router.candidates.invalidate()
+        self.router.candidates_changed()
         if before != after:
             await self.router.collector_vault_mode_changed(collector_id)
         # A held claim wakes, sees the new mode and tells the collector to restart.

@@ -203,7 +203,7 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
         seen: Any = None
         await self._visible(request.task_id)  # a task's tenant never changes: checking once holds
         # Woken by the commit of every transition of this task; the timeout is only a safety net.
-        with self.router.wake.listener(task_key(request.task_id)) as changed:
+        async with self.router.wake.listening(task_key(request.task_id)) as changed:
             while True:
                 changed.clear()
                 task, history = await self.router.get(request.task_id)

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from common import protocol
 from common.errors import Conflict, PermissionDenied, Unauthenticated
+from common.fanout import Wake
 from common.keys import KeyPurpose
 from common.limits import MAX_CLAIM_BATCH
 from common.logs import get_logger
@@ -117,7 +118,7 @@ class HandOut(Cancels, Revocations):
                 changed = await store.set_dispatch_kids(conn, collector_id, kids)
             if changed:
                 log.info("collector holds a new dispatch key set", collector_id=collector_id, version=version)
-                self.candidates.invalidate()
+                self.candidates_changed()
                 # Work that waited for a collector holding a live key may be placeable now.
                 self._spawn(self._reevaluate_for(collector_id))
         self._held_dispatch_version[collector_id] = version
@@ -185,53 +186,57 @@ class HandOut(Cancels, Revocations):
         verdict on every task in ``held_task_ids`` (router/cancels.py).
         """
         started = time.monotonic()
-        # The session is checked by the heartbeat below (same round trip as recording the claim).
-        restart = await self._check_standing(
-            collector_id, session_id, config_version, check_session=False, claim_seq=claim_seq
-        )
-        session = {
-            "draining": "1" if draining else "0",
-            "agent_version": agent_version,
-            "claim_seq": str(claim_seq),
-            "transport": transport,
-            "vault_mode": vault_mode,
-            # "dispatch=3,release=2": which key set versions the running process holds (keys status).
-            "key_versions": ",".join(f"{k}={int(v)}" for k, v in sorted((key_versions or {}).items())),
-            # The collector protocol version the gateway settled with it (docs/protocol.md).
-            "protocol": str(protocol_version),
-        }
-        verdicts_spoken = protocol_version >= protocol.floor_of("cancel")
-        revokes_spoken = protocol_version >= protocol.floor_of("credential_revoke")
-        beat = await self.liveness.heartbeat(
-            collector_id, session_id, time.time(), session,
-            take_cancels=verdicts_spoken, take_revokes=revokes_spoken,
-        )  # fmt: skip
-        if beat.adopted < 0:
-            raise _superseded()
-        if beat.adopted == 1:
-            # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
-            await self.wake.publish(collector_id)
-        if beat.came_back or beat.adopted == 1:
-            # Back, or a new process (perhaps a newer build reaching a feature's floor): queued
-            # work it may now take is placed again.
-            self._spawn(self._reevaluate_for(collector_id))
-        verdicts = dict.fromkeys(beat.cancels, "cancel")
-        if resume and verdicts_spoken:
-            verdicts.update(await self.verdicts(collector_id, held_task_ids))
-        revokes = await self.revokes_for(collector_id, beat.revokes, resume) if revokes_spoken else ()
-        if restart is not None:
-            return ClaimAnswer(restart=restart, verdicts=verdicts, revokes=revokes)
-        if key_versions and self.key_chains is not None:
-            await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
-            if self.key_chains.behind(key_versions):
-                return ClaimAnswer(verdicts=verdicts, revokes=revokes)
-        if key_versions and self.trust is not None and self.trust.behind(key_versions):
-            return ClaimAnswer(verdicts=verdicts, revokes=revokes)
-        with self._claim_in_progress(collector_id, claim_seq) as still_live:
-            return await self._hand_out(
-                collector_id, claim_seq, held_task_ids, started, wait_s, draining, session_id,
-                config_version, max_dispatches, free_slots, still_live, protocol_version, verdicts, revokes,
+        # Subscribed before anything is looked at: work announced from here on wakes this claim,
+        # and work announced just before is in the heartbeat (work_noted).
+        async with self.wake.listening(collector_id) as woken:
+            # The session is checked by the heartbeat below (same round trip as recording the claim).
+            restart = await self._check_standing(
+                collector_id, session_id, config_version, check_session=False, claim_seq=claim_seq
+            )
+            session = {
+                "draining": "1" if draining else "0",
+                "agent_version": agent_version,
+                "claim_seq": str(claim_seq),
+                "transport": transport,
+                "vault_mode": vault_mode,
+                # "dispatch=3,release=2": which key set versions the running process holds (keys status).
+                "key_versions": ",".join(f"{k}={int(v)}" for k, v in sorted((key_versions or {}).items())),
+                # The collector protocol version the gateway settled with it (docs/protocol.md).
+                "protocol": str(protocol_version),
+            }
+            verdicts_spoken = protocol_version >= protocol.floor_of("cancel")
+            revokes_spoken = protocol_version >= protocol.floor_of("credential_revoke")
+            beat = await self.liveness.heartbeat(
+                collector_id, session_id, self.clock.now(), session,
+                take_cancels=verdicts_spoken, take_revokes=revokes_spoken,
             )  # fmt: skip
+            if beat.adopted < 0:
+                raise _superseded()
+            if beat.adopted == 1:
+                # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
+                await self.wake.publish(collector_id)
+            if beat.came_back or beat.adopted == 1:
+                # Back, or a new process (perhaps a newer build reaching a feature's floor): queued
+                # work it may now take is placed again.
+                self._spawn(self._reevaluate_for(collector_id))
+            verdicts = dict.fromkeys(beat.cancels, "cancel")
+            if resume and verdicts_spoken:
+                verdicts.update(await self.verdicts(collector_id, held_task_ids))
+            revokes = await self.revokes_for(collector_id, beat.revokes, resume) if revokes_spoken else ()
+            if restart is not None:
+                return ClaimAnswer(restart=restart, verdicts=verdicts, revokes=revokes)
+            if key_versions and self.key_chains is not None:
+                await self._record_held_dispatch_keys(collector_id, int(key_versions.get("dispatch", 1) or 1))
+                if self.key_chains.behind(key_versions):
+                    return ClaimAnswer(verdicts=verdicts, revokes=revokes)
+            if key_versions and self.trust is not None and self.trust.behind(key_versions):
+                return ClaimAnswer(verdicts=verdicts, revokes=revokes)
+            with self._claim_in_progress(collector_id, claim_seq) as still_live:
+                return await self._hand_out(
+                    collector_id, claim_seq, held_task_ids, started, wait_s, draining, session_id,
+                    config_version, max_dispatches, free_slots, still_live, protocol_version,
+                    verdicts, revokes, woken, beat.work_noted,
+                )  # fmt: skip
 
     @contextlib.contextmanager
     def _claim_in_progress(self, collector_id: str, claim_seq: int) -> Iterator[Callable[[], bool]]:
@@ -273,6 +278,8 @@ class HandOut(Cancels, Revocations):
         protocol_version: int,
         verdicts: dict[str, str],
         revokes: tuple[Mapping[str, Any], ...],
+        woken: Wake,
+        work_noted: bool,
     ) -> ClaimAnswer:
         await self._requeue_never_received(collector_id, claim_seq, held_task_ids)
         deadline = started + min(max(wait_s, 0.0), MAX_CLAIM_WAIT_S)
@@ -284,55 +291,53 @@ class HandOut(Cancels, Revocations):
         taking = not draining and providers != []
         # Work announced just before this claim (its wake-up found no listener) may be locked in
         # passing at the first take, like work a wake-up announces: look again shortly then too.
-        retakes = list(RETAKE_AFTER_S) if self.wake.work_announced_since(collector_id, started - 1.0) else []
-        with self.wake.listener(collector_id) as woken:
-            first = True
-            while True:
-                if not still_live():
-                    # A newer claim of the collector arrived: this one is abandoned (a cancel it
-                    # took is noted again, for the newer claim).
-                    for dispatch_id, said in verdicts.items():
-                        if said == "cancel":
-                            await self.liveness.note_cancel(collector_id, dispatch_id)
-                    for revoke in revokes:
-                        await self.liveness.note_revoke(collector_id, revoke["revocation_id"])
-                    return ClaimAnswer()
-                if not first and woken.payloads - {WORK_TEXT, CANCEL_TEXT, REVOKE_TEXT}:
-                    # Woken by more than new work: a revoke, a newer session or a vault-mode change.
-                    restart = await self._check_standing(collector_id, session_id, config_version)
-                    if restart is not None:
-                        return ClaimAnswer(restart=restart, verdicts=verdicts, revokes=revokes)
-                if CANCEL_TEXT in woken.payloads and protocol_version >= protocol.floor_of("cancel"):
-                    verdicts.update(dict.fromkeys(await self.liveness.take_cancels(collector_id), "cancel"))
-                if REVOKE_TEXT in woken.payloads and protocol_version >= protocol.floor_of(
-                    "credential_revoke"
-                ):
-                    noted = await self.liveness.take_revokes(collector_id)
-                    revokes = (*revokes, *await self.revokes_for(collector_id, noted, False))
-                if WORK_TEXT in woken.payloads:
-                    retakes = list(RETAKE_AFTER_S)
-                first = False
-                woken.clear()
-                taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
-                offers = await self._signed_offers(collector_id, taken)
-                got = (
-                    await self._take(collector_id, claim_seq, limit, providers, protocol_version)
-                    if taking
-                    else ()
-                )
-                remaining = deadline - time.monotonic()
-                if got or offers or verdicts or revokes or remaining <= 0:
-                    CLAIM_WAIT.observe(time.monotonic() - started)
-                    return ClaimAnswer(got, offers, None, verdicts, revokes)
-                # Woken for work and found none: the row may be locked in passing (a queue pass
-                # that read the task as queued locks the version that is leased now, and holds it
-                # until it commits; the take skips locked rows). Look again shortly, a few times.
-                pause = min(retakes.pop(0), remaining) if retakes else remaining
-                try:
-                    async with asyncio.timeout(pause):
-                        await woken.wait()
-                except TimeoutError:
-                    pass
+        announced = work_noted or self.wake.work_announced_since(collector_id, started - 1.0)
+        retakes = list(RETAKE_AFTER_S) if announced else []
+        first = True
+        while True:
+            if not still_live():
+                # A newer claim of the collector arrived: this one is abandoned (a cancel it
+                # took is noted again, for the newer claim).
+                for dispatch_id, said in verdicts.items():
+                    if said == "cancel":
+                        await self.liveness.note_cancel(collector_id, dispatch_id)
+                for revoke in revokes:
+                    await self.liveness.note_revoke(collector_id, revoke["revocation_id"])
+                return ClaimAnswer()
+            if not first and woken.payloads - {WORK_TEXT, CANCEL_TEXT, REVOKE_TEXT}:
+                # Woken by more than new work: a revoke, a newer session or a vault-mode change.
+                restart = await self._check_standing(collector_id, session_id, config_version)
+                if restart is not None:
+                    return ClaimAnswer(restart=restart, verdicts=verdicts, revokes=revokes)
+            if CANCEL_TEXT in woken.payloads and protocol_version >= protocol.floor_of("cancel"):
+                verdicts.update(dict.fromkeys(await self.liveness.take_cancels(collector_id), "cancel"))
+            if REVOKE_TEXT in woken.payloads and protocol_version >= protocol.floor_of("credential_revoke"):
+                noted = await self.liveness.take_revokes(collector_id)
+                revokes = (*revokes, *await self.revokes_for(collector_id, noted, False))
+            if WORK_TEXT in woken.payloads:
+                retakes = list(RETAKE_AFTER_S)
+            first = False
+            woken.clear()
+            taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
+            offers = await self._signed_offers(collector_id, taken)
+            got = (
+                await self._take(collector_id, claim_seq, limit, providers, protocol_version)
+                if taking
+                else ()
+            )
+            remaining = deadline - time.monotonic()
+            if got or offers or verdicts or revokes or remaining <= 0:
+                CLAIM_WAIT.observe(time.monotonic() - started)
+                return ClaimAnswer(got, offers, None, verdicts, revokes)
+            # Woken for work and found none: the row may be locked in passing (a queue pass
+            # that read the task as queued locks the version that is leased now, and holds it
+            # until it commits; the take skips locked rows). Look again shortly, a few times.
+            pause = min(retakes.pop(0), remaining) if retakes else remaining
+            try:
+                async with asyncio.timeout(pause):
+                    await woken.wait()
+            except TimeoutError:
+                pass
 
     async def _take(
         self,

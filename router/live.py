@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from sqlalchemy import Connection, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from common.fanout import Fanout, text
+from common.fanout import KeyedFanout, text
 from common.logs import get_logger
 from router.fleet_state import DEAD_AFTER_S
 
@@ -35,6 +35,10 @@ SESSION_TTL_S = 24 * 3600
 _SUPERSEDED = "versus:superseded:"
 _INFLIGHT = "versus:inflight:"
 _BUILT = "versus:inflight:built"
+# Set for a moment when work is announced for a collector (WakeHub.publish): a claim that starts
+# right after sees it in its heartbeat, though the announcement reached no listener of it.
+_WORK_NOTE = "versus:worknote:"
+WORK_NOTE_MS = 2000
 _WAKE = "versus:wake:"
 # Dispatch ids whose cancel the collector has not been told of yet (router/cancels.py).
 _CANCELS = "versus:cancel:"
@@ -67,6 +71,8 @@ class Heartbeat:
     came_back: bool
     cancels: tuple[str, ...] = ()
     revokes: tuple[str, ...] = ()
+    # Work was announced for the collector in the last WORK_NOTE_MS (taken by this heartbeat).
+    work_noted: bool = False
 
 
 class Liveness:
@@ -95,14 +101,15 @@ class Liveness:
         for key, value in session.items():
             fields += [key, value]
         flags = ("c" if take_cancels else "") + ("r" if take_revokes else "")
-        adopted, previous, cancels, revokes = await self.redis.eval(
-            _HEARTBEAT, 5,
+        reply = await self.redis.eval(
+            _HEARTBEAT, 6,
             _SESSION + collector_id, _SUPERSEDED + collector_id, _LIVE, _CANCELS + collector_id,
-            _REVOKES + collector_id,
+            _REVOKES + collector_id, _WORK_NOTE + collector_id,
             session_id, str(now), str(SESSION_TTL_S), collector_id, flags or "-", *fields,
         )  # fmt: skip
+        adopted, previous, cancels, revokes, noted = (*reply, b"")[:5]
         came_back = not previous or now - float(previous) > self.window_s
-        return Heartbeat(int(adopted), came_back, _words(cancels), _words(revokes))
+        return Heartbeat(int(adopted), came_back, _words(cancels), _words(revokes), bool(noted))
 
     async def note_cancel(self, collector_id: str, dispatch_id: str) -> None:
         """Remember that the collector must be told to stop ``dispatch_id`` (its next claim takes it)."""
@@ -270,7 +277,7 @@ return 1
 _HEARTBEAT = """
 local adopted = 0
 if ARGV[1] ~= '' then
-  if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {-1, '', '', ''} end
+  if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {-1, '', '', '', ''} end
   local current = redis.call('HGET', KEYS[1], 'session_id')
   if current ~= ARGV[1] then
     if current then
@@ -293,7 +300,9 @@ local function take(key, wanted)
   redis.call('DEL', key)
   return table.concat(noted, ' ')
 end
-return {adopted, previous, take(KEYS[4], 'c'), take(KEYS[5], 'r')}
+local noted = redis.call('GET', KEYS[6])
+if noted then redis.call('DEL', KEYS[6]) end
+return {adopted, previous, take(KEYS[4], 'c'), take(KEYS[5], 'r'), noted or ''}
 """
 
 
@@ -325,9 +334,33 @@ class InFlight:
                 pipe.delete(key)
         for collector_id, providers in per_collector.items():
             pipe.hset(_INFLIGHT + collector_id, mapping=dict(providers))  # type: ignore[arg-type]
-        pipe.set(_BUILT, "1")
+        # The marker names the Redis server that holds the counters (see check_server).
+        pipe.set(_BUILT, await self._run_id())
         await pipe.execute()
         log.debug("in-flight counters rebuilt from PostgreSQL", collectors=len(per_collector))
+
+    async def _run_id(self) -> str:
+        info = await self.redis.info("server")
+        return str(info.get("run_id", "1"))
+
+    async def check_server(self) -> bool:
+        """Drop the counters' marker when another Redis server holds them now than built them (a
+        Sentinel failover, a restart from a snapshot): a replica promoted to master may have missed
+        the last increments, so the next read rebuilds them from PostgreSQL, as after a FLUSHALL.
+        Whether the marker was dropped. The sweeper calls this on every pass."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.info("server")
+        pipe.get(_BUILT)
+        info, built = await pipe.execute()
+        run_id = str(info.get("run_id", ""))
+        if built == b"1":  # built by a release that did not record the server: adopt this one
+            await self.redis.set(_BUILT, run_id, xx=True)
+            return False
+        if built is None or built.decode() == run_id:
+            return False
+        log.warning("in-flight counters were built on another Redis server; rebuilding")
+        await self.redis.delete(_BUILT)
+        return True
 
     async def add(self, collector_id: str, provider: str, delta: int) -> None:
         # No marker check here: after a flush this creates a partial counter, and the next read
@@ -424,13 +457,20 @@ def wake_channel(key: str) -> str:
     return _WAKE + key
 
 
-class WakeHub(Fanout):
-    """Wake-ups by key: collector ids (work was routed to it) and ``task:<id>`` (the task changed state)."""
+# The wake-up key on which replicas announce that candidate rows changed (not a collector id:
+# those never contain a colon). Every router listens to it for its whole life.
+CANDIDATES_CHANGED = "cache:candidates"
+
+
+class WakeHub(KeyedFanout):
+    """Wake-ups by key: collector ids (work was routed to it) and ``task:<id>`` (the task changed
+    state). Each router replica subscribes only to the keys it waits on now (common/fanout.py
+    :class:`KeyedFanout`): the collectors whose claims it holds and the tasks it watches."""
 
     def __init__(self, redis: Redis):
-        super().__init__(redis, pattern=_WAKE + "*", key_of=lambda m: text(m["channel"]).removeprefix(_WAKE))
-        # When work was last announced for each collector (monotonic seconds), listened for or not,
-        # and when a claim of it last took something.
+        super().__init__(redis, prefix=_WAKE, always=(CANDIDATES_CHANGED,))
+        # When work was last announced for each collector (monotonic seconds), as far as this
+        # process heard, and when a claim of it last took something.
         self._work_at: dict[str, float] = {}
         self._taken_at: dict[str, float] = {}
 
@@ -454,9 +494,16 @@ class WakeHub(Fanout):
         self._taken_at[collector_id] = time.monotonic()
 
     async def publish(self, collector_id: str, payload: bytes = b"1") -> None:
-        """Wake the collector's waiting claim. ``WORK`` says only that work was routed to it;
-        anything else (the default) also makes the claim re-check the collector's standing."""
-        await self.redis.publish(_WAKE + collector_id, payload)
+        """Wake the collector's waiting claim. ``WORK`` says only that work was routed to it (and
+        is noted for a claim about to start: Liveness.heartbeat ``work_noted``); anything else
+        (the default) also makes the claim re-check the collector's standing."""
+        if payload != WORK:
+            await self.redis.publish(_WAKE + collector_id, payload)
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(_WORK_NOTE + collector_id, b"1", px=WORK_NOTE_MS)
+        pipe.publish(_WAKE + collector_id, payload)
+        await pipe.execute()
 
     async def publish_many(self, keys: Iterable[str]) -> None:
         pipe = self.redis.pipeline(transaction=False)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
-import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -82,7 +81,7 @@ class Revocations(RouterCore):
         async with self.engine.begin() as conn:
             # A platform token reaches only its tenants' tasks (docs/access.md).
             holders = await revocation_store.holders(conn, provider, target_ref, rbac.tenant_filter())
-            silent = await self.liveness.silent({h["collector_id"] for h in holders}, time.time())
+            silent = await self.liveness.silent({h["collector_id"] for h in holders}, self.clock.now())
             await revocation_store.create(conn, revocation_id, ref, action, reason[:500], actor)
             for h in holders:
                 cid, handed = h["collector_id"], int(h["protocol"] or 1)

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import math
-import time
 from collections.abc import Callable
 
 from versus.access.v1 import access_pb2, access_pb2_grpc
@@ -22,15 +21,17 @@ from versus.router.v1 import (
     tunnel_pb2_grpc,
 )
 
+from common import material
 from common.api_tokens import TokenAuthenticator
 from common.db import engine as db_engine
+from common.errors import ConfigError
 from common.grpc_server import ServiceRegistration
 from common.keys import KeyPurpose, KeySet
 from common.keystore import KeyStore, ReloadingKeySet
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
-from common.runtime import require_backends, serve_grpc_service
-from common.settings import Settings
+from common.runtime import check_backends, require_backends, serve_grpc_service
+from common.settings import KeyMaterialMode, Settings
 from common.state_dir import ensure_writable
 from common.trust_bundle import BundleSource
 from router import store
@@ -57,8 +58,9 @@ SWEEP_INTERVAL_S = 5.0
 log = get_logger("versus.router")
 
 
-def registrations(router: Router, clock: Callable[[], float] = time.time) -> list[ServiceRegistration]:
-    """Services served by the router process; ``clock`` is the fleet's notion of now (tests move it)."""
+def registrations(router: Router, clock: Callable[[], float] | None = None) -> list[ServiceRegistration]:
+    """Services served by the router process; ``clock`` is the fleet's notion of now (default: the
+    router's, PostgreSQL's time; tests move it)."""
     tunnels = []
     if router.tunnels is not None:
         tunnels.append(
@@ -87,7 +89,7 @@ def registrations(router: Router, clock: Callable[[], float] = time.time) -> lis
         ),
         ServiceRegistration(
             fleet_pb2.DESCRIPTOR.services_by_name["FleetService"].full_name,
-            FleetServicer(Fleet(router, clock)),
+            FleetServicer(Fleet(router, clock or router.clock.now)),
             fleet_pb2_grpc.add_FleetServiceServicer_to_server,
         ),
         ServiceRegistration(
@@ -165,6 +167,15 @@ async def stop_sweeper(sweeper: asyncio.Task[None], stop: asyncio.Event, grace_s
 
 async def serve(settings: Settings) -> None:
     database_url, redis_url = require_backends(settings, "router")
+    check_backends(database_url, redis_url)
+    if settings.key_material is KeyMaterialMode.SHARED and settings.router_advertise is None:
+        # Replicas on several hosts: a gateway elsewhere must reach the tunnels this one holds.
+        raise ConfigError(
+            "VERSUS_ROUTER_ADVERTISE must name where gateways reach this router (host:port) when "
+            "routers run on several hosts (docs/deployment.md)"
+        )
+    # Before any key is loaded: this host serves the deployment's material or none (common/material.py).
+    follower = await material.start_service(settings, database_url, material.Role.CORE)
     state = ensure_writable(settings.state_dir)
     keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))
     # The router's transactions are the hot path: no ping per checkout (see create_async).
@@ -176,14 +187,12 @@ async def serve(settings: Settings) -> None:
     router.output_tenant_quota = settings.output_tenant_quota_bytes
     router.output_retention_s = float(settings.output_retention_s)
     master_file = settings.credentials_master_keys_file or state / DEFAULT_MASTER_FILE
-    router.credential_store = CredentialStore(
-        engine, MasterKeys.load_or_create(master_file, create=settings.credentials_master_keys_file is None)
-    )
+    router.credential_store = CredentialStore(engine, MasterKeys.load_or_create(master_file, create=False))
     router.key_chains = KeyChains(state)
     router.trust = TrustDelivery(BundleSource.from_settings(settings, state), keys.get, engine)
-    router.tunnels = TunnelHub(router.redis, settings.router_address)
+    router.tunnels = TunnelHub(router.redis, settings.router_advertise_address)
     router.enrollment = EnrollmentClient(settings.enrollment_address)
-    router.wake.start()
+    router.start()
     stop_sweeping = asyncio.Event()
     sweeper = asyncio.create_task(sweep_forever(router, stop=stop_sweeping))
     # Root version 1 of the update repository is the release set collectors pin at enrollment.
@@ -193,6 +202,7 @@ async def serve(settings: Settings) -> None:
     router.releases = Releases(engine, repo, releases.get, router.updates)
     refresher = asyncio.create_task(keep_updates_fresh(repo, releases.get, stop_sweeping))
     reconciler = asyncio.create_task(router.updates.run(stop_sweeping))
+    following = asyncio.create_task(follower.run(stop_sweeping)) if follower is not None else None
     try:
         await serve_grpc_service(
             settings,
@@ -205,5 +215,5 @@ async def serve(settings: Settings) -> None:
         )
     finally:
         await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
-        await asyncio.wait({refresher, reconciler}, timeout=5.0)
+        await asyncio.wait({refresher, reconciler, *([following] if following else [])}, timeout=5.0)
         await router.aclose()

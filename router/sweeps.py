@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +31,7 @@ class Sweeps(Cancels, Outputs, Revocations):
         async with self.engine.begin() as conn:
             stored = await store.upsert_capabilities(conn, collector_id, epoch, manifest, fips, version)
         if stored == epoch:
-            self.candidates.invalidate()
+            self.candidates_changed()
             self._spawn(self._reevaluate_for(collector_id))
         return stored
 
@@ -67,7 +66,7 @@ class Sweeps(Cancels, Outputs, Revocations):
         instead of after the liveness window. Returns (requeued, whether the session was the
         current one; a superseded session's goodbye changes nothing).
         """
-        if not await self.liveness.goodbye(collector_id, session_id, reason, time.time()):
+        if not await self.liveness.goodbye(collector_id, session_id, reason, self.clock.now()):
             return 0, False
         log.info("collector said goodbye", collector_id=collector_id, reason=reason)
         moved = await self._requeue_leased(collector_id, f"collector {collector_id} said goodbye")
@@ -99,8 +98,9 @@ class Sweeps(Cancels, Outputs, Revocations):
         """One pass: unclaimed leases, silent holders, blown deadlines, orphan device leases, and
         cancels not answered for a while (noted for their collectors again)."""
         counts = {"unclaimed": 0, "unknown": 0, "expired": 0, "leases": 0}
+        await self.in_flight.check_server()
         effects = Effects()
-        now_s = time.time()
+        now_s = self.clock.now()
         async with self.engine.begin() as conn:
             for d in await store.expired_leased_dispatches(conn, batch):
                 task = await store.get_task(conn, d["task_id"], lock=True, skip_locked=True)

@@ -4,6 +4,7 @@
     versus-cp ca rotate --ca collector|gateway
     versus-cp ca activate --ca collector|gateway CA_ID [--force]
     versus-cp ca retire --ca collector|gateway CA_ID [--force]
+    versus-cp ca issue-server-cert --name NAME [--name NAME ...] --out DIR [--stem STEM]
 
 A rotation is three steps (docs/day2.md). ``rotate`` adds a new CA beside the
 old one: a new version of the trust bundle, which collectors receive, signed,
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from pathlib import Path
 from typing import Any, cast
 
 from versus.fleet.v1 import fleet_pb2
@@ -32,8 +34,9 @@ from common.ca_store import KINDS, CaStore, Kind, Trust
 from common.errors import FailedPrecondition
 from common.pki import spki_pin
 from common.settings import Settings
-from common.state_dir import ensure_writable
-from versus_cp import rpc
+from common.state_dir import write_private, write_public
+from common.tls import issue_server_cert, san_entries
+from versus_cp import material_cmd, rpc
 
 # Collectors that can still connect: not revoked or denied, certificate not expired.
 _GONE = (
@@ -46,6 +49,21 @@ _SHOWN = 5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="ca_action", required=True, metavar="ACTION")
+    issue = sub.add_parser(
+        "issue-server-cert",
+        help="Issue a server certificate from the active gateway CA (gateways and the load balancer "
+        "in front of them, when several hosts serve; docs/deployment.md).",
+    )
+    issue.add_argument(
+        "--name", action="append", required=True, help="DNS name or IP address; repeat (the first is the CN)."
+    )
+    issue.add_argument("--out", type=Path, required=True, help="Directory to write the files to.")
+    issue.add_argument(
+        "--stem",
+        default="server",
+        help="File names: STEM.pem (certificate, then the CA), STEM.key, STEM.bundle.pem (all three, "
+        "as HAProxy's crt takes them). Default: server.",
+    )
     status = sub.add_parser("status", help="The CAs, the bundle version and which collectors depend on what.")
     status.add_argument("--json", action="store_true")
     rotate = sub.add_parser("rotate", help="Add a new CA beside the current one (not issuing yet).")
@@ -63,10 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    state = ensure_writable(settings.state_dir)
-    store = CaStore(state)
     if args.ca_action == "status":
-        return _status(settings, store, args.json)
+        return _status(settings, CaStore(material_cmd.current_state(settings)), args.json)
+    if args.ca_action == "issue-server-cert":
+        return _issue_server_cert(CaStore(material_cmd.current_state(settings)), args)
+    # In shared mode the change becomes the next version every replica follows.
+    with material_cmd.editing(settings) as state:
+        return _change(settings, CaStore(state), args)
+
+
+def _change(settings: Settings, store: CaStore, args: argparse.Namespace) -> int:
     kind = cast(Kind, args.kind)
     _check_managed(settings, kind)
     if args.ca_action == "rotate":
@@ -99,6 +123,20 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         )
     trust = store.retire(kind, args.ca_id)
     print(f"{kind} CA {args.ca_id} retired (bundle version {trust.version})")
+    return 0
+
+
+def _issue_server_cert(store: CaStore, args: argparse.Namespace) -> int:
+    names: list[str] = args.name
+    chain, key = issue_server_cert(store, names[0], san_entries(names))
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_private(out / f"{args.stem}.key", key)
+    write_public(out / f"{args.stem}.pem", chain)
+    write_private(out / f"{args.stem}.bundle.pem", chain + key)
+    active = store.load().active["gateway"]
+    print(f"server certificate for {', '.join(names)} from gateway CA {active} written to "
+          f"{out}/{args.stem}.*; issue again after the gateway CA is rotated and activated")  # fmt: skip
     return 0
 
 

@@ -29,9 +29,8 @@ from common.errors import ConfigError
 from common.keys import DEFAULT_LIFETIME, KeyPurpose, KeySet, rfc3339
 from common.keystore import KeyStore
 from common.settings import Settings
-from common.state_dir import ensure_writable
 from router.update_repo import UpdateRepository
-from versus_cp import rpc
+from versus_cp import material_cmd, rpc
 from versus_cp.fleet_cmd import span
 
 MAX_LIFETIME_DAYS = 3 * 365
@@ -65,7 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    state = ensure_writable(settings.state_dir)
+    if args.keys_action in ("rotate", "retire"):
+        # In shared mode the change becomes the next version every replica follows.
+        with material_cmd.editing(settings) as state:
+            return _change(state, args)
+    return _read(settings, material_cmd.current_state(settings), args)
+
+
+def _change(state: Path, args: argparse.Namespace) -> int:
     key_set = getattr(args, "key_set", None)
     purposes = [KeyPurpose(key_set)] if key_set else list(KeyPurpose)
     now = int(time.time())
@@ -87,6 +93,13 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         _follow_release_keys(state, keyset)
         print(f"{keyset.purpose.value}: version {keyset.version} without {args.kid}")
         return 0
+    raise AssertionError(args.keys_action)
+
+
+def _read(settings: Settings, state: Path, args: argparse.Namespace) -> int:
+    key_set = getattr(args, "key_set", None)
+    purposes = [KeyPurpose(key_set)] if key_set else list(KeyPurpose)
+    now = int(time.time())
     if args.keys_action == "status":
         return _status(settings, state, now, args.json)
     published = {}

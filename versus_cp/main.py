@@ -43,6 +43,7 @@ from versus_cp import (
     enrollment_cmd,
     fleet_cmd,
     keys_cmd,
+    material_cmd,
     queue_cmd,
     releases_cmd,
     tasks_cmd,
@@ -111,6 +112,11 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         "Rotate the Collector CA and the gateway CA; see who depends on which.",
         ca_cmd.run,
         ca_cmd.add_arguments,
+    ),
+    "material": (
+        "Where the key and CA material lives; share it with replicas on other hosts.",
+        material_cmd.run,
+        material_cmd.add_arguments,
     ),
     "sites": (
         "Create, list, update and delete sites.",

@@ -36,6 +36,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common import material
 from common.db import engine as db_engine
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.process import parent_death_signal
@@ -44,6 +45,7 @@ from common.errors import StartupError, Unavailable
 from common.keys import KeyPurpose
 from common.keystore import KeyStore
 from common.logs import get_logger
+from common.material_files import Marker
 from common.redis_client import check_reachable as redis_reachable
 from common.runtime import PARENT_PID_ENV, setup_logging, shutdown_signals
 from common.settings import Settings
@@ -122,15 +124,25 @@ class Supervisor:
             self._stop_embedded()
             lock.release()
 
+    def _prepare_material(self, database_url: str) -> Marker:
+        engine = db_engine.create_sync(database_url, pool_size=1)
+        try:
+            return material.prepare(material.Source.from_settings(self.settings), engine, material.Role.CORE)
+        finally:
+            engine.dispose()
+
     async def _run(self, state: Path) -> int:
         check_ports_free(self.settings)
         database_url, redis_url = self._backends(state)
         apply_migrations(database_url)
         # asyncio.run cannot nest: the token bootstrap runs in a worker thread with its own loop.
         access = await asyncio.to_thread(access_bootstrap.ensure, database_url, self.settings)
+        # The deployment's key and CA material, before a child loads any (common/material.py).
+        marker = await asyncio.to_thread(self._prepare_material, database_url)
         for purpose in KeyPurpose:
-            keyset = KeyStore(state, purpose).load_or_create()
+            keyset = KeyStore(state, purpose).load()
             log.info("signing keys ready", key_set=purpose.value, current_kid=keyset.current_kid)
+        log.info("key material ready", material=marker.material_id, mode=marker.mode)
         tls = resolve_tls(self.settings)
         stop = shutdown_signals()
         env = self._child_env(database_url, redis_url)

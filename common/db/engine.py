@@ -64,12 +64,13 @@ def create_async(
     )
 
 
-def create_sync(url: str) -> Engine:
-    """A short-lived synchronous engine for migrations and admin tasks."""
+def create_sync(url: str, *, pool_size: int = 5, application_name: str = "versus-cp-admin") -> Engine:
+    """A synchronous engine for migrations, admin tasks and the key material's follower."""
     return create_engine(
         sqlalchemy_url(url),
         pool_pre_ping=True,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "versus-cp-admin"},
+        pool_size=pool_size,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name},
     )
 
 

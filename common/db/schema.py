@@ -427,3 +427,31 @@ collector_updates = Table(
     Column("state_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("state IN ('', 'updating', 'updated', 'rolled_back', 'failed')", name="state"),
 )
+
+# The deployment's key and CA material (common/material.py). One row: which material PostgreSQL
+# serves (its id), and in shared mode the material itself, sealed under the operator's material key.
+# Every service reads it at start; only `versus-cp material` and the key and CA commands write it.
+key_material = Table(
+    "key_material",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("material_id", Text, nullable=False),
+    # 'local': each host keeps its own copy on disk (one host, or copies an operator placed);
+    # 'shared': the sealed copy below is the source of truth every replica follows.
+    Column("mode", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("sealed_with", Text, nullable=True),
+    Column("sealed", LargeBinary, nullable=True),
+    # The public files alone (certificates, key set indexes and chains), unsealed: what a gateway
+    # needs, so a gateway host never holds the material key nor any private key.
+    Column("public", LargeBinary, nullable=True),
+    # Public facts (key ids, CA ids) for `versus-cp material status`; never secret.
+    Column("summary", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("updated_by", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("mode IN ('local', 'shared')", name="mode"),
+    CheckConstraint(
+        "mode = 'local' OR (sealed IS NOT NULL AND sealed_with IS NOT NULL AND public IS NOT NULL)",
+        name="sealed",
+    ),
+)

@@ -38,6 +38,31 @@ def service_env(state_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def wait_grpc_serving(
+    port: int, proc: subprocess.Popen[bytes], log: Path | None = None, host: str = "127.0.0.1"
+) -> None:
+    """Until the gRPC service on ``port`` answers its health check SERVING (60 s at most); fails
+    at once, with its log, if ``proc`` exits first."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def said() -> str:
+        return log.read_text(errors="replace") if log is not None else ""
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the service exited during startup\n" + said()
+        try:
+            with grpc.insecure_channel(f"{host}:{port}") as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        except grpc.RpcError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the service is not serving\n" + said())
+
+
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "versus_cp", *args],

@@ -43,7 +43,11 @@ def test_unreachable_redis(tmp_path: Path) -> None:
     [
         ("DATABASE_URL", "postgresql://db:port/versus", "DATABASE_URL: has an invalid port"),
         ("DATABASE_URL", "not a url", "DATABASE_URL: must be a postgresql:// URL"),
-        ("REDIS_URL", "redis//cache", "REDIS_URL: must be a redis://, rediss:// or unix:// URL"),
+        (
+            "REDIS_URL",
+            "redis//cache",
+            "REDIS_URL: must be a redis://, rediss://, unix:// or redis+sentinel://",
+        ),
         ("VERSUS_GATEWAY_PORT", "eighty", "VERSUS_GATEWAY_PORT: Input should be a valid integer"),
     ],
 )

@@ -18,7 +18,6 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import insert, select
 from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
@@ -31,7 +30,7 @@ from common.grpc_client import aio_channel
 from common.keys import KeyPurpose, trusted
 from common.keystore import KeyStore
 from common.rbac import Role
-from tests.e2e.harness import service_env
+from tests.e2e.harness import service_env, wait_grpc_serving
 from tests.support.access import mint_at
 from tests.support.collector_key import PUBLIC_DER, signed
 
@@ -69,21 +68,6 @@ def _start_router(env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen
     ), log
 
 
-def _wait_serving(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "router exited during startup"
-        try:
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("router not serving")
-
-
 async def test_two_router_processes(tmp_path: Path, database_url: str, redis_url: str) -> None:
     await _seed(database_url)
     state = tmp_path / "state"
@@ -94,7 +78,7 @@ async def test_two_router_processes(tmp_path: Path, database_url: str, redis_url
         procs.append(_start_router(env, tmp_path / f"router{i}.log"))
     try:
         for (proc, _), port in zip(procs, ports, strict=True):
-            _wait_serving(port, proc)
+            wait_grpc_serving(port, proc)
         keys = trusted(KeyStore(state, KeyPurpose.DISPATCH).load().public_keys(int(time.time())))
         platform, service = (
             await mint_at(database_url, Role.PLATFORM),

@@ -359,8 +359,14 @@ async def test_a_held_claim_whose_collector_hung_up_takes_no_task(stack: Stack) 
     # Parked in the router (it heard the collector and waits for work): a fixed sleep was not
     # always long enough on a loaded machine, and a claim cancelled before it reached the router
     # leaves no live collector to lease the task to.
+    # The router subscribes for the collector's wake-ups before it records the claim: parked is
+    # both (the claim's heartbeat is in Redis and it listens).
     listening = stack.router.wake.keys
-    await _until(lambda: "col-gone" in listening())
+
+    for _ in range(1000):  # up to 10 s
+        if "col-gone" in listening() and await stack.router.liveness.session("col-gone"):
+            break
+        await asyncio.sleep(0.01)
     abandoned.cancel()  # the client closes its connection mid-hold
     with contextlib.suppress(asyncio.CancelledError):
         await abandoned

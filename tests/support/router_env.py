@@ -111,7 +111,7 @@ def make_router(
 ) -> Router:
     engine = db_engine.create_async(database_url, pool_size=20, max_overflow=20)
     router = Router(engine, aioredis.Redis.from_url(redis_url), keys, **kw)
-    router.wake.start()
+    router.start()
     return router
 
 

@@ -33,7 +33,8 @@ def test_malformed_url_is_reported_before_anything_starts(
     monkeypatch.setenv("REDIS_URL", "memcached://cache")
     assert main(["up"]) == EXIT_CONFIG
     assert capsys.readouterr().err == (
-        "versus-cp: error: invalid configuration: REDIS_URL: must be a redis://, rediss:// or unix:// URL\n"
+        "versus-cp: error: invalid configuration: REDIS_URL: must be a redis://, rediss://, unix:// "
+        "or redis+sentinel:// URL\n"
     )
 
 

@@ -76,7 +76,11 @@ def test_missing_config_file_is_a_config_error(tmp_path: Path, monkeypatch: pyte
         ("DATABASE_URL", "mysql://db/versus", "DATABASE_URL: must be a postgresql:// URL"),
         ("DATABASE_URL", "postgresql://db:notaport/versus", "DATABASE_URL: has an invalid port"),
         ("DATABASE_URL", "postgresql:///versus", "DATABASE_URL: names no host"),
-        ("REDIS_URL", "http://cache", "REDIS_URL: must be a redis://, rediss:// or unix:// URL"),
+        (
+            "REDIS_URL",
+            "http://cache",
+            "REDIS_URL: must be a redis://, rediss://, unix:// or redis+sentinel://",
+        ),
         ("REDIS_URL", "unix://", "REDIS_URL: names no socket path"),
         ("VERSUS_GATEWAY_PORT", "70000", "VERSUS_GATEWAY_PORT: Input should be less than or equal to 65535"),
         ("VERSUS_LOG_LEVEL", "chatty", "VERSUS_LOG_LEVEL: must be DEBUG, INFO, WARNING or ERROR"),
