@@ -39,8 +39,12 @@ RECOVERY_S = 5.0
 # Faults of a component an answer depends on: only these may explain a 5xx or a failed platform
 # call. Collector faults and cut collector connections never should.
 SERVER_SIDE = frozenset(
-    {"router_restart", "gateway_restart", "postgres_restart", "redis_flushall", "redis_restart"}
-)
+    {
+        "router_restart", "gateway_restart", "postgres_restart", "redis_flushall", "redis_restart",
+        # Of a scaled-out deployment (tests/e2e/test_multi_host.py): one replica of several.
+        "enrollment_restart", "redis_failover",
+    }
+)  # fmt: skip
 # Faults that touch every task in flight, not one collector's.
 GLOBAL = SERVER_SIDE | {"connection_drop"}
 # How long a collector_long_stop freezes its victim: around the stub operations' 30-60 s timeouts.

@@ -162,6 +162,8 @@ class KeyedFanout(Fanout):
             yield event
 
     async def _subscribed(self, key: str) -> None:
+        if self._task is None:
+            return  # not started (or stopped): nothing to wait for, local wake-ups still work
         confirmed = self._confirmed.get(key)
         if confirmed is None:
             confirmed = self._confirmed[key] = asyncio.get_running_loop().create_future()

