@@ -219,6 +219,24 @@ def share(source: Source, engine: Engine) -> int:
         return _store(source, conn, row, marker.material_id)
 
 
+def push(source: Source, engine: Engine) -> int:
+    """Store this host's copy, changed by hand (vault mode B's master key file, say), as the next
+    version; refused unless the copy is the newest version (a hand edit of an older one would
+    undo what another host stored meanwhile)."""
+    with locked(source.state), engine.begin() as conn:
+        row = material_store.get(conn, for_update=True)
+        marker = material_files.read_marker(source.state)
+        if row is None or row.mode != MaterialMode.SHARED:
+            raise ConfigError("the key material is not shared: nothing to push to")
+        if marker is None or marker.material_id != row.material_id or marker.version != row.version:
+            have = "none" if marker is None else f"version {marker.version}"
+            raise ConfigError(
+                f"this host's copy ({have}) is not the newest (version {row.version}): restart a service "
+                "here to bring it up to date, make the change again, then push"
+            )
+        return _store(source, conn, row, marker.material_id)
+
+
 def reseal(source: Source, engine: Engine) -> int:
     """Seal the shared material again under the material key file's active key (after adding
     one); every key the file lists still opens the version before."""

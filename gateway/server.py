@@ -12,12 +12,14 @@ import uvicorn
 
 from common import early_signals, material, token_files
 from common.ca_store import CaStore
+from common.db import engine as db_engine
 from common.draining_server import DrainingServer
 from common.errors import StartupError
 from common.logs import get_logger
 from common.metrics import SERVICE_UP
+from common.repo_sync import SharedDirectory
 from common.runtime import PARENT_PID_ENV, check_backends, require_backends, setup_logging
-from common.settings import Settings
+from common.settings import KeyMaterialMode, Settings
 from common.state_dir import ensure_writable
 from common.tls import resolve_tls
 from common.trust_bundle import BundleSource
@@ -128,6 +130,14 @@ async def serve(settings: Settings) -> None:
     follower = await material.start_service(settings, database_url, material.Role.EDGE)
     stop_following = asyncio.Event()
     following = asyncio.create_task(follower.run(stop_following)) if follower is not None else None
+    # With replicas on several hosts the update repository it serves comes from PostgreSQL too.
+    updates = None
+    if settings.key_material is KeyMaterialMode.SHARED:
+        updates = SharedDirectory(
+            ensure_writable(settings.state_dir) / "updates",
+            db_engine.create_sync(database_url, pool_size=1, application_name="versus-gateway-updates"),
+        )
+        updates_following = asyncio.create_task(updates.follow(stop_following))
     state = ensure_writable(settings.state_dir)
     store = CaStore(state)
     tls = resolve_tls(settings, store)
@@ -188,6 +198,9 @@ async def serve(settings: Settings) -> None:
         stop_following.set()
         if following is not None:
             await asyncio.wait({following}, timeout=5.0)
+        if updates is not None:
+            await asyncio.wait({updates_following}, timeout=5.0)
+            updates.engine.dispose()
         if reloading is not None:
             reloading.cancel()
         SERVICE_UP.labels("gateway").set(0)

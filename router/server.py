@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from versus.access.v1 import access_pb2, access_pb2_grpc
 from versus.credential.v1 import credential_pb2, credential_pb2_grpc
@@ -30,6 +31,7 @@ from common.keys import KeyPurpose, KeySet
 from common.keystore import KeyStore, ReloadingKeySet
 from common.logs import get_logger
 from common.redis_client import create_async as create_redis
+from common.repo_sync import SharedDirectory
 from common.runtime import check_backends, require_backends, serve_grpc_service
 from common.settings import KeyMaterialMode, Settings
 from common.state_dir import ensure_writable
@@ -51,6 +53,7 @@ from router.service import Router
 from router.trust_delivery import TrustDelivery
 from router.tunnels import TunnelHub, TunnelServicer
 from router.update_repo import UpdateRepository
+from router.update_share import SharedUpdateRepository
 from router.updates import Updates
 
 SWEEP_INTERVAL_S = 5.0
@@ -165,6 +168,19 @@ async def stop_sweeper(sweeper: asyncio.Task[None], stop: asyncio.Event, grace_s
         await asyncio.wait({sweeper}, timeout=1.0)
 
 
+def update_repository(
+    settings: Settings, state: Path, database_url: str
+) -> tuple[UpdateRepository, SharedDirectory | None]:
+    """The update repository: this host's directory, or with replicas on several hosts one shared
+    through PostgreSQL (router/update_share.py) and the copy that follows it."""
+    if settings.key_material is not KeyMaterialMode.SHARED:
+        return UpdateRepository(state / "updates"), None
+    shared = SharedDirectory(
+        state / "updates", db_engine.create_sync(database_url, pool_size=2, application_name="versus-updates")
+    )
+    return SharedUpdateRepository(shared), shared
+
+
 async def serve(settings: Settings) -> None:
     database_url, redis_url = require_backends(settings, "router")
     check_backends(database_url, redis_url)
@@ -197,12 +213,15 @@ async def serve(settings: Settings) -> None:
     sweeper = asyncio.create_task(sweep_forever(router, stop=stop_sweeping))
     # Root version 1 of the update repository is the release set collectors pin at enrollment.
     releases = ReloadingKeySet(KeyStore(state, KeyPurpose.RELEASE))
-    repo = UpdateRepository(state / "updates")
+    repo, shared_updates = update_repository(settings, state, database_url)
     router.updates = Updates(engine, router.wake.publish, dt.timedelta(seconds=settings.update_soak_s))
     router.releases = Releases(engine, repo, releases.get, router.updates)
     refresher = asyncio.create_task(keep_updates_fresh(repo, releases.get, stop_sweeping))
     reconciler = asyncio.create_task(router.updates.run(stop_sweeping))
     following = asyncio.create_task(follower.run(stop_sweeping)) if follower is not None else None
+    updates_following = (
+        asyncio.create_task(shared_updates.follow(stop_sweeping)) if shared_updates is not None else None
+    )
     try:
         await serve_grpc_service(
             settings,
@@ -215,5 +234,8 @@ async def serve(settings: Settings) -> None:
         )
     finally:
         await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
-        await asyncio.wait({refresher, reconciler, *([following] if following else [])}, timeout=5.0)
+        extra = [t for t in (following, updates_following) if t is not None]
+        await asyncio.wait({refresher, reconciler, *extra}, timeout=5.0)
+        if shared_updates is not None:
+            shared_updates.engine.dispose()
         await router.aclose()

@@ -25,11 +25,14 @@ from typing import Any
 
 from versus.fleet.v1 import fleet_pb2
 
+from common.db import engine as db_engine
 from common.errors import ConfigError
 from common.keys import DEFAULT_LIFETIME, KeyPurpose, KeySet, rfc3339
 from common.keystore import KeyStore
-from common.settings import Settings
+from common.repo_sync import SharedDirectory
+from common.settings import KeyMaterialMode, Settings
 from router.update_repo import UpdateRepository
+from router.update_share import SharedUpdateRepository
 from versus_cp import material_cmd, rpc
 from versus_cp.fleet_cmd import span
 
@@ -67,11 +70,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.keys_action in ("rotate", "retire"):
         # In shared mode the change becomes the next version every replica follows.
         with material_cmd.editing(settings) as state:
-            return _change(state, args)
+            return _change(settings, state, args)
     return _read(settings, material_cmd.current_state(settings), args)
 
 
-def _change(state: Path, args: argparse.Namespace) -> int:
+def _change(settings: Settings, state: Path, args: argparse.Namespace) -> int:
     key_set = getattr(args, "key_set", None)
     purposes = [KeyPurpose(key_set)] if key_set else list(KeyPurpose)
     now = int(time.time())
@@ -82,7 +85,7 @@ def _change(state: Path, args: argparse.Namespace) -> int:
         grace = int(args.grace.total_seconds())
         before = {k.kid for k in store.load_or_create(now).keys}
         keyset = store.rotate(now, dt.timedelta(days=args.lifetime_days), grace_s=grace)
-        _follow_release_keys(state, keyset)
+        _follow_release_keys(settings, state, keyset)
         [new] = [k for k in keyset.keys if k.kid not in before]
         when = "signs now" if grace <= 0 else f"signs from {rfc3339(now + grace)}"
         print(f"{keyset.purpose.value}: version {keyset.version}, new key {new.kid} "
@@ -90,7 +93,7 @@ def _change(state: Path, args: argparse.Namespace) -> int:
         return 0
     if args.keys_action == "retire":
         keyset = KeyStore(state, purposes[0]).retire(args.kid, now)
-        _follow_release_keys(state, keyset)
+        _follow_release_keys(settings, state, keyset)
         print(f"{keyset.purpose.value}: version {keyset.version} without {args.kid}")
         return 0
     raise AssertionError(args.keys_action)
@@ -118,11 +121,21 @@ def _read(settings: Settings, state: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _follow_release_keys(state: Path, keyset: KeySet) -> None:
+def _follow_release_keys(settings: Settings, state: Path, keyset: KeySet) -> None:
     """The release keys hold the update repository's root (router/update_repo.py): every change of
-    the set is a new root version at once, so each is signed by a key of the one before."""
-    if keyset.purpose is KeyPurpose.RELEASE:
-        UpdateRepository(state / "updates").ensure(keyset, dt.datetime.now(dt.UTC))
+    the set is a new root version at once, so each is signed by a key of the one before. With
+    replicas on several hosts the repository is the one shared through PostgreSQL."""
+    if keyset.purpose is not KeyPurpose.RELEASE:
+        return
+    now = dt.datetime.now(dt.UTC)
+    if settings.key_material is not KeyMaterialMode.SHARED or not settings.database_url:
+        UpdateRepository(state / "updates").ensure(keyset, now)
+        return
+    engine = db_engine.create_sync(settings.database_url, pool_size=1)
+    try:
+        SharedUpdateRepository(SharedDirectory(state / "updates", engine)).ensure(keyset, now)
+    finally:
+        engine.dispose()
 
 
 def _status(settings: Settings, state: Path, now: int, as_json: bool) -> int:

@@ -4,6 +4,7 @@
     versus-cp material new-key FILE
     versus-cp material share
     versus-cp material reseal
+    versus-cp material push
 
 One host (``versus-cp up``) keeps the material in its state directory and
 PostgreSQL only records which material that is. To run replicas on several hosts,
@@ -11,7 +12,9 @@ create a material key on the host that holds the keys (``new-key``), run
 ``share`` there with ``VERSUS_MATERIAL_KEY_FILE`` set, copy the key file to the
 router and enrollment hosts (never to gateways), and set
 ``VERSUS_KEY_MATERIAL=shared`` everywhere. ``reseal`` seals the material again
-under the key file's active key after a key was added. docs/deployment.md.
+under the key file's active key after a key was added; ``push`` stores a change
+made by hand to this host's copy (vault mode B's master key file, whose
+rotation docs/vault.md describes) as the next version. docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     new_key.add_argument("file", type=Path)
     sub.add_parser("share", help="Seal this host's material into PostgreSQL for every replica.")
     sub.add_parser("reseal", help="Seal the shared material again under the key file's active key.")
+    sub.add_parser(
+        "push",
+        help="Store this host's copy, changed by hand (the vault master key file), as the next version.",
+    )
 
 
 @contextlib.contextmanager
@@ -93,6 +100,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         if args.material_action == "share":
             version = material.share(source, engine)
             print(f"key material shared (version {version}); set VERSUS_KEY_MATERIAL=shared on every host")
+            return 0
+        if args.material_action == "push":
+            version = material.push(source, engine)
+            print(f"key material stored (version {version}); every replica follows it within seconds")
             return 0
         if args.material_action == "reseal":
             version = material.reseal(source, engine)

@@ -455,3 +455,25 @@ key_material = Table(
         name="sealed",
     ),
 )
+
+# The collector update repository's files (router/update_repo.py) when several hosts serve it
+# (shared key material, docs/deployment.md): each file once, by path, with its SHA-256; its bytes in
+# 1 MiB chunks. ``revision`` grows with every write so hosts fetch only what changed. Written by
+# routers and the key commands under an advisory lock; read by every router and gateway.
+update_files = Table(
+    "update_files",
+    metadata,
+    Column("path", Text, primary_key=True),
+    Column("sha256", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("revision", BigInteger, nullable=False, index=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+update_file_chunks = Table(
+    "update_file_chunks",
+    metadata,
+    Column("path", Text, ForeignKey("update_files.path", ondelete="CASCADE"), primary_key=True),
+    Column("n", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)

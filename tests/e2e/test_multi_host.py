@@ -86,6 +86,39 @@ def _wait_all_claimed_after(d: Deployment, ids: list[str], after: float, budget:
     raise AssertionError(f"not every collector claimed again within {budget}s: {_last_claims(d, ids)}")
 
 
+def _probe_client(d: Deployment, base_url: str, verify: ssl.SSLContext | None = None) -> httpx.Client:
+    """HTTPS as the probe collector (its own key signs every request)."""
+    cid = json.loads((d.root / "probe" / "identity.json").read_text())["collector_id"]
+    key = load_key(d.root / "probe" / "key.pem")
+    tls = verify or ssl.create_default_context(cafile=str(d.root / "probe" / "ca-bundle.pem"))
+    return httpx.Client(base_url=base_url, verify=tls, auth=SignRequests(key, cid), timeout=30)
+
+
+def _a_release_reaches_every_gateway(d: Deployment) -> None:
+    """Published through whichever router the command reached, served alike by both gateways."""
+    artifact = d.root / "versus-collector-9.9.1.pex"
+    artifact.write_bytes(b"#!/usr/bin/env python3\n# a stand-in: the router signs any bytes\n" * 100)
+    d.cli("releases", "publish", "--version", "9.9.1", "--channel", "stable", "--artifact", str(artifact),
+          "--os", "linux", "--arch", "x86_64")  # fmt: skip
+    shown = d.cli_json("releases", "show", "9.9.1")
+    [release] = shown["releases"]
+    path = f"/api/collector/v1/updates/targets/{release['sha256']}.{release['target_name']}"
+    tls = ssl.create_default_context(cafile=str(d.gateway_ca()))
+    tls.check_hostname = False
+    deadline = time.monotonic() + 20  # each host follows the shared repository within 5 s
+    waiting = list(multi_host.EDGES)
+    while waiting:
+        host = waiting[0]
+        with _probe_client(d, f"https://{d.address(host)}:{multi_host.GATEWAY_PORT}", tls) as client:
+            reply = client.get(path)
+        if reply.status_code == 200:
+            assert reply.content == artifact.read_bytes()
+            waiting.pop(0)
+            continue
+        assert time.monotonic() < deadline, f"{host} does not serve the release: {reply.status_code}"
+        time.sleep(0.5)
+
+
 def _long_poll_probe(d: Deployment) -> None:
     """A collector's HTTPS long-poll through the balancer: held, then answered when work comes."""
     site = d.cli_json("sites", "create", "site-probe", "--tenant", multi_host.TENANT)["site"]["site_id"]
@@ -240,6 +273,7 @@ def test_the_fleet_works_through_haproxy_on_several_hosts_and_survives_losing_re
             assert time.monotonic() < deadline, "collectors did not settle on WSS control"
             time.sleep(0.5)
     _long_poll_probe(d)
+    _a_release_reaches_every_gateway(d)
 
     where = netns.Host(d.hosts["device"].namespace, d.hosts["device"].address)
     with netns.openssh_server(where, tmp_path / "sshd") as device:

@@ -153,3 +153,27 @@ def test_a_new_deployment_creates_and_shares_its_material_in_one_step(
     assert material.prepare(_host(tmp_path, "b", SHARED, key_file), engine, Role.CORE).version == 1
     with pytest.raises(ConfigError, match="shared already"):
         material.share(first, engine)
+
+
+def test_a_hand_edit_of_the_newest_copy_is_pushed_to_every_replica(
+    tmp_path: Path, engine: Engine, key_file: Path
+) -> None:
+    first = _host(tmp_path, "a", SHARED, key_file)
+    material.share(first, engine)
+    second = _host(tmp_path, "b", SHARED, key_file)
+    marker = material.prepare(second, engine, Role.CORE)
+    master = first.state / "credentials-master-keys.json"
+    rotated = MasterKeys.load(master)
+    added = MasterKeys.generate()
+    both = MasterKeys(added.active, {**rotated.keys, **added.keys})
+    write_private(master, both.to_json())
+    assert material.push(first, engine) == marker.version + 1
+    follower = material.Follower(second, engine, Role.CORE, marker)
+    assert follower.check() is True
+    assert MasterKeys.load(second.state / "credentials-master-keys.json") == both
+    # A host whose copy fell behind (it has not followed the last push) is refused.
+    stale = _host(tmp_path, "c", SHARED, key_file)
+    material.prepare(stale, engine, Role.CORE)
+    material.push(second, engine)  # second is newest: fine
+    with pytest.raises(ConfigError, match="is not the newest"):
+        material.push(stale, engine)
