@@ -23,7 +23,9 @@ from common.limits import MAX_ARTIFACT_BYTES
 from router.update_repo import UpdateRepository, tuf_key
 from tests.support.tuf_wire import BASE, Wire
 
-NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+# The client checks expiry against the real clock: the repository is signed as of now (a fixed
+# date made every test fail a day after it, once the timestamp's one-day lifetime ran out).
+NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
 def _keys() -> KeySet:
