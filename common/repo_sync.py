@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from common.db.schema import update_file_chunks, update_files
 from common.errors import ConfigError
 from common.logs import get_logger
-from common.state_dir import write_public
+from common.state_dir import file_sha256, write_public
 
 log = get_logger("versus.updates.sync")
 
@@ -38,14 +38,6 @@ SYNCED = ".synced.json"  # path -> sha256 of what this copy last pulled or pushe
 TREES = ("targets", "metadata")
 # pg_advisory_xact_lock key of the repository's writers (any fixed number shared by all hosts).
 LOCK_KEY = 0x76657273757370  # "versusp"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _newest(conn: Connection) -> int:
@@ -81,7 +73,7 @@ class SharedDirectory:
             if root.is_dir():
                 for path in root.iterdir():
                     if path.is_file() and not path.name.startswith(".") and not path.name.endswith(".part"):
-                        found[path.relative_to(self.directory).as_posix()] = _sha256(path)
+                        found[path.relative_to(self.directory).as_posix()] = file_sha256(path)
         return found
 
     def pull(self, conn: Connection) -> int:
@@ -91,7 +83,7 @@ class SharedDirectory:
         wanted = sorted((r for r in rows if synced.get(r.path) != r.sha256), key=lambda r: _order(r.path))
         for row in wanted:
             path = self.directory / row.path
-            if path.is_file() and _sha256(path) == row.sha256:
+            if path.is_file() and file_sha256(path) == row.sha256:
                 synced[row.path] = row.sha256
                 continue
             chunks = conn.execute(

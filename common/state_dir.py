@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -53,6 +54,15 @@ class StateLock:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read 1 MiB at a time (artifacts run to 256 MiB)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -24,7 +24,6 @@ them to authenticated collectors and the supervisor reads them with
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from tuf.api.serialization.json import JSONSerializer
 from common.errors import FailedPrecondition, InvalidArgument
 from common.keys import KeySet, SigningKey
 from common.limits import MAX_ARTIFACT_BYTES
-from common.state_dir import locked, write_public
+from common.state_dir import file_sha256, locked, write_public
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 ROOT_LIFETIME = dt.timedelta(days=365)
@@ -138,7 +137,7 @@ class UpdateRepository:
             targets: Metadata[Targets] = self._latest("targets")
             if name in targets.signed.targets:
                 raise FailedPrecondition(f"{name} is already published", code="release_exists")
-            digest = _sha256(artifact)
+            digest = file_sha256(artifact)
             self.targets.mkdir(parents=True, exist_ok=True)
             stored = self.targets / f"{digest}.{name}"
             shutil.copyfile(artifact, stored.with_suffix(stored.suffix + ".part"))
@@ -239,11 +238,3 @@ class UpdateRepository:
                 else f"{meta.signed.version}.{meta.signed.type}.json"
             )
             write_public(self.metadata / name, _JSON.serialize(meta))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

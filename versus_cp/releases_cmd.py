@@ -15,7 +15,6 @@ Every command takes ``--json``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from versus.fleet.v1 import fleet_pb2_grpc
 from common.errors import InvalidArgument
 from common.limits import MAX_ARTIFACT_BYTES
 from common.settings import Settings
+from common.state_dir import file_sha256
 from versus_cp import rpc
 from versus_cp.output import fields, print_json, print_table, when
 
@@ -68,14 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def publish_messages(header: pb.ReleaseHeader, artifact: Path) -> Iterator[pb.PublishReleaseRequest]:
     """The header, then the artifact in chunks (what PublishRelease streams)."""
     yield pb.PublishReleaseRequest(header=header)
@@ -99,7 +91,7 @@ def _header(args: argparse.Namespace) -> pb.ReleaseHeader:
         notes = raw.decode("utf-8", errors="replace")
     return pb.ReleaseHeader(
         version=args.version, channel=CHANNELS[args.channel], security_fix=args.security, os=args.os,
-        arch=args.arch, notes=notes, length=size, sha256=_sha256(artifact),
+        arch=args.arch, notes=notes, length=size, sha256=file_sha256(artifact),
     )  # fmt: skip
 
 
