@@ -293,7 +293,6 @@ class HandOut(Cancels, Revocations):
         # passing at the first take, like work a wake-up announces: look again shortly then too.
         announced = work_noted or self.wake.work_announced_since(collector_id, started - 1.0)
         retakes = list(RETAKE_AFTER_S) if announced else []
-        first = True
         while True:
             if not still_live():
                 # A newer claim of the collector arrived: this one is abandoned (a cancel it
@@ -304,7 +303,9 @@ class HandOut(Cancels, Revocations):
                 for revoke in revokes:
                     await self.liveness.note_revoke(collector_id, revoke["revocation_id"])
                 return ClaimAnswer()
-            if not first and woken.payloads - {WORK_TEXT, CANCEL_TEXT, REVOKE_TEXT}:
+            # The claim listens from its start, so a wake-up may have come while its standing was
+            # read and its heartbeat recorded: even on the first pass it is looked at, not cleared.
+            if woken.payloads - {WORK_TEXT, CANCEL_TEXT, REVOKE_TEXT}:
                 # Woken by more than new work: a revoke, a newer session or a vault-mode change.
                 restart = await self._check_standing(collector_id, session_id, config_version)
                 if restart is not None:
@@ -316,7 +317,6 @@ class HandOut(Cancels, Revocations):
                 revokes = (*revokes, *await self.revokes_for(collector_id, noted, False))
             if WORK_TEXT in woken.payloads:
                 retakes = list(RETAKE_AFTER_S)
-            first = False
             woken.clear()
             taken = await self.tunnels.take_offers(collector_id) if self.tunnels else []
             offers = await self._signed_offers(collector_id, taken)
