@@ -1,12 +1,15 @@
-# One entry point for developers and CI. Every target uses the project's own
-# virtual environment, created on demand from pyproject.toml.
+# One entry point for developers and CI. Every target uses the project's own virtual environment,
+# installed from the locks in locks/ (docs/development.md): pip takes exactly the pinned files,
+# checked against their SHA-256 (--require-hashes), whatever day it runs.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# pip's options for every install from a lock: nothing unpinned, nothing unhashed.
+LOCKED := --quiet --disable-pip-version-check --require-hashes
 
-.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean
+.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -19,14 +22,30 @@ help:
 	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
 	@echo "make collector-release - build the collector wheel and its release artifact (a PEX file) into dist/"
 	@echo "make fuzz     - schemathesis against the gateway's OpenAPI document (EXAMPLES=n per operation)"
+	@echo "make lock     - resolve locks/ again after a change to pyproject.toml or locks/*.in (pins kept)"
+	@echo "make lock-upgrade [PACKAGES='a b'] - take the newest versions the inputs allow (all, or the named)"
+	@echo "make licenses - list every locked dependency's licence; fail on one outside licenses/allowed.toml"
+	@echo "make audit    - look the locks up in the vulnerability advisories (pip-audit; needs the network)"
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# A new environment each time the lock changes (an install over the old one would keep what the
+# lock dropped). The project itself goes in editable, without its dependencies: they are the lock's.
+$(STAMP): locks/dev.txt pyproject.toml
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install $(LOCKED) -r locks/dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
+
+lock: $(STAMP)
+	$(BIN)/python -m tools.locks refresh
+
+lock-upgrade: $(STAMP)
+	$(BIN)/python -m tools.locks refresh $(if $(PACKAGES),$(foreach p,$(PACKAGES),--upgrade-package $(p)),--upgrade)
+
+lock-check: $(STAMP)
+	$(BIN)/python -m tools.locks check
 
 run: $(STAMP)
 	$(BIN)/versus-cp up
@@ -52,7 +71,7 @@ test: check system-deps mitm-deps axe-deps
 	rm -rf $$tmp; \
 	exit $$(( fast || e2e ))
 
-check: lint proto-lint protos-check
+check: lock-check lint proto-lint protos-check licenses-core
 
 # The console's pages as the browser tests see them, into docs/console/ (docs/console.md).
 console-screenshots: system-deps axe-deps $(STAMP)
@@ -65,14 +84,13 @@ console-screenshots: system-deps axe-deps $(STAMP)
 SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
-# pins its own dependencies, so it gets its own virtual environment, as Salt does for the benchmarks.
+# pins its own dependencies, so it gets its own virtual environment and lock (locks/mitmproxy.in),
+# as Salt does for the benchmarks.
 MITM_VENV := .venv-mitm
 # SaltStack, the peer of the latency and throughput benchmarks (bench/salt.py), in its own environment.
 SALT_VENV := .venv-salt
-SALT_VERSION := 3008.4
-MITM_VERSION := 11.0.2
 
-mitm-deps: $(MITM_VENV)/.installed-$(MITM_VERSION)
+mitm-deps: $(MITM_VENV)/.installed
 
 # axe-core (npm), the accessibility engine the console's browser tests run in Chromium; the
 # version and its integrity hash are locked in tools/axe/package-lock.json.
@@ -83,10 +101,10 @@ $(AXE_DIR)/node_modules/.installed: $(AXE_DIR)/package-lock.json
 	npm ci --prefix $(AXE_DIR) --no-audit --no-fund --silent
 	@touch $@
 
-$(MITM_VENV)/.installed-$(MITM_VERSION):
+$(MITM_VENV)/.installed: locks/mitmproxy.txt
 	rm -rf $(MITM_VENV)
 	$(PYTHON) -m venv $(MITM_VENV)
-	$(MITM_VENV)/bin/python -m pip install --quiet mitmproxy==$(MITM_VERSION)
+	$(MITM_VENV)/bin/python -m pip install $(LOCKED) -r locks/mitmproxy.txt
 	@touch $@
 
 system-deps:
@@ -120,10 +138,17 @@ vectors-check: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/python -m tools.openapi
 
-BENCH_STAMP := $(VENV)/.bench-installed
+# Benchmarks run in their own environment (the dev lock plus the bench extra), so .venv stays
+# exactly the dev lock.
+BENCH_VENV  := .venv-bench
+BENCH_BIN   := $(BENCH_VENV)/bin
+BENCH_STAMP := $(BENCH_VENV)/.installed
 
-$(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+$(BENCH_STAMP): locks/bench.txt pyproject.toml
+	rm -rf $(BENCH_VENV)
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_BIN)/python -m pip install $(LOCKED) -r locks/bench.txt
+	$(BENCH_BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $(BENCH_STAMP)
 
 bench-deps: $(BENCH_STAMP)
@@ -155,36 +180,50 @@ collector-release: $(STAMP)
 	$(BIN)/python -m tools.collector_dist --out dist --pex
 
 clean:
-	rm -rf $(VENV) $(MITM_VENV) $(SALT_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(MITM_VENV) $(SALT_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 bench-collector-dist: $(STAMP)
 	$(BIN)/python -m bench.collector_dist --json bench/results/collector_dist.json
 
 bench-latency: $(BENCH_STAMP)
-	$(BIN)/python -m bench.latency
+	$(BENCH_BIN)/python -m bench.latency
 
 bench-enroll: $(BENCH_STAMP)
-	$(BIN)/python -m bench.enroll
+	$(BENCH_BIN)/python -m bench.enroll
 
 bench-tunnel: $(BENCH_STAMP)
-	$(BIN)/python -m bench.tunnel
+	$(BENCH_BIN)/python -m bench.tunnel
 
 bench-idle: $(BENCH_STAMP)
-	$(BIN)/python -m bench.idle
+	$(BENCH_BIN)/python -m bench.idle
 
 bench-console: $(BENCH_STAMP) system-deps
-	$(BIN)/python -m bench.console
+	$(BENCH_BIN)/python -m bench.console
 
-salt-deps: $(SALT_VENV)/.installed-$(SALT_VERSION)
+salt-deps: $(SALT_VENV)/.installed
 
-$(SALT_VENV)/.installed-$(SALT_VERSION):
+$(SALT_VENV)/.installed: locks/salt.txt
 	rm -rf $(SALT_VENV)
 	$(PYTHON) -m venv $(SALT_VENV)
-	$(SALT_VENV)/bin/python -m pip install --quiet salt==$(SALT_VERSION)
+	$(SALT_VENV)/bin/python -m pip install $(LOCKED) -r locks/salt.txt
 	touch $@
 
 bench-salt: $(STAMP) salt-deps
 	$(BIN)/python -m bench.salt
 
 bench-throughput: $(BENCH_STAMP)
-	$(BIN)/python -m bench.throughput
+	$(BENCH_BIN)/python -m bench.throughput
+
+# The licence of every locked dependency against locks/licenses.toml (tools/licenses.py), in the
+# environment each lock is installed in. licenses-core, part of `make check`, reads .venv, which holds
+# the control-plane, collector and dev locks; `make licenses` builds and reads the others too.
+licenses: $(STAMP) bench-deps mitm-deps salt-deps
+	$(BIN)/python -m tools.licenses
+
+licenses-core: $(STAMP)
+	$(BIN)/python -m tools.licenses --lock control-plane --lock collector --lock dev > /dev/null
+
+# Known vulnerabilities in every lock (pip-audit against PyPI's advisories; SERVICE=osv for OSV).
+# Needs the advisory source on the network: exits 2, not 0, when it could not look everything up.
+audit: $(STAMP)
+	$(BIN)/python -m tools.audit --service $${SERVICE:-pypi}

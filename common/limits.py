@@ -18,3 +18,8 @@ MAX_OUTPUT_CHUNK = 1024 * 1024
 OUTPUT_TASK_LIMIT_BYTES = 1024 * 1024 * 1024
 OUTPUT_TENANT_QUOTA_BYTES = 10 * 1024 * 1024 * 1024
 OUTPUT_RETENTION_S = 7 * 24 * 3600
+
+# Largest SBOM (CycloneDX JSON) a collector release may carry (router/sbom.py): it travels in the
+# release header and in GetRelease answers, under gRPC's 4 MiB default for clients. A collector's
+# SBOM without licence texts is about 40 KiB.
+MAX_SBOM_BYTES = 1024 * 1024

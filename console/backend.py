@@ -186,7 +186,7 @@ class Backend:
         header = fleet_pb2.ReleaseHeader(
             version=upload.version, channel=RELEASE_CHANNELS[upload.channel],
             security_fix=upload.security_fix, os=upload.os, arch=upload.arch, notes=upload.notes,
-            length=length, sha256=sha256,
+            length=length, sha256=sha256, sbom=upload.sbom,
         )  # fmt: skip
 
         async def messages() -> AsyncIterator[fleet_pb2.PublishReleaseRequest]:

@@ -5,6 +5,7 @@ length and SHA-256 and signs it into the update repository) and yanking one."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -15,7 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from common.errors import VersusError
-from common.limits import MAX_ARTIFACT_BYTES
+from common.limits import MAX_ARTIFACT_BYTES, MAX_SBOM_BYTES
 from common.logs import get_logger
 from console import security
 from console.release_views import CHANNELS, Upload
@@ -95,6 +96,13 @@ def routes(console: Console) -> list[Route]:
                 security_fix=text.get("security_fix") == "1", os=text.get("os", "").strip(),
                 arch=text.get("arch", "").strip(), notes=text.get("notes", "")[:MAX_NOTES],
             )  # fmt: skip
+            chosen = form.get("sbom")
+            if isinstance(chosen, UploadFile) and chosen.filename:
+                sbom = await chosen.read(MAX_SBOM_BYTES + 1)
+                if len(sbom) > MAX_SBOM_BYTES:
+                    too_large = f"an SBOM is at most {MAX_SBOM_BYTES} bytes"
+                    return console.refusal(413, "sbom_too_large", too_large, session)
+                upload = dataclasses.replace(upload, sbom=sbom)
             if upload.channel not in CHANNELS:
                 return console.refusal(400, "channel_invalid", "choose stable or beta", session)
             try:
@@ -126,7 +134,7 @@ async def _upload_form(console: Console, request: Request) -> tuple[Session, For
     if declared.isdigit() and int(declared) > MAX_ARTIFACT_BYTES + MAX_FIELD_BYTES:
         raise security.Refused(413, "artifact_too_large", TOO_LARGE)
     try:
-        form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_FIELD_BYTES)
+        form = await request.form(max_files=2, max_fields=8, max_part_size=MAX_FIELD_BYTES)
     except MultiPartException as exc:
         raise security.Refused(400, "invalid_body", f"the upload could not be read: {exc.message}") from None
     return session, form

@@ -3,7 +3,7 @@ messages (the edge: pages never see protobuf)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from versus.fleet.v1 import fleet_pb2 as pb
 
@@ -29,6 +29,7 @@ class ReleaseView:
     yanked_by: str
     yank_reason: str
     notes: str
+    sbom: str  # what the signed SBOM says in a few words, or "none"
 
 
 def release_view(r: pb.Release) -> ReleaseView:
@@ -38,6 +39,8 @@ def release_view(r: pb.Release) -> ReleaseView:
         published_at=timestamp(r.published_at), published_by=r.published_by, running_count=r.running_count,
         yanked=r.yanked, yanked_at=timestamp(r.yanked_at), yanked_by=r.yanked_by, yank_reason=r.yank_reason,
         notes=r.notes,
+        sbom=f"CycloneDX {r.sbom_spec_version}, {r.sbom_components} components"
+        if r.sbom_target_name else "none",
     )  # fmt: skip
 
 
@@ -51,3 +54,4 @@ class Upload:
     os: str
     arch: str
     notes: str
+    sbom: bytes = field(default=b"", repr=False)  # the artifact's CycloneDX SBOM, when one was chosen

@@ -76,14 +76,17 @@ def update_pb(u: UpdateView) -> pb.CollectorUpdate:
     return out
 
 
-def release_pb(row: RowMapping) -> pb.Release:
+def release_pb(row: RowMapping, sbom: bytes = b"") -> pb.Release:
     out = pb.Release(
         version=row["version"], channel=CHANNEL_TO_PB[row["channel"]], security_fix=row["security_fix"],
         os=row["os"], arch=row["arch"], sha256=row["sha256"], notes=row["notes"],
         published_at=_ts(row["published_at"]), target_name=row["target_name"], length=row["length"],
         published_by=row["published_by"], yanked=row["yanked_at"] is not None,
         yanked_by=row["yanked_by"] or "", yank_reason=row["yank_reason"] or "",
-        running_count=int(row["running_count"]),
+        running_count=int(row["running_count"]), sbom_target_name=row["sbom_target_name"] or "",
+        sbom_sha256=row["sbom_sha256"] or "", sbom_length=row["sbom_length"] or 0,
+        sbom_spec_version=row["sbom_spec_version"] or "", sbom_components=row["sbom_components"] or 0,
+        sbom=sbom,
     )  # fmt: skip
     if row["yanked_at"] is not None:
         out.yanked_at.FromDatetime(row["yanked_at"])
@@ -330,7 +333,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
         header = Header(
             version=h.version.strip(), channel=CHANNEL_FROM_PB.get(h.channel, ""),
             security_fix=h.security_fix, os=h.os, arch=h.arch, notes=h.notes, length=h.length,
-            sha256=h.sha256.lower(),
+            sha256=h.sha256.lower(), sbom=h.sbom,
         )  # fmt: skip
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -356,7 +359,8 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
 
     async def GetRelease(self, request: pb.GetReleaseRequest, context: Context) -> pb.GetReleaseResponse:
         rows = await self.releases.get(request.version.strip())
-        return pb.GetReleaseResponse(releases=[release_pb(r) for r in rows])
+        sboms = await self.releases.sboms(request.version.strip()) if request.include_sbom else {}
+        return pb.GetReleaseResponse(releases=[release_pb(r, sboms.get(r["target_name"], b"")) for r in rows])
 
     async def YankRelease(self, request: pb.YankReleaseRequest, context: Context) -> pb.YankReleaseResponse:
         rows = await self.releases.yank(request.version.strip(), request.reason, current_actor())

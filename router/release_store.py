@@ -16,6 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from common.db.schema import collector_capabilities, collector_updates, collectors, releases, sites
 from common.errors import Conflict, NotFound
 
+# Every column but the SBOM document itself (up to 1 MiB a row): read only when asked for.
+FACTS = tuple(c for c in releases.c if c.name != "sbom")
+
 
 def _running_counts() -> Any:
     """Active collectors per (running version, os, arch)."""
@@ -35,7 +38,7 @@ def _running_counts() -> Any:
 
 def _with_counts() -> Any:
     counts = _running_counts()
-    return select(*releases.c, func.coalesce(counts.c.n, 0).label("running_count")).outerjoin(
+    return select(*FACTS, func.coalesce(counts.c.n, 0).label("running_count")).outerjoin(
         counts,
         and_(
             counts.c.version == releases.c.version,
@@ -79,14 +82,22 @@ async def yank(conn: AsyncConnection, version: str, actor: str, reason: str) -> 
         update(releases)
         .where(releases.c.version == version, releases.c.yanked_at.is_(None))
         .values(yanked_at=func.now(), yanked_by=actor, yank_reason=reason)
-        .returning(*releases.c)
+        .returning(*FACTS)
     )
     return (await conn.execute(stmt)).mappings().all()
 
 
+async def sboms(conn: AsyncConnection, version: str) -> dict[str, bytes]:
+    """The SBOM documents of ``version``'s artifacts, by artifact target name (those that have one)."""
+    stmt = select(releases.c.target_name, releases.c.sbom).where(
+        releases.c.version == version, releases.c.sbom.is_not(None)
+    )
+    return {row.target_name: bytes(row.sbom) for row in await conn.execute(stmt)}
+
+
 async def live_releases(conn: AsyncConnection) -> Sequence[RowMapping]:
     """Every release not yanked (small: one row per version and platform)."""
-    stmt = select(*releases.c).where(releases.c.yanked_at.is_(None))
+    stmt = select(*FACTS).where(releases.c.yanked_at.is_(None))
     return (await conn.execute(stmt)).mappings().all()
 
 

@@ -7,8 +7,13 @@ the row and adds the artifact as a TUF target signed with the release key
 (router/update_repo.py). If the transaction fails after the target was written, publishing
 the same artifact again completes it (the repository already holds the same bytes).
 
-Yanking removes a version's targets from the signed metadata - collectors can no longer fetch
-it, and no policy targets it - and keeps the rows for the record.
+A release may carry its SBOM (router/sbom.py): checked against the CycloneDX schema, stored with
+the row, and signed into the repository as a target of its own in the same targets version as
+the artifact, whose custom metadata names the SBOM's target and SHA-256 - so a signature binds
+the two.
+
+Yanking removes a version's targets (artifacts and SBOMs) from the signed metadata - collectors
+can no longer fetch it, and no policy targets it - and keeps the rows for the record.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import hashlib
 import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,6 +37,7 @@ from common.keys import KeySet
 from common.limits import MAX_ARTIFACT_BYTES
 from common.logs import get_logger
 from router import fleet_store, release_store, update_policy
+from router.sbom import Sbom, check_sbom
 from router.update_repo import UpdateRepository
 from router.updates import Updates
 
@@ -50,10 +57,15 @@ class Header:
     notes: str
     length: int
     sha256: str
+    sbom: bytes = field(default=b"", repr=False)  # CycloneDX JSON; empty: none
 
 
 def target_name(header: Header) -> str:
     return f"versus-collector-{header.version}-{header.os}-{header.arch}.pex"
+
+
+def sbom_target_name(header: Header) -> str:
+    return f"versus-collector-{header.version}-{header.os}-{header.arch}.cdx.json"
 
 
 def check_header(header: Header) -> None:
@@ -117,26 +129,35 @@ class Releases:
 
     async def publish(self, header: Header, chunks: AsyncIterator[bytes], actor: str) -> Sequence[RowMapping]:
         check_header(header)
+        # Schema validation takes about a second: off the event loop, and before the upload.
+        sbom = await asyncio.to_thread(check_sbom, header.sbom, header.version) if header.sbom else None
         name = target_name(header)
         artifact = await self._receive(header, chunks)
-        custom = {
+        custom: dict[str, Any] = {
             "version": header.version, "channel": header.channel, "security_fix": header.security_fix,
             "os": header.os, "arch": header.arch,
         }  # fmt: skip
+        row: dict[str, Any] = {
+            "version": header.version, "os": header.os, "arch": header.arch, "channel": header.channel,
+            "security_fix": header.security_fix, "target_name": name, "length": header.length,
+            "sha256": header.sha256, "notes": header.notes, "published_by": actor,
+        }  # fmt: skip
+        attachments: list[tuple[Path, str, dict[str, Any]]] = []
+        if sbom is not None:
+            sbom_name = sbom_target_name(header)
+            custom["sbom"] = {"target": sbom_name, "sha256": sbom.sha256}
+            row.update(self._sbom_columns(sbom, sbom_name))
+            sbom_file = artifact.with_suffix(".sbom")
+            sbom_file.write_bytes(sbom.document)
+            attachments.append((sbom_file, sbom_name, {"version": header.version, "sbom_of": name}))
         try:
             async with self.engine.begin() as conn:
-                await release_store.insert_release(
-                    conn,
-                    {
-                        "version": header.version, "os": header.os, "arch": header.arch,
-                        "channel": header.channel, "security_fix": header.security_fix, "target_name": name,
-                        "length": header.length, "sha256": header.sha256, "notes": header.notes,
-                        "published_by": actor,
-                    },
-                )  # fmt: skip
+                await release_store.insert_release(conn, row)
                 held = await asyncio.to_thread(self.repo.released)
                 if name in held:
-                    if held[name].sha256 != header.sha256:
+                    if held[name].sha256 != header.sha256 or held[name].custom.get("sbom") != custom.get(
+                        "sbom"
+                    ):
                         raise FailedPrecondition(
                             f"{name} is already in the update repository with other bytes",
                             code="release_exists",
@@ -144,22 +165,37 @@ class Releases:
                     log.warning("completing a release whose target was written before", target=name)
                 else:
                     await asyncio.to_thread(
-                        self.repo.publish, self.keys(), artifact, name, custom, dt.datetime.now(dt.UTC)
-                    )
+                        self.repo.publish, self.keys(), artifact, name, custom, dt.datetime.now(dt.UTC),
+                        attachments,
+                    )  # fmt: skip
                 await fleet_store.audit(
                     conn, actor, "release.publish", "release", name,
                     {"after": {**custom, "sha256": header.sha256, "length": header.length}},
                 )  # fmt: skip
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                artifact.unlink()
+            for path in (artifact, *(a[0] for a in attachments)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
         log.info("release published", target=name, version=header.version, channel=header.channel,
-                 security_fix=header.security_fix)  # fmt: skip
+                 security_fix=header.security_fix, sbom=sbom is not None)  # fmt: skip
         await self.updates.reconcile()
         async with self.engine.connect() as conn:
             return [
                 r for r in await release_store.get_release(conn, header.version) if r["target_name"] == name
             ]
+
+    @staticmethod
+    def _sbom_columns(sbom: Sbom, name: str) -> dict[str, Any]:
+        return {
+            "sbom": sbom.document, "sbom_target_name": name, "sbom_sha256": sbom.sha256,
+            "sbom_length": len(sbom.document), "sbom_spec_version": sbom.spec_version,
+            "sbom_components": sbom.components,
+        }  # fmt: skip
+
+    async def sboms(self, version: str) -> dict[str, bytes]:
+        """The SBOM documents of ``version``'s artifacts, by artifact target name."""
+        async with self.engine.connect() as conn:
+            return await release_store.sboms(conn, version)
 
     async def list(self, channel: str, include_yanked: bool) -> Sequence[RowMapping]:
         async with self.engine.connect() as conn:
@@ -181,7 +217,8 @@ class Releases:
             keys, now = self.keys(), dt.datetime.now(dt.UTC)
             for row in rows:
                 if row["target_name"] in held:
-                    await asyncio.to_thread(self.repo.remove, keys, row["target_name"], now)
+                    also = [row["sbom_target_name"]] if row["sbom_target_name"] else []
+                    await asyncio.to_thread(self.repo.remove, keys, row["target_name"], now, also)
                 await fleet_store.audit(
                     conn, actor, "release.yank", "release", row["target_name"],
                     {"version": version, "reason": reason.strip()},

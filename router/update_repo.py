@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,40 +119,62 @@ class UpdateRepository:
             self._refresh(keys, now)
 
     def publish(
-        self, keys: KeySet, artifact: Path, name: str, custom: Mapping[str, Any], now: dt.datetime
+        self,
+        keys: KeySet,
+        artifact: Path,
+        name: str,
+        custom: Mapping[str, Any],
+        now: dt.datetime,
+        attachments: Sequence[tuple[Path, str, Mapping[str, Any]]] = (),
     ) -> PublishedTarget:
-        """Add ``artifact`` as target ``name`` with ``custom`` metadata; a new targets, snapshot and
-        timestamp version. Refused when ``name`` is already published (releases are immutable)."""
-        if "/" in name or name.startswith(".") or not name:
-            raise InvalidArgument("a target name is a plain file name", code="release_name_invalid")
-        size = artifact.stat().st_size
-        if size > MAX_ARTIFACT_BYTES:
-            raise InvalidArgument(
-                f"the artifact is over {MAX_ARTIFACT_BYTES} bytes", code="artifact_too_large"
-            )
+        """Add ``artifact`` as target ``name`` with ``custom`` metadata, and each of ``attachments``
+        (file, target name, custom metadata: a release's SBOM) beside it, in one new targets,
+        snapshot and timestamp version: all are signed together or none is. Refused when a name
+        is already published (releases are immutable)."""
+        files = [(artifact, name, custom), *attachments]
+        for path, target_name, _ in files:
+            if "/" in target_name or target_name.startswith(".") or not target_name:
+                raise InvalidArgument("a target name is a plain file name", code="release_name_invalid")
+            if path.stat().st_size > MAX_ARTIFACT_BYTES:
+                raise InvalidArgument(
+                    f"the artifact is over {MAX_ARTIFACT_BYTES} bytes", code="artifact_too_large"
+                )
         with locked(self.directory):
             if not self.exists():
                 self._create(keys, now)
             self._follow_keys(keys, now)
             targets: Metadata[Targets] = self._latest("targets")
-            if name in targets.signed.targets:
-                raise FailedPrecondition(f"{name} is already published", code="release_exists")
-            digest = file_sha256(artifact)
-            self.targets.mkdir(parents=True, exist_ok=True)
-            stored = self.targets / f"{digest}.{name}"
-            shutil.copyfile(artifact, stored.with_suffix(stored.suffix + ".part"))
-            stored.with_suffix(stored.suffix + ".part").replace(stored)
-            target = TargetFile(size, {"sha256": digest}, name, unrecognized_fields={"custom": dict(custom)})
-            targets.signed.targets[name] = target
+            for _, target_name, _ in files:
+                if target_name in targets.signed.targets:
+                    raise FailedPrecondition(f"{target_name} is already published", code="release_exists")
+            published = []
+            for path, target_name, meta in files:
+                published.append(self._store(path, target_name, meta))
+                targets.signed.targets[target_name] = TargetFile(
+                    published[-1].length, {"sha256": published[-1].sha256}, target_name,
+                    unrecognized_fields={"custom": dict(meta)},
+                )  # fmt: skip
             self._release_targets(keys, targets, now)
-            return PublishedTarget(name, size, digest, dict(custom))
+            return published[0]
 
-    def remove(self, keys: KeySet, name: str, now: dt.datetime) -> None:
-        """Stop listing target ``name`` (a yanked release): clients can no longer fetch it."""
+    def _store(self, path: Path, name: str, custom: Mapping[str, Any]) -> PublishedTarget:
+        """Copy a target's file in under its hash (written whole, then renamed into place)."""
+        digest, size = file_sha256(path), path.stat().st_size
+        self.targets.mkdir(parents=True, exist_ok=True)
+        stored = self.targets / f"{digest}.{name}"
+        shutil.copyfile(path, stored.with_suffix(stored.suffix + ".part"))
+        stored.with_suffix(stored.suffix + ".part").replace(stored)
+        return PublishedTarget(name, size, digest, dict(custom))
+
+    def remove(self, keys: KeySet, name: str, now: dt.datetime, also: Sequence[str] = ()) -> None:
+        """Stop listing target ``name`` (a yanked release), and those of ``also`` that are listed
+        (its SBOM), in one new targets version: clients can no longer fetch them."""
         with locked(self.directory):
             targets: Metadata[Targets] = self._latest("targets")
             if targets.signed.targets.pop(name, None) is None:
                 raise FailedPrecondition(f"{name} is not published", code="release_not_found")
+            for other in also:
+                targets.signed.targets.pop(other, None)
             self._follow_keys(keys, now)
             self._release_targets(keys, targets, now)
 

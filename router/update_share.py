@@ -10,7 +10,7 @@ on different versions and every gateway serves what any router published.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,17 @@ class SharedUpdateRepository(UpdateRepository):
             super().ensure(keys, now)
 
     def publish(
-        self, keys: KeySet, artifact: Path, name: str, custom: Mapping[str, Any], now: dt.datetime
+        self,
+        keys: KeySet,
+        artifact: Path,
+        name: str,
+        custom: Mapping[str, Any],
+        now: dt.datetime,
+        attachments: Sequence[tuple[Path, str, Mapping[str, Any]]] = (),
     ) -> PublishedTarget:
         with self.shared.editing():
-            return super().publish(keys, artifact, name, custom, now)
+            return super().publish(keys, artifact, name, custom, now, attachments)
 
-    def remove(self, keys: KeySet, name: str, now: dt.datetime) -> None:
+    def remove(self, keys: KeySet, name: str, now: dt.datetime, also: Sequence[str] = ()) -> None:
         with self.shared.editing():
-            super().remove(keys, name, now)
+            super().remove(keys, name, now, also)

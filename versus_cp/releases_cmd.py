@@ -1,20 +1,23 @@
 """Collector releases (served by the router's FleetService; docs/upgrades.md):
 
     versus-cp releases publish --version V --channel stable|beta [--security] --artifact FILE
-                               --os linux --arch x86_64 [--notes FILE]
+                               --os linux --arch x86_64 [--notes FILE] [--sbom FILE | --no-sbom]
     versus-cp releases list [--channel stable|beta] [--all]
-    versus-cp releases show VERSION
+    versus-cp releases show VERSION [--sbom-out FILE|- [--platform OS/ARCH]]
     versus-cp releases yank VERSION --reason TEXT
 
 The artifact is the collector's PEX file (``make collector-release``). It is
 streamed to the router in 1 MiB messages with its length and SHA-256, which
 the router checks before it signs the release into the update repository.
-Every command takes ``--json``.
+Its SBOM (the ``.cdx.json`` file ``make collector-release`` writes beside it,
+found there unless ``--sbom`` names another) goes in the header; publishing
+without one takes an explicit ``--no-sbom``. Every command takes ``--json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
 
 from common.errors import InvalidArgument
-from common.limits import MAX_ARTIFACT_BYTES
+from common.limits import MAX_ARTIFACT_BYTES, MAX_SBOM_BYTES
 from common.settings import Settings
 from common.state_dir import file_sha256
 from versus_cp import rpc
@@ -56,11 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     publish.add_argument("--os", required=True, help="e.g. linux")
     publish.add_argument("--arch", required=True, help="e.g. x86_64")
     publish.add_argument("--notes", type=Path, help="file with the release notes")
+    sbom = publish.add_mutually_exclusive_group()
+    sbom.add_argument(
+        "--sbom", type=Path, help="the artifact's CycloneDX SBOM (default: <artifact>.cdx.json)"
+    )
+    sbom.add_argument("--no-sbom", action="store_true", help="publish without an SBOM")
     listing = sub.add_parser("list", help="List releases, newest first.")
     listing.add_argument("--channel", choices=list(CHANNELS))
     listing.add_argument("--all", action="store_true", help="include yanked releases")
     show = sub.add_parser("show", help="One version: its artifacts, hashes, notes and who runs it.")
     show.add_argument("version")
+    show.add_argument("--sbom-out", metavar="FILE", help="write the SBOM document to FILE (- for stdout)")
+    show.add_argument(
+        "--platform", metavar="OS/ARCH", help="the artifact whose SBOM to write (several built)"
+    )
     yank = sub.add_parser("yank", help="Withdraw a version: no collector fetches or is sent to it again.")
     yank.add_argument("version")
     yank.add_argument("--reason", required=True)
@@ -83,6 +95,17 @@ def _header(args: argparse.Namespace) -> pb.ReleaseHeader:
     size = artifact.stat().st_size
     if size > MAX_ARTIFACT_BYTES:
         raise InvalidArgument(f"the artifact is over {MAX_ARTIFACT_BYTES} bytes", code="artifact_too_large")
+    sbom = b""
+    if not args.no_sbom:
+        path: Path = args.sbom or artifact.with_name(artifact.name.removesuffix(".pex") + ".cdx.json")
+        if not path.is_file():
+            raise InvalidArgument(
+                f"no SBOM at {path}: name it with --sbom, or publish without one with --no-sbom",
+                code="sbom_missing",
+            )
+        if path.stat().st_size > MAX_SBOM_BYTES:
+            raise InvalidArgument(f"the SBOM is over {MAX_SBOM_BYTES} bytes", code="sbom_too_large")
+        sbom = path.read_bytes()
     notes = ""
     if args.notes is not None:
         raw = args.notes.read_bytes()
@@ -91,7 +114,7 @@ def _header(args: argparse.Namespace) -> pb.ReleaseHeader:
         notes = raw.decode("utf-8", errors="replace")
     return pb.ReleaseHeader(
         version=args.version, channel=CHANNELS[args.channel], security_fix=args.security, os=args.os,
-        arch=args.arch, notes=notes, length=size, sha256=file_sha256(artifact),
+        arch=args.arch, notes=notes, length=size, sha256=file_sha256(artifact), sbom=sbom,
     )  # fmt: skip
 
 
@@ -121,6 +144,7 @@ def print_release(releases: list[pb.Release]) -> None:
             ("sha256", r.sha256),
             ("published", f"{when(r.published_at)} by {r.published_by}"),
             ("running on", f"{r.running_count} active collector(s)"),
+            ("sbom", _sbom_line(r)),
         ]
         if r.yanked:
             facts.append(("yanked", f"{when(r.yanked_at)} by {r.yanked_by}: {r.yank_reason}"))
@@ -128,6 +152,30 @@ def print_release(releases: list[pb.Release]) -> None:
         if r.notes:
             print("\nNotes\n" + "\n".join("  " + line for line in r.notes.splitlines()))
         print()
+
+
+def _sbom_line(r: pb.Release) -> str:
+    if not r.sbom_target_name:
+        return "none (published without one)"
+    return (
+        f"{r.sbom_target_name}: CycloneDX {r.sbom_spec_version}, {r.sbom_components} components, "
+        f"{r.sbom_length} bytes, sha256 {r.sbom_sha256}"
+    )
+
+
+def write_sbom(releases: list[pb.Release], out: str, platform: str | None) -> None:
+    """The SBOM of the one artifact asked for (``platform``, else the only one with an SBOM)."""
+    chosen = [r for r in releases if r.sbom and (platform is None or f"{r.os}/{r.arch}" == platform)]
+    if len(chosen) != 1:
+        platforms = ", ".join(f"{r.os}/{r.arch}" for r in releases if r.sbom) or "none"
+        code = "sbom_not_found" if not chosen else "platform_required"
+        raise InvalidArgument(f"artifacts of this release with an SBOM: {platforms}; name one with --platform"
+                              if chosen else f"no SBOM for that artifact (those with one: {platforms})",
+                              code=code)  # fmt: skip
+    if out == "-":
+        sys.stdout.buffer.write(chosen[0].sbom)
+    else:
+        Path(out).write_bytes(chosen[0].sbom)
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
@@ -156,7 +204,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         print_json(listed) if args.json else print_releases(list(listed.releases))
         return 0
     if args.action == "show":
-        shown = _call(settings, "GetRelease", pb.GetReleaseRequest(version=args.version))
+        asked = pb.GetReleaseRequest(version=args.version, include_sbom=args.sbom_out is not None)
+        shown = _call(settings, "GetRelease", asked)
+        if args.sbom_out is not None:
+            write_sbom(list(shown.releases), args.sbom_out, args.platform)
+            if args.sbom_out == "-":
+                return 0
+            for r in shown.releases:
+                r.ClearField("sbom")  # written to the file, not repeated on the terminal
         print_json(shown) if args.json else print_release(list(shown.releases))
         return 0
     yanked = _call(settings, "YankRelease", pb.YankReleaseRequest(version=args.version, reason=args.reason))

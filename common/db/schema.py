@@ -405,6 +405,14 @@ releases = Table(
     Column("yanked_at", DateTime(timezone=True), nullable=True),
     Column("yanked_by", Text, nullable=True),
     Column("yank_reason", Text, nullable=True),
+    # The artifact's SBOM (CycloneDX JSON, router/sbom.py) as published, and what the update
+    # repository signs of it (its own TUF target); all null for a release published without one.
+    Column("sbom", LargeBinary, nullable=True),
+    Column("sbom_target_name", Text, nullable=True),
+    Column("sbom_sha256", Text, nullable=True),
+    Column("sbom_length", BigInteger, nullable=True),
+    Column("sbom_spec_version", Text, nullable=True),
+    Column("sbom_components", Integer, nullable=True),
     UniqueConstraint("version", "os", "arch"),
     CheckConstraint("channel IN ('stable', 'beta')", name="channel"),
 )

@@ -40,9 +40,11 @@ def build_release(out: Path, version: str, *, broken: bool = False) -> Path:
 
 
 def publish(cp: ControlPlane, artifact: Path, version: str, *extra: str) -> dict[str, Any]:
+    """Publish ``artifact``; its SBOM too when one was built beside it (else ``--no-sbom``)."""
+    has_sbom = artifact.with_name(artifact.name.removesuffix(".pex") + ".cdx.json").exists()
     done = run_cli(
         ["releases", "publish", "--version", version, "--channel", "stable", "--artifact", str(artifact),
-         "--os", OS, "--arch", ARCH, "--json", *extra],
+         "--os", OS, "--arch", ARCH, "--json", *([] if has_sbom else ["--no-sbom"]), *extra],
         cp.env, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

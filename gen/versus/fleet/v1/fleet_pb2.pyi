@@ -1068,6 +1068,12 @@ class Release(_message.Message):
     YANKED_BY_FIELD_NUMBER: _builtins.int
     YANK_REASON_FIELD_NUMBER: _builtins.int
     RUNNING_COUNT_FIELD_NUMBER: _builtins.int
+    SBOM_TARGET_NAME_FIELD_NUMBER: _builtins.int
+    SBOM_SHA256_FIELD_NUMBER: _builtins.int
+    SBOM_LENGTH_FIELD_NUMBER: _builtins.int
+    SBOM_SPEC_VERSION_FIELD_NUMBER: _builtins.int
+    SBOM_COMPONENTS_FIELD_NUMBER: _builtins.int
+    SBOM_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     channel: Global___Channel.ValueType
     security_fix: _builtins.bool
@@ -1084,6 +1090,17 @@ class Release(_message.Message):
     yank_reason: _builtins.str
     running_count: _builtins.int
     """Active collectors on this os and arch that run this version."""
+    sbom_target_name: _builtins.str
+    """The release's SBOM (CycloneDX JSON), when it was published with one: its name in the update
+    repository (a TUF target signed with the artifact, whose custom metadata names it), SHA-256,
+    length, CycloneDX spec version and number of components.
+    """
+    sbom_sha256: _builtins.str
+    sbom_length: _builtins.int
+    sbom_spec_version: _builtins.str
+    sbom_components: _builtins.int
+    sbom: _builtins.bytes
+    """The SBOM document itself, only when GetRelease was asked for it (include_sbom)."""
     @_builtins.property
     def published_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -1107,10 +1124,16 @@ class Release(_message.Message):
         yanked_by: _builtins.str = ...,
         yank_reason: _builtins.str = ...,
         running_count: _builtins.int = ...,
+        sbom_target_name: _builtins.str = ...,
+        sbom_sha256: _builtins.str = ...,
+        sbom_length: _builtins.int = ...,
+        sbom_spec_version: _builtins.str = ...,
+        sbom_components: _builtins.int = ...,
+        sbom: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["published_at", b"published_at", "yanked_at", b"yanked_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "length", b"length", "notes", b"notes", "os", b"os", "published_at", b"published_at", "published_by", b"published_by", "running_count", b"running_count", "security_fix", b"security_fix", "sha256", b"sha256", "target_name", b"target_name", "version", b"version", "yank_reason", b"yank_reason", "yanked", b"yanked", "yanked_at", b"yanked_at", "yanked_by", b"yanked_by"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "length", b"length", "notes", b"notes", "os", b"os", "published_at", b"published_at", "published_by", b"published_by", "running_count", b"running_count", "sbom", b"sbom", "sbom_components", b"sbom_components", "sbom_length", b"sbom_length", "sbom_sha256", b"sbom_sha256", "sbom_spec_version", b"sbom_spec_version", "sbom_target_name", b"sbom_target_name", "security_fix", b"security_fix", "sha256", b"sha256", "target_name", b"target_name", "version", b"version", "yank_reason", b"yank_reason", "yanked", b"yanked", "yanked_at", b"yanked_at", "yanked_by", b"yanked_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1130,6 +1153,7 @@ class ReleaseHeader(_message.Message):
     NOTES_FIELD_NUMBER: _builtins.int
     LENGTH_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
+    SBOM_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     channel: Global___Channel.ValueType
     security_fix: _builtins.bool
@@ -1139,6 +1163,11 @@ class ReleaseHeader(_message.Message):
     length: _builtins.int
     """Length of the artifact in bytes and its SHA-256 (hex), checked when the last chunk arrived."""
     sha256: _builtins.str
+    sbom: _builtins.bytes
+    """The artifact's SBOM: a CycloneDX JSON document (at most 1 MiB) whose root component is
+    versus-collector at this version. Checked against the CycloneDX schema, then signed into the
+    update repository beside the artifact. Empty: a release without an SBOM.
+    """
     def __init__(
         self,
         *,
@@ -1150,10 +1179,11 @@ class ReleaseHeader(_message.Message):
         notes: _builtins.str = ...,
         length: _builtins.int = ...,
         sha256: _builtins.str = ...,
+        sbom: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "length", b"length", "notes", b"notes", "os", b"os", "security_fix", b"security_fix", "sha256", b"sha256", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "channel", b"channel", "length", b"length", "notes", b"notes", "os", b"os", "sbom", b"sbom", "security_fix", b"security_fix", "sha256", b"sha256", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1253,15 +1283,19 @@ class GetReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    INCLUDE_SBOM_FIELD_NUMBER: _builtins.int
     version: _builtins.str
+    include_sbom: _builtins.bool
+    """Also return each artifact's SBOM document (Release.sbom)."""
     def __init__(
         self,
         *,
         version: _builtins.str = ...,
+        include_sbom: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_sbom", b"include_sbom", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

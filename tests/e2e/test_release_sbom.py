@@ -1,0 +1,132 @@
+"""A collector release is built from the collector lock and carries an SBOM that says exactly what
+is inside; the SBOM is published and signed with it, and shown by `versus-cp releases` (issue 26)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from packaging.markers import Marker
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from tuf.api.metadata import Metadata, Root, Targets
+
+from common.state_dir import file_sha256
+from tests.e2e.collector_harness import cli_json
+from tests.e2e.harness import ControlPlane, run_cli
+from tests.e2e.upgrade_harness import ARCH, OS
+from tools.collector_dist import LOCK, build_release
+from tools.locks import parse_lock
+
+pytestmark = pytest.mark.timeout(600)
+
+VERSION = "0.1.7"
+
+
+def _locked_here() -> dict[str, tuple[str, set[str]]]:
+    """The collector lock's pins that apply to this platform: name -> (version, allowed hashes)."""
+    return {
+        p.name: (p.version, {h.removeprefix("sha256:") for h in p.hashes})
+        for p in parse_lock(LOCK.read_text())
+        if not p.marker or Marker(p.marker).evaluate()
+    }
+
+
+def test_a_release_holds_the_lock_and_its_signed_sbom_says_so(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    _, pex, sbom_path = build_release(tmp_path / "dist", VERSION)
+    locked = _locked_here()
+
+    # The PEX file packs exactly the locked wheels (and the collector's own).
+    with zipfile.ZipFile(pex) as archive:
+        packed = json.loads(archive.read("PEX-INFO"))["distributions"]
+    in_pex = {canonicalize_name(parse_wheel_filename(n)[0]): str(parse_wheel_filename(n)[1]) for n in packed}
+    assert in_pex == {"versus-collector": VERSION, **{name: v for name, (v, _) in locked.items()}}
+
+    # The SBOM is valid CycloneDX, describes this release, and lists exactly the locked packages,
+    # each with the SHA-256 of a file the lock allows for that version.
+    text = sbom_path.read_text()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    document = json.loads(text)
+    root = document["metadata"]["component"]
+    assert (root["name"], root["version"], root["type"]) == ("versus-collector", VERSION, "application")
+    listed = {canonicalize_name(c["name"]): c for c in document["components"]}
+    assert {n: c["version"] for n, c in listed.items()} == {n: v for n, (v, _) in locked.items()}
+    for name, component in listed.items():
+        assert component["purl"] == f"pkg:pypi/{name}@{component['version']}"
+        [digest] = [h["content"] for h in component["hashes"] if h["alg"] == "SHA-256"]
+        assert digest in locked[name][1], name
+        assert component.get("licenses"), f"{name} has no licence in the SBOM"
+
+    cp = start_control_plane()
+    # Published with the release: `publish` finds the SBOM beside the artifact.
+    done = run_cli(
+        ["releases", "publish", "--version", VERSION, "--channel", "stable", "--artifact", str(pex),
+         "--os", OS, "--arch", ARCH, "--json"],
+        cp.env, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [shown] = cli_json(["releases", "show", VERSION], cp.env)["releases"]
+    assert shown["sbom_sha256"] == file_sha256(sbom_path)
+    assert (shown["sbom_spec_version"], int(shown["sbom_components"])) == ("1.6", len(locked))
+    assert shown["sbom_target_name"] == pex.name.removesuffix(".pex") + ".cdx.json"
+    assert shown["sbom"] == ""  # the document only when asked for
+    human = run_cli(["releases", "show", VERSION], cp.env)
+    assert f"CycloneDX 1.6, {len(locked)} components" in human.stdout, human.stdout
+    fetched = tmp_path / "fetched.cdx.json"
+    assert run_cli(["releases", "show", VERSION, "--sbom-out", str(fetched)], cp.env).returncode == 0
+    assert fetched.read_bytes() == sbom_path.read_bytes()
+
+    # Signed with it: the update repository's targets metadata, verified against its root (held
+    # by the release keys), lists the SBOM, and the artifact's entry names the SBOM's hash.
+    metadata = cp.state_dir / "updates" / "metadata"
+    trusted: Metadata[Root] = Metadata.from_file(str(metadata / "1.root.json"))
+    release_kids = {k["kid"] for k in cli_json(["keys", "list", "--set", "release"], cp.env)["release"]}
+    assert set(trusted.signed.roles["targets"].keyids) == release_kids
+    newest = max(metadata.glob("*.targets.json"), key=lambda p: int(p.name.split(".")[0]))
+    targets: Metadata[Targets] = Metadata.from_file(str(newest))
+    trusted.verify_delegate("targets", targets)
+    sbom_target = targets.signed.targets[shown["sbom_target_name"]]
+    assert sbom_target.hashes["sha256"] == shown["sbom_sha256"] and sbom_target.length == len(text.encode())
+    artifact_custom = targets.signed.targets[shown["target_name"]].unrecognized_fields["custom"]
+    assert artifact_custom["sbom"] == {"target": shown["sbom_target_name"], "sha256": shown["sbom_sha256"]}
+
+    # Yanked, the SBOM leaves the signed targets with the artifact; the record keeps it.
+    assert run_cli(["releases", "yank", VERSION, "--reason", "test"], cp.env).returncode == 0
+    newest = max(metadata.glob("*.targets.json"), key=lambda p: int(p.name.split(".")[0]))
+    remaining = Metadata.from_file(str(newest)).signed
+    assert isinstance(remaining, Targets)
+    assert not {shown["sbom_target_name"], shown["target_name"]} & set(remaining.targets)
+    assert (
+        cli_json(["releases", "show", VERSION], cp.env)["releases"][0]["sbom_sha256"] == shown["sbom_sha256"]
+    )
+
+
+def test_publishing_without_an_sbom_is_explicit(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> None:
+    artifact = tmp_path / "versus-collector-0.1.8-linux-x86_64.pex"
+    artifact.write_bytes(b"#!/usr/bin/env python3\n" * 64)
+    cp = start_control_plane()
+    base = ["releases", "publish", "--version", "0.1.8", "--channel", "stable", "--artifact", str(artifact),
+            "--os", "linux", "--arch", "x86_64"]  # fmt: skip
+    missing = run_cli(base, cp.env)
+    assert missing.returncode != 0 and "sbom_missing" in missing.stderr, missing.stderr
+    # An SBOM of another release is refused by the router before anything is signed.
+    other = tmp_path / "other.cdx.json"
+    other.write_text(json.dumps({
+        "bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
+        "metadata": {"component": {"type": "application", "name": "versus-collector", "version": "0.0.1"}},
+    }))  # fmt: skip
+    refused = run_cli([*base, "--sbom", str(other)], cp.env)
+    assert refused.returncode != 0 and "sbom_component_mismatch" in refused.stderr, refused.stderr
+    assert cli_json(["releases", "list", "--all"], cp.env).get("releases", []) == []
+    assert run_cli([*base, "--no-sbom"], cp.env).returncode == 0
+    [shown] = cli_json(["releases", "show", "0.1.8"], cp.env)["releases"]
+    assert (shown["sbom_sha256"], shown["sbom_target_name"]) == ("", "")
+    assert "none (published without one)" in run_cli(["releases", "show", "0.1.8"], cp.env).stdout
