@@ -55,8 +55,10 @@ run: $(STAMP)
 # longest test files set the pace) and the fast suite beside them slowed by a quarter.
 E2E_WORKERS ?= 2
 # Schemathesis gives every generated test the same node id, which xdist cannot tell apart (all
-# but one would silently not run): the fuzz test runs in the serial process instead.
-SERIAL_E2E := tests/e2e/test_fuzz_gateway.py
+# but one would silently not run): the fuzz test runs in the serial process instead. So does the
+# locked-install test (a minute of pip, no control plane): the serial process finishes ten
+# minutes before the end-to-end workers, which set the pace.
+SERIAL_E2E := tests/e2e/test_fuzz_gateway.py tests/e2e/test_locked_install.py
 
 # Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
 # directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
@@ -65,7 +67,7 @@ test: check system-deps mitm-deps axe-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
 	$(BIN)/pytest tests/unit tests/integration $(SERIAL_E2E) --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
-	$(BIN)/pytest tests/e2e --ignore=$(SERIAL_E2E) -n $(E2E_WORKERS) --dist loadfile --basetemp=$$tmp/e2e; e2e=$$?; \
+	$(BIN)/pytest tests/e2e $(addprefix --ignore=,$(SERIAL_E2E)) -n $(E2E_WORKERS) --dist loadfile --basetemp=$$tmp/e2e; e2e=$$?; \
 	wait $$fast; fast=$$?; \
 	echo "--- tests/unit and tests/integration ---"; cat $$tmp/fast.log; \
 	rm -rf $$tmp; \

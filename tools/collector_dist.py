@@ -300,7 +300,11 @@ def main() -> int:
                         help="also build the release artifact (a PEX file) and its SBOM")  # fmt: skip
     args = parser.parse_args()
     if args.pex:
-        for path in build_release(args.out, args.version):
+        wheel, pex, sbom = build_release(args.out, args.version)
+        # The lock beside them, for hosts that install the wheel by hand (docs/collector.md).
+        lock = args.out / f"versus-collector-{wheel.name.split('-')[1]}-requirements.txt"
+        shutil.copyfile(LOCK, lock)
+        for path in (wheel, pex, sbom, lock):
             print(path)
     else:
         print(build(args.out, args.version))

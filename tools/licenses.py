@@ -3,11 +3,12 @@
     python -m tools.licenses [--lock NAME ...] [--json]                # make licenses / licenses-core
 
 Licences are read from the packages' installed metadata by pip-licenses (License-Expression,
-else the trove classifiers, else the License field) in the virtual environment built from each
-lock, so what is checked is what was installed. Each lock's pins are looked up there by name and
-version; an environment that holds another version fails (rebuild it). Pins whose environment
-marker excludes this platform (Windows- or macOS-only packages of a universal lock) are not
-installed here and are listed as such: nothing this project ships or runs on Linux contains them.
+else the License field when it is SPDX, else the trove classifiers: :func:`reading`) in the
+virtual environment built from each lock, so what is checked is what was installed. Each lock's
+pins are looked up there by name and version; an environment that holds another version fails
+(rebuild it). Pins whose environment marker excludes this platform (Windows- or macOS-only
+packages of a universal lock) are not installed here and are listed as such: nothing this project
+ships or runs on Linux contains them.
 
 A licence string is mapped to SPDX (the aliases in the allow-list) and parsed as an SPDX
 expression (license-expression); it passes when every operand of an AND is allowed and at least
@@ -110,23 +111,53 @@ def judge(lock: str, name: str, version: str, raw: str, policy: Policy) -> Verdi
     expression = policy.packages.get(f"{name}=={version}") or spdx_expression(raw, policy)
     if not expression:
         return Verdict(lock, name, version, raw, "", False, "no licence in its metadata")
+    licensing = get_spdx_licensing()
     try:
-        parsed = get_spdx_licensing().parse(expression, validate=True, strict=True)
+        parsed = licensing.parse(expression, strict=True)
     except ExpressionError as exc:
         return Verdict(lock, name, version, raw, expression, False, f"not an SPDX expression ({exc})")
-    if parsed is None or not _holds(parsed, policy.allowed):
-        return Verdict(lock, name, version, raw, str(parsed), False, "outside locks/licenses.toml")
-    return Verdict(lock, name, version, raw, str(parsed), True, "")
+    if parsed is None:
+        return Verdict(lock, name, version, raw, "", False, "no licence in its metadata")
+    if _holds(parsed, policy.allowed):
+        return Verdict(lock, name, version, raw, str(parsed), True, "")
+    unknown = [k for k in licensing.unknown_license_keys(parsed) if k not in policy.allowed]
+    why = f"not an SPDX licence: {', '.join(unknown)}" if unknown else "outside locks/licenses.toml"
+    return Verdict(lock, name, version, raw, str(parsed), False, why)
 
 
-def installed_licenses(venv: Path) -> dict[str, tuple[str, str]]:
+def reading(entry: Mapping[str, str], policy: Policy) -> str:
+    """The licence a package declares, from pip-licenses' three readings of its metadata: its
+    License-Expression; else its License field when that is SPDX (after the aliases); else its
+    trove classifiers; else whatever the License field says (to show why it is refused)."""
+    expression, field, classifiers = (
+        entry.get(k, "UNKNOWN") for k in ("License-Expression", "License-Metadata", "License-Classifier")
+    )
+    if expression != "UNKNOWN":
+        return expression
+    if field != "UNKNOWN" and _is_spdx(spdx_expression(field, policy), policy):
+        return field
+    if classifiers != "UNKNOWN":
+        return classifiers
+    return "" if field == "UNKNOWN" else field
+
+
+def _is_spdx(expression: str, policy: Policy) -> bool:
+    licensing = get_spdx_licensing()
+    try:
+        parsed = licensing.parse(expression, strict=True) if expression else None
+    except ExpressionError:
+        return False
+    return parsed is not None and all(k in policy.allowed for k in licensing.unknown_license_keys(parsed))
+
+
+def installed_licenses(venv: Path, policy: Policy) -> dict[str, tuple[str, str]]:
     """name -> (version, licence) of everything installed in ``venv``, as pip-licenses reads it."""
     done = subprocess.run(
         [str(Path(sys.executable).parent / "pip-licenses"), "--python", str(venv / "bin" / "python"),
-         "--from", "mixed", "--format", "json", "--with-system"],
+         "--from", "all", "--format", "json", "--with-system"],
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return {canonicalize_name(d["Name"]): (d["Version"], d["License"]) for d in json.loads(done.stdout)}
+    return {canonicalize_name(d["Name"]): (d["Version"], reading(d, policy)) for d in json.loads(done.stdout)}
 
 
 def verdicts(locks: Sequence[str], policy: Policy, root: Path = ROOT) -> list[Verdict]:
@@ -137,7 +168,7 @@ def verdicts(locks: Sequence[str], policy: Policy, root: Path = ROOT) -> list[Ve
         if not (venv / "bin" / "python").exists():
             raise SystemExit(f"{ENVIRONMENTS[lock]} is missing: run `make {MAKE_TARGET[ENVIRONMENTS[lock]]}`")
         if ENVIRONMENTS[lock] not in listings:
-            listings[ENVIRONMENTS[lock]] = installed_licenses(venv)
+            listings[ENVIRONMENTS[lock]] = installed_licenses(venv, policy)
         listing = listings[ENVIRONMENTS[lock]]
         for pin in parse_lock(BY_NAME[lock].path.read_text()):
             if pin.marker and not Marker(pin.marker).evaluate():

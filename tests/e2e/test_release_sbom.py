@@ -99,9 +99,8 @@ def test_a_release_holds_the_lock_and_its_signed_sbom_says_so(
     # Yanked, the SBOM leaves the signed targets with the artifact; the record keeps it.
     assert run_cli(["releases", "yank", VERSION, "--reason", "test"], cp.env).returncode == 0
     newest = max(metadata.glob("*.targets.json"), key=lambda p: int(p.name.split(".")[0]))
-    remaining = Metadata.from_file(str(newest)).signed
-    assert isinstance(remaining, Targets)
-    assert not {shown["sbom_target_name"], shown["target_name"]} & set(remaining.targets)
+    remaining: Metadata[Targets] = Metadata.from_file(str(newest))
+    assert not {shown["sbom_target_name"], shown["target_name"]} & set(remaining.signed.targets)
     assert (
         cli_json(["releases", "show", VERSION], cp.env)["releases"][0]["sbom_sha256"] == shown["sbom_sha256"]
     )
