@@ -103,6 +103,10 @@ def routes(console: Console) -> list[Route]:
                     too_large = f"an SBOM is at most {MAX_SBOM_BYTES} bytes"
                     return console.refusal(413, "sbom_too_large", too_large, session)
                 upload = dataclasses.replace(upload, sbom=sbom)
+            elif text.get("no_sbom") != "1":
+                # As `versus-cp releases publish`: a release without its SBOM is a choice, not a slip.
+                missing = "choose the release's SBOM, or tick 'Publish without an SBOM'"
+                return console.refusal(400, "sbom_missing", missing, session)
             if upload.channel not in CHANNELS:
                 return console.refusal(400, "channel_invalid", "choose stable or beta", session)
             try:

@@ -32,6 +32,14 @@ class ReleaseView:
     sbom: str  # what the signed SBOM says in a few words, or "none"
 
 
+def sbom_summary(r: pb.Release) -> str:
+    """What a release's signed SBOM is, in a few words ("none" without one)."""
+    if not r.sbom_target_name:
+        return "none"
+    noun = "component" if r.sbom_components == 1 else "components"
+    return f"CycloneDX {r.sbom_spec_version}, {r.sbom_components} {noun}"
+
+
 def release_view(r: pb.Release) -> ReleaseView:
     return ReleaseView(
         version=r.version, channel=_CHANNEL_NAMES.get(r.channel, "?"), security_fix=r.security_fix,
@@ -39,8 +47,7 @@ def release_view(r: pb.Release) -> ReleaseView:
         published_at=timestamp(r.published_at), published_by=r.published_by, running_count=r.running_count,
         yanked=r.yanked, yanked_at=timestamp(r.yanked_at), yanked_by=r.yanked_by, yank_reason=r.yank_reason,
         notes=r.notes,
-        sbom=f"CycloneDX {r.sbom_spec_version}, {r.sbom_components} components"
-        if r.sbom_target_name else "none",
+        sbom=sbom_summary(r),
     )  # fmt: skip
 
 

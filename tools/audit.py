@@ -24,6 +24,10 @@ from tools.locks import BY_NAME, LOCKS
 ADVISORY_HOST = {"pypi": "pypi.org (its JSON API)", "osv": "api.osv.dev"}
 
 
+class Unreachable(Exception):
+    """pip-audit gave no report (the advisory source did not answer at all)."""
+
+
 def audit(lock: str, service: str) -> dict[str, Any]:
     """pip-audit's JSON report of one lock."""
     done = subprocess.run(
@@ -35,7 +39,7 @@ def audit(lock: str, service: str) -> dict[str, Any]:
     try:
         report: dict[str, Any] = json.loads(done.stdout)
     except json.JSONDecodeError:
-        raise SystemExit(f"pip-audit failed on {lock}: {done.stderr.strip()[-2000:]}") from None
+        raise Unreachable(f"pip-audit gave no report on {lock}: {done.stderr.strip()[-600:]}") from None
     return report
 
 
@@ -46,7 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     vulnerable = unaudited = total = 0
     for lock in args.lock or [lock.name for lock in LOCKS]:
-        report = audit(lock, args.service)
+        try:
+            report = audit(lock, args.service)
+        except Unreachable as exc:
+            print(exc, file=sys.stderr)
+            return 2
         for dep in report.get("dependencies", []):
             total += 1
             if "skip_reason" in dep:

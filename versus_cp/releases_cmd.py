@@ -157,8 +157,9 @@ def print_release(releases: list[pb.Release]) -> None:
 def _sbom_line(r: pb.Release) -> str:
     if not r.sbom_target_name:
         return "none (published without one)"
+    noun = "component" if r.sbom_components == 1 else "components"
     return (
-        f"{r.sbom_target_name}: CycloneDX {r.sbom_spec_version}, {r.sbom_components} components, "
+        f"{r.sbom_target_name}: CycloneDX {r.sbom_spec_version}, {r.sbom_components} {noun}, "
         f"{r.sbom_length} bytes, sha256 {r.sbom_sha256}"
     )
 

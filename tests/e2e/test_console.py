@@ -6,10 +6,12 @@ work without JavaScript (this test's client runs none). Browser tests: test_cons
 
 from __future__ import annotations
 
+import json
 import re
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -261,13 +263,29 @@ def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
             + "\n".join(line for line in cp.log().splitlines() if "console" in line or "Traceback" in line)
         )
         assert cli_json(["releases", "list"], cp.env)["releases"] == []
+        # Without an SBOM only when asked to; an SBOM of another version is the router's refusal.
+        unsigned = client.post("/releases/publish", data=form, files=upload, headers=_origin(cp))
+        assert unsigned.status_code == 400 and "sbom_missing" in unsigned.text
+        sbom: dict[str, Any] = {
+            "bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
+            "metadata": {"component": {"type": "application", "name": "versus-collector",
+                                       "version": "9.9.0"}},
+            "components": [{"type": "library", "name": "tuf", "version": "7.0.1",
+                            "purl": "pkg:pypi/tuf@7.0.1"}],
+        }  # fmt: skip
+        with_sbom = {**upload, "sbom": ("sbom.cdx.json", json.dumps(sbom).encode(), "application/json")}
+        other = client.post("/releases/publish", data=form, files=with_sbom, headers=_origin(cp))
+        assert other.status_code == 400 and "sbom_component_mismatch" in other.text
+        sbom["metadata"]["component"]["version"] = "9.9.1"
+        with_sbom["sbom"] = ("sbom.cdx.json", json.dumps(sbom).encode(), "application/json")
 
-        published = client.post("/releases/publish", data=form, files=upload, headers=_origin(cp))
+        published = client.post("/releases/publish", data=form, files=with_sbom, headers=_origin(cp))
         assert published.status_code == 303, published.text
         [release] = cli_json(["releases", "list"], cp.env)["releases"]
         assert (release["version"], release["length"]) == ("9.9.1", str(len(artifact)))
         page = client.get("/releases").text
         assert "9.9.1" in page and "/releases/9.9.1/confirm/yank" in page
+        assert "<td>CycloneDX 1.6, 1 component</td>" in page
         # Both collectors run an older version: they are behind, and listed as such.
         assert re.search(r"<strong>2</strong> active collectors behind", page), page
         behind = client.get("/collectors", params={"outdated": "1"}).text
