@@ -223,7 +223,7 @@ licenses: $(STAMP) bench-deps mitm-deps salt-deps
 	$(BIN)/python -m tools.licenses
 
 licenses-core: $(STAMP)
-	$(BIN)/python -m tools.licenses --lock control-plane --lock collector --lock dev > /dev/null
+	$(BIN)/python -m tools.licenses --lock control-plane --lock collector --lock dev --quiet
 
 # Known vulnerabilities in every lock (pip-audit against PyPI's advisories; SERVICE=osv for OSV).
 # Needs the advisory source on the network: exits 2, not 0, when it could not look everything up.

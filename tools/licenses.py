@@ -192,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lock", action="append", choices=[lock.name for lock in LOCKS],
                         help="check these locks only (default: all)")  # fmt: skip
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="list only what is refused")
     args = parser.parse_args(argv)
     found = verdicts(args.lock or [lock.name for lock in LOCKS], Policy.load())
     bad = [v for v in found if not v.ok]
@@ -202,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  (v.why if v.ok else f"REFUSED: {v.why}")) for v in found]  # fmt: skip
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         for row in rows:
+            if args.quiet and row[4].startswith(("ok", "not installed")):
+                continue
             print("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)), row[4])
     packages = {(v.name, v.version) for v in found}
     print(f"{len(packages)} locked packages in {len({v.lock for v in found})} locks; {len(bad)} refused",

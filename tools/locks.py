@@ -32,8 +32,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -225,24 +227,34 @@ def uv() -> str:
     return str(candidate) if candidate.exists() else "uv"
 
 
-def refresh(lock: Lock, upgrade: bool, packages: Sequence[str]) -> None:
-    """Resolve ``lock`` again with uv; existing pins are kept unless upgrades are asked for."""
-    command = [uv(), "pip", "compile", *lock.sources, *COMPILE_OPTIONS, "--quiet", "--custom-compile-command",
-               REFRESH_COMMAND, "--output-file", str(lock.path.relative_to(ROOT))]  # fmt: skip
-    for extra in lock.extras:
-        command += ["--extra", extra]
-    for name in lock.constraints:
-        command += ["--constraint", str(BY_NAME[name].path.relative_to(ROOT))]
-    if upgrade:
-        command.append("--upgrade")
-    for package in packages:
-        command += ["--upgrade-package", package]
-    subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "UV_NO_CONFIG": "1"}, timeout=600)
-    body = lock.path.read_text()
+def refresh(lock: Lock, upgrade: bool, packages: Sequence[str]) -> bool:
+    """Resolve ``lock`` again with uv; existing pins are kept unless upgrades are asked for. The
+    file is replaced only when its content changes (so `make` rebuilds no environment for
+    nothing); returns whether it did."""
+    with tempfile.TemporaryDirectory(prefix="versus-lock-") as tmp:
+        out = Path(tmp) / lock.path.name
+        if lock.path.exists():
+            shutil.copyfile(lock.path, out)  # uv keeps the pins of the file it writes over
+        command = [uv(), "pip", "compile", *lock.sources, *COMPILE_OPTIONS, "--quiet",
+                   "--custom-compile-command", REFRESH_COMMAND, "--output-file", str(out)]  # fmt: skip
+        for extra in lock.extras:
+            command += ["--extra", extra]
+        for name in lock.constraints:
+            command += ["--constraint", str(BY_NAME[name].path.relative_to(ROOT))]
+        if upgrade:
+            command.append("--upgrade")
+        for package in packages:
+            command += ["--upgrade-package", package]
+        subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "UV_NO_CONFIG": "1"}, timeout=600)
+        body = out.read_text()
     if recorded_digest(body) is not None:
         body = body.split("\n", 1)[1]
     pins = {name: parse_lock(BY_NAME[name].path.read_text()) for name in lock.constraints}
-    lock.path.write_text(f"{DIGEST_PREFIX}{digest(lock, ROOT, pins)}\n{body}")
+    text = f"{DIGEST_PREFIX}{digest(lock, ROOT, pins)}\n{body}"
+    if lock.path.exists() and lock.path.read_text() == text:
+        return False
+    lock.path.write_text(text)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,8 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "refresh":
         for lock in LOCKS:
-            print(f"resolving {lock.path.relative_to(ROOT)} ({lock.purpose})")
-            refresh(lock, args.upgrade, args.upgrade_package)
+            changed = refresh(lock, args.upgrade, args.upgrade_package)
+            print(f"{lock.path.relative_to(ROOT)} ({lock.purpose}): {'changed' if changed else 'unchanged'}")
         return 0
     problems = check()
     for problem in problems:
