@@ -257,20 +257,31 @@ def check_counters(client: Redis, truth: Counter[tuple[str, str]]) -> list[str]:
 
 
 def server_errors(gateway_log: Path, started_wall: float, started_mono: float) -> list[tuple[float, str]]:
-    """(monotonic time, line) of every 5xx the gateway answered, from its JSON access log."""
-    out = []
+    """(monotonic time, line) of every 5xx the gateway answered, from its JSON access log, with the
+    cause the gateway logged for that request when it logged one (a dependency it could not
+    reach, and the exception's name), so a violation says which dependency failed."""
+    records = []
+    causes: dict[str, str] = {}
     for line in gateway_log.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(record, dict) or int(record.get("status", 0) or 0) < 500:
+        if not isinstance(record, dict):
             continue
+        if "unavailable" in str(record.get("event", "")) and record.get("request_id"):
+            causes[str(record["request_id"])] = f"{record['event']}: {record.get('error', '?')}"
+        elif int(record.get("status", 0) or 0) >= 500:
+            records.append(record)
+    out = []
+    for record in records:
         at = dt.datetime.fromisoformat(str(record.get("timestamp", "")).replace("Z", "+00:00")).timestamp()
+        cause = causes.get(str(record.get("request_id", "")))
         out.append(
             (
                 started_mono + (at - started_wall),
-                f"{record.get('method')} {record.get('path')} {record['status']}",
+                f"{record.get('method')} {record.get('path')} {record['status']}"
+                + (f" [{cause}]" if cause else ""),
             )
         )
     return out
@@ -303,4 +314,4 @@ def _nearest(at: float, windows: Sequence[Window], origin: float) -> str:
 
 
 def _internal(what: str) -> bool:
-    return what.endswith(" 500") or "INTERNAL" in what
+    return what.split(" [", 1)[0].endswith(" 500") or "INTERNAL" in what

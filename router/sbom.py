@@ -15,19 +15,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from cyclonedx.schema import SchemaVersion
-from cyclonedx.validation.json import JsonStrictValidator
-
 from common.errors import InvalidArgument
 from common.limits import MAX_SBOM_BYTES
 
 COMPONENT = "versus-collector"
-SPEC_VERSIONS = {
-    "1.4": SchemaVersion.V1_4,
-    "1.5": SchemaVersion.V1_5,
-    "1.6": SchemaVersion.V1_6,
-    "1.7": SchemaVersion.V1_7,
-}
+SPEC_VERSIONS = ("1.4", "1.5", "1.6", "1.7")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +51,12 @@ def check_sbom(raw: bytes, version: str) -> Sbom:
     spec = document.get("specVersion")
     if spec not in SPEC_VERSIONS:
         raise _invalid(f"CycloneDX specVersion must be one of {', '.join(SPEC_VERSIONS)}, not {spec!r}")
-    error = JsonStrictValidator(SPEC_VERSIONS[spec]).validate_str(text)
+    # Imported here: the validator's schema machinery takes most of a second to import, which
+    # every router start would pay for a call made only when a release is published.
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    error = JsonStrictValidator(SchemaVersion.from_version(spec)).validate_str(text)
     if error is not None:
         # The error's own text quotes the whole schema: name only the rule and where it failed.
         detail = getattr(error, "data", None)
