@@ -90,22 +90,44 @@ async def _run(routers: list[Router], flush_midway: bool = False) -> tuple[Fleet
         asyncio.create_task(_submitter(env, routers[n % len(routers)], n, submitted))
         for n in range(SUBMITTERS)
     ]
-    if flush_midway:
-        while len(submitted) < SUBMITTERS * TASKS_EACH // 3:  # noqa: ASYNC110 - polling a plain list
-            await asyncio.sleep(0.01)
-        await routers[0].redis.flushall()
-    await asyncio.gather(*submitters)
-    # Wait for every task to finish, sweeping/re-placing as a replica would.
-    for _ in range(400):
-        async with routers[0].engine.connect() as conn:
-            states = Counter((await conn.execute(select(tasks.c.state))).scalars())
-        if states.get("success", 0) == len(submitted):
-            break
-        await routers[1].reevaluate()
-        await asyncio.sleep(0.05)
-    fleet.stop.set()
-    await asyncio.gather(*workers)
+    try:
+        if flush_midway:
+            while len(submitted) < SUBMITTERS * TASKS_EACH // 3:
+                await _workers_alive(workers)
+                await asyncio.sleep(0.01)
+            await routers[0].redis.flushall()
+        # A claimer that died holds its devices' leases, and the submitters aimed at them would
+        # retry until the test's timeout: fail at once with the claimer's own error instead.
+        pending: set[asyncio.Future[None]] = {*submitters, *workers}
+        while any(not s.done() for s in submitters):
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            pending = {t for t in pending if not t.done()}
+            await _workers_alive(workers)
+        await asyncio.gather(*submitters)
+        # Wait for every task to finish, sweeping/re-placing as a replica would.
+        for _ in range(400):
+            async with routers[0].engine.connect() as conn:
+                states = Counter((await conn.execute(select(tasks.c.state))).scalars())
+            if states.get("success", 0) == len(submitted):
+                break
+            await _workers_alive(workers)
+            await routers[1].reevaluate()
+            await asyncio.sleep(0.05)
+        fleet.stop.set()
+        await asyncio.gather(*workers)
+    finally:
+        # Nothing of the run outlives it (the fixture then closes the routers under no load).
+        for running in (*workers, *submitters):
+            running.cancel()
+        await asyncio.gather(*workers, *submitters, return_exceptions=True)
     return fleet, submitted
+
+
+async def _workers_alive(workers: list[asyncio.Task[None]]) -> None:
+    """Raise the error of a claimer that stopped before it was told to."""
+    for worker in workers:
+        if worker.done():
+            await worker
 
 
 async def _assert_history(router: Router, fleet: Fleet, submitted: list[str]) -> None:
