@@ -148,7 +148,7 @@ class Releases:
             custom["sbom"] = {"target": sbom_name, "sha256": sbom.sha256}
             row.update(self._sbom_columns(sbom, sbom_name))
             sbom_file = artifact.with_suffix(".sbom")
-            sbom_file.write_bytes(sbom.document)
+            await asyncio.to_thread(sbom_file.write_bytes, sbom.document)
             attachments.append((sbom_file, sbom_name, {"version": header.version, "sbom_of": name}))
         try:
             async with self.engine.begin() as conn:
