@@ -41,7 +41,7 @@ async def _live_sessions(stack: Stack, collector_ids: list[str]) -> None:
     """A heartbeat for these collectors, written as the router's claim path writes it."""
     import redis.asyncio as aioredis
 
-    from router.live import Liveness
+    from router.core.live import Liveness
 
     client = aioredis.Redis.from_url(stack.redis.url)
     try:

@@ -32,15 +32,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from bench.measure import CpuMeter, percentile, profiling
 from bench.stack import (
-    CpuMeter,
     Stack,
     enroll_many,
     issue_tokens,
     machine,
-    percentile,
     pin_load_generator,
-    profiling,
     running_stack,
     save_report,
 )

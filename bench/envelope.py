@@ -35,7 +35,7 @@ import cryptography
 from common.envelope import wire
 from common.envelope.sign import EnvelopeDraft, sign
 from common.envelope.verify import VerifyContext, verify
-from common.keys import SigningKey
+from common.trust.keys import SigningKey
 
 NOW = 1_767_225_600
 

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from sqlalchemy import insert
 
 from bench.stack import HOLD_S, SimCollector, Stack, pin_load_generator, running_stack, save_report
-from collector.agent import backoff
+from collector.agent_state import backoff
 from common.db import engine as db_engine
 from common.db.schema import collectors as collectors_table
 from common.db.schema import sites

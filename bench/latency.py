@@ -38,17 +38,17 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
+from bench.measure import percentile
 from bench.stack import (
     HOLD_S,
     SimCollector,
     Stack,
     enroll_many,
-    percentile,
     pin_load_generator,
     running_stack,
     save_report,
 )
-from common.grpc_client import aio_channel
+from common.grpc.client import aio_channel
 
 
 @dataclass

@@ -41,20 +41,19 @@ from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
 from bench.latency import install_pgqueuer
+from bench.measure import CpuMeter, profiling
 from bench.stack import (
     HOLD_S,
-    CpuMeter,
     SimCollector,
     Stack,
     enroll_many,
     pin_load_generator,
-    profiling,
     running_stack,
     save_report,
 )
 from bench.statements import counting
 from common.db.engine import libpq_url
-from common.grpc_client import aio_channel
+from common.grpc.client import aio_channel
 
 # No task finished for this long: the watchdog prints where the tasks are.
 STALL_S = 3.0

@@ -34,9 +34,10 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 from websockets.typing import Subprotocol
 
-from bench.stack import Stack, percentile, pin_load_generator, running_stack, save_report, unpinned
+from bench.measure import percentile
+from bench.stack import Stack, pin_load_generator, running_stack, save_report, unpinned
 from common.embedded.process import free_port
-from common.grpc_client import aio_channel
+from common.grpc.client import aio_channel
 from tests.e2e.collector_harness import Collector
 
 CHUNK = 64 * 1024

@@ -25,7 +25,7 @@ from chaos import checker
 from chaos.faults import Injector
 from chaos.stack import ChaosStack
 from chaos.workload import Workload
-from common.grpc_client import aio_channel
+from common.grpc.client import aio_channel
 
 SWEEP_S = 5.0
 

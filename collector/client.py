@@ -19,31 +19,19 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from collector.gateway_errors import GatewayRefused, GatewayUnavailable
 from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
 from collector.state import StatePaths
+from collector.ws_control import WsControl
 from common import protocol
 from common.envelope.fence import RoundTrip
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 
 API = "/api/collector/v1"
 # After the control socket fails, use per-call HTTPS for this long before trying the socket again.
 WS_RETRY_S = 60.0
 
 log = get_logger("versus.collector.client")
-
-
-class GatewayUnavailable(Exception):
-    """The gateway could not be reached or answered 5xx: back off and try again."""
-
-
-class GatewayRefused(Exception):
-    """The gateway answered 4xx; ``code`` is its stable error code."""
-
-    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None):
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.details: dict[str, Any] = dict(details or {})
 
 
 @dataclass
@@ -124,7 +112,6 @@ class GatewayClient:
         self, kind: str, body: dict[str, Any], timeout_s: float
     ) -> tuple[int, bytes, dict[str, str]] | None:
         """(status, body, headers) over the control socket, or None to use HTTPS for this call."""
-        from collector.ws_control import WsControl  # imported here: it builds on this module's errors
 
         if not self._prefer_ws:
             return None

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from collector.agent import CollectorError, RunOptions
+from collector.agent_state import CollectorError, RunOptions
 
 _KEYS = {
     "state_dir": ("VERSUS_COLLECTOR_STATE_DIR", Path),

@@ -23,9 +23,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.sealed import SealedError, seal, unseal
-from common.logs import get_logger
-from common.state_dir import write_private
-from common.watched_file import WatchedFile, private_only
+from common.config.state_dir import write_private
+from common.config.watched_file import WatchedFile, private_only
+from common.telemetry.logs import get_logger
 
 log = get_logger("versus.collector")
 

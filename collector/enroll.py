@@ -33,9 +33,9 @@ from collector.credentials import read_sealed, write_sealed
 from collector.renewal import csr_pem
 from collector.state import StatePaths, load_key, read_json, save_key, write_json
 from collector.trust import TrustStore
-from common import collector_jwt, pki
-from common.pki import spki_pin
-from common.state_dir import write_public
+from common.config.state_dir import write_public
+from common.trust import collector_jwt, pki
+from common.trust.pki import spki_pin
 
 TIMEOUT_S = 30.0
 
@@ -84,7 +84,7 @@ def _ssl_context(url: str, ca_pin: str | None) -> ssl.SSLContext:
     if not pinned:
         raise EnrollError("ca_pin_mismatch", "the gateway's CA does not match --ca-pin; refusing to continue")
     # During a gateway CA rotation the pinned CA may be the old one: its successor is trusted only
-    # through a cross certificate the pinned CA signed (common/pki.py successors).
+    # through a cross certificate the pinned CA signed (common/trust/pki.py successors).
     trusted = pki.successors(pinned, offered, cross)
     return ssl.create_default_context(cadata="".join(pki.cert_pem(c).decode("ascii") for c in trusted))
 

@@ -2,7 +2,7 @@
 
 The signed config names the integration (address, AppRole role id, KV v2 mount and path prefix,
 the CA behind the Vault's TLS certificate) and carries this collector's AppRole secret id
-encrypted to the collector's own key (router/vault_secrets.py). Where the integration delivers
+encrypted to the collector's own key (router/credentials/vault_secrets.py). Where the integration delivers
 secret ids wrapped, what arrives is a response-wrapping token: the collector checks that it
 wraps an AppRole secret id (``sys/wrapping/lookup``), unwraps it once and keeps the secret id
 sealed under its identity key (collector/sealed.py) in ``vault-secret-id.sealed``, since the
@@ -37,16 +37,16 @@ import requests
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.sealed import SealedError, seal, unseal
-from common.credential_relay import RelayError, open_for
-from common.logs import get_logger
-from common.state_dir import write_private
+from common.config.state_dir import write_private
+from common.telemetry.logs import get_logger
+from common.trust.credential_relay import RelayError, open_for
 
 log = get_logger("versus.collector")
 
 SECRET_FILE = "vault-secret-id.sealed"  # noqa: S105 - a file name
 CA_FILE = "vault-ca.pem"
 _PURPOSE = "vault-secret-id"
-# The relayed secret's context (router/vault_secrets.py CONTEXT): bound to its version.
+# The relayed secret's context (router/credentials/vault_secrets.py CONTEXT): bound to its version.
 _CONTEXT = "vault-secret-id:v{version}"
 # One Vault request; a Vault that does not answer in this long is down for the task.
 REQUEST_TIMEOUT_S = 10.0

@@ -2,7 +2,7 @@
 
 Enrollment writes version N of the dispatch and release sets. Each later
 version arrives in a claim answer as a rotation step signed by the version
-before it (common/key_chain.py); the collector walks the steps in order,
+before it (common/trust/key_chain.py); the collector walks the steps in order,
 verifying each with the keys it holds, and saves the result atomically. A step
 that does not verify is refused with its code, and the collector keeps the last
 good set (and tells the control plane, through its next claim, which version it
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from collector.state import read_json, write_json
-from common import key_chain
-from common.key_chain import ChainError, HeldSet
-from common.keys import KeyPurpose, PublicKey
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
+from common.trust import key_chain
+from common.trust.key_chain import ChainError, HeldSet
+from common.trust.keys import KeyPurpose, PublicKey
 
 log = get_logger("versus.collector.keys")
 

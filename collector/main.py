@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from collector import __version__, credentials_cli
-from collector.agent import Agent, CollectorError, summary
+from collector.agent import Agent, summary
+from collector.agent_state import CollectorError
 from collector.config import default_state_dir, resolve
 from collector.enroll import EnrollError, EnrollOptions, enroll, status
-from common.logs import configure_logging
+from common.telemetry.logs import configure_logging
 
 
 def _state_dir() -> Path:

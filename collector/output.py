@@ -20,8 +20,8 @@ import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from collector.client import GatewayRefused, GatewayUnavailable
-from common.logs import get_logger
+from collector.gateway_errors import GatewayRefused, GatewayUnavailable
+from common.telemetry.logs import get_logger
 
 log = get_logger("versus.collector")
 

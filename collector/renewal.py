@@ -24,11 +24,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from collector.client import GatewayRefused, GatewayUnavailable
+from collector.gateway_errors import GatewayRefused, GatewayUnavailable
 from collector.state import StatePaths
-from common import pki
-from common.logs import get_logger
-from common.state_dir import write_public
+from common.config.state_dir import write_public
+from common.telemetry.logs import get_logger
+from common.trust import pki
 
 log = get_logger("versus.collector.renewal")
 

@@ -1,11 +1,11 @@
 """Signing what a collector sends: a bearer token bound to each request and each control frame,
 and its own signature on each report.
 
-See ``common.collector_jwt`` for the claims. ``SignRequests`` is an httpx auth
+See ``common.trust.collector_jwt`` for the claims. ``SignRequests`` is an httpx auth
 flow, so the token is computed over the request exactly as it goes on the wire
 (method, path with query, body bytes); ``frame_token`` does the same for a
 control-socket frame. ``signed_report`` adds the report signature the router
-checks (``common.report_signature``).
+checks (``common.trust.report_signature``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common import collector_jwt, report_signature
-from common.report_signature import ReportStatement
+from common.trust import collector_jwt, report_signature
+from common.trust.report_signature import ReportStatement
 
 API = "/api/collector/v1"
 

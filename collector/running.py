@@ -21,7 +21,7 @@ from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 from collector.drivers.base import DriverError, Outcome, Stopped, Task, WindowClosed
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 
 log = get_logger("versus.collector")
 

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from common import b64url
+from common.trust import b64url
 
 FORMAT = "versus-sealed-credentials"
 VERSION = 1

@@ -1,7 +1,7 @@
 """The collector's signed config and tunnel offers: accept only what the dispatch keys signed.
 
 ``<state>/config.json`` holds the last good config document exactly as
-received (common/signed_doc.py). A new one is accepted only if it verifies with
+received (common/trust/signed_doc.py). A new one is accepted only if it verifies with
 a pinned dispatch key, is for this collector, has not expired, and has a higher
 version than the one held; anything else is refused with a stable code and
 the collector keeps running on what it has. Before the first document
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from collector.state import read_json, write_json
-from common import signed_doc
-from common.keys import PublicKey
-from common.signed_doc import DocumentError
+from common.trust import signed_doc
+from common.trust.keys import PublicKey
+from common.trust.signed_doc import DocumentError
 
 VAULT_MODES = ("local", "relayed", "external")
 # Session ids of offers already carried are remembered this long (longer than an offer lives).

@@ -27,7 +27,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common.state_dir import write_private, write_public
+from common.config.state_dir import write_private, write_public
 
 # Set by the supervisor in its child's environment (collector/supervisor).
 SUPERVISED_ENV = "VERSUS_COLLECTOR_SUPERVISED"

@@ -2,7 +2,7 @@
 
 Enrollment writes version N of the trust bundle (the Collector CAs and the
 gateway's CAs). A later version arrives in a claim answer as a signed document
-(common/signed_doc.py, type ``ca_bundle``): it replaces ``ca-bundle.pem`` only if
+(common/trust/signed_doc.py, type ``ca_bundle``): it replaces ``ca-bundle.pem`` only if
 it verifies with a pinned dispatch key, is for this collector, has not expired
 and is newer than the version held. The renewal answer also carries a bundle,
 which is never used: anything on the path could have written it.
@@ -22,10 +22,10 @@ from typing import Any
 from cryptography import x509
 
 from collector.state import StatePaths, read_json, write_json
-from common import pki, signed_doc
-from common.keys import PublicKey
-from common.signed_doc import DocumentError
-from common.state_dir import write_public
+from common.config.state_dir import write_public
+from common.trust import pki, signed_doc
+from common.trust.keys import PublicKey
+from common.trust.signed_doc import DocumentError
 
 # More CAs than a rotation needs (old, new, and one more started early) is not a bundle we asked for.
 MAX_CAS_PER_KIND = 4

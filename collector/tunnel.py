@@ -17,7 +17,7 @@ from typing import Any
 import websockets
 
 from collector.tunnel_inject import HttpInjector, injector_for
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 
 CHUNK_BYTES = 64 * 1024
 CONNECT_TIMEOUT_S = 10.0

@@ -25,7 +25,7 @@ from typing import Any
 import h11
 import httpx
 
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 8 * 1024 * 1024

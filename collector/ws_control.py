@@ -18,7 +18,7 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from collector.client import GatewayUnavailable
+from collector.gateway_errors import GatewayUnavailable
 
 MAX_FRAME_BYTES = 3 * 1024 * 1024
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 MAX_CLAIM_BATCH = 32
 
 # Largest collector release artifact the control plane publishes and the gateway serves
-# (router/update_repo.py, gateway/updates_api.py).
+# (router/releases/update_repo.py, gateway/updates_api.py).
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 
-# Streamed task output (protocol 4, router/output.py): the largest chunk one request carries, and
+# Streamed task output (protocol 4, router/output/streams.py): the largest chunk one request carries, and
 # the defaults for what one task and one tenant may hold (settings VERSUS_OUTPUT_TASK_LIMIT_BYTES,
 # VERSUS_OUTPUT_TENANT_QUOTA_BYTES) and how long output is kept after its task ended
 # (VERSUS_OUTPUT_RETENTION_S).
@@ -19,7 +19,7 @@ OUTPUT_TASK_LIMIT_BYTES = 1024 * 1024 * 1024
 OUTPUT_TENANT_QUOTA_BYTES = 10 * 1024 * 1024 * 1024
 OUTPUT_RETENTION_S = 7 * 24 * 3600
 
-# Largest SBOM (CycloneDX JSON) a collector release may carry (router/sbom.py): it travels in the
+# Largest SBOM (CycloneDX JSON) a collector release may carry (router/releases/sbom.py): it travels in the
 # release header and in GetRelease answers, under gRPC's 4 MiB default for clients. A collector's
 # SBOM without licence texts is about 40 KiB.
 MAX_SBOM_BYTES = 1024 * 1024

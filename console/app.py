@@ -7,23 +7,21 @@ operator's token (:mod:`console.backend`), so the services' RBAC decides, never 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from common.error_mapping import status_for
 from common.errors import PermissionDenied, Unauthenticated, VersusError
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 from console import live, queue_pages, release_pages, security, site_pages, views
 from console.backend import Backend
+from console.pages import Console, SecurityHeaders
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
 
 log = get_logger("versus.console")
@@ -51,77 +49,6 @@ DONE = {
     "undrain": "Undrained: the collector takes new work again.",
     "revoke": "Revoked: its certificate is refused and its sessions were closed.",
 }
-
-
-class SecurityHeaders:
-    """Adds the console's security headers to every response."""
-
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *security.HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, sending)
-
-
-class Console:
-    """The app's state: the backend, the session store and the templates."""
-
-    def __init__(self, backend: Backend, sessions: SessionStore, origins: tuple[str, ...]):
-        self.backend = backend
-        self.sessions = sessions
-        self.origins = origins  # "https://host:port" as browsers send it in Origin
-        self.templates = Environment(
-            loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"])
-        )
-
-    def page(self, name: str, status: int = 200, **values: Any) -> HTMLResponse:
-        html = self.templates.get_template(name).render(may=views.may, **values)
-        return HTMLResponse(html, status_code=status)
-
-    def refusal(self, status: int, code: str, message: str, session: Session | None = None) -> HTMLResponse:
-        return self.page("error.html", status, session=session, code=code, message=message)
-
-    def failed(self, exc: VersusError, session: Session) -> HTMLResponse:
-        """A service's refusal, with its status by the one table (common/error_mapping.py)."""
-        return self.refusal(status_for(exc).http_status, exc.code, exc.message, session)
-
-    async def session(self, request: Request) -> Session | None:
-        return await self.sessions.load(request.cookies.get(COOKIE))
-
-    def signed_in(
-        self, handler: Callable[[Request, Session], Awaitable[Response]]
-    ) -> Callable[[Request], Awaitable[Response]]:
-        """A page handler that needs a session: without one the browser goes to the sign-in page."""
-
-        async def page(request: Request) -> Response:
-            session = await self.session(request)
-            if session is None:
-                return RedirectResponse("/signin", status_code=303)
-            return await handler(request, session)
-
-        return page
-
-    async def checked_post(self, request: Request) -> tuple[Session, dict[str, str]]:
-        """The session and form of a POST, after the origin and CSRF checks."""
-        security.same_origin(
-            self.origins, request.headers.get("origin"), request.headers.get("sec-fetch-site")
-        )
-        session = await self.session(request)
-        if session is None:
-            raise security.Refused(401, "session_missing", "sign in first")
-        fields = security.form(await request.body())
-        if not session.csrf_matches(fields.get("csrf", "")):
-            raise security.Refused(403, "csrf_invalid", "the form's CSRF token is missing or wrong")
-        return session, fields
 
 
 def create_app(

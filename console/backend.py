@@ -19,9 +19,9 @@ from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
 from common import error_mapping
 from common.errors import InvalidArgument, Unavailable, VersusError
-from common.grpc_client import aio_plain_channel
-from common.grpc_server import AUTHORIZATION_HEADER
-from common.pb_struct import integral
+from common.grpc.client import aio_plain_channel
+from common.grpc.pb_struct import integral
+from common.grpc.server import AUTHORIZATION_HEADER
 from console.queue_views import (
     OUTCOMES,
     RESOLUTIONS,

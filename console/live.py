@@ -34,8 +34,8 @@ from console.sessions import COOKIE
 from console.views import CollectorFilters
 
 if TYPE_CHECKING:
-    from console.app import Console
     from console.backend import Backend
+    from console.pages import Console
     from console.sessions import Session
 
 POLL_S = 2.0

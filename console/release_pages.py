@@ -17,12 +17,12 @@ from starlette.routing import Route
 
 from common.errors import VersusError
 from common.limits import MAX_ARTIFACT_BYTES, MAX_SBOM_BYTES
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 from console import security
 from console.release_views import CHANNELS, Upload
 
 if TYPE_CHECKING:
-    from console.app import Console
+    from console.pages import Console
     from console.sessions import Session
 
 log = get_logger("versus.console")

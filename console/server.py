@@ -11,16 +11,16 @@ import os
 
 import uvicorn
 
-from common import early_signals
-from common.ca_store import CaStore
-from common.draining_server import DrainingServer
+from common.config.settings import Settings
+from common.config.state_dir import ensure_writable
 from common.errors import ConfigError, StartupError
-from common.logs import get_logger
-from common.redis_client import check_reachable, create_async
-from common.runtime import PARENT_PID_ENV, setup_logging
-from common.settings import Settings
-from common.state_dir import ensure_writable
-from common.tls import resolve_tls
+from common.redis.client import check_reachable, create_async
+from common.runtime import early_signals
+from common.runtime.draining_server import DrainingServer
+from common.runtime.service import PARENT_PID_ENV, setup_logging
+from common.telemetry.logs import get_logger
+from common.trust.ca_store import CaStore
+from common.trust.tls import resolve_tls
 from console.app import create_app
 from console.backend import Backend
 from console.sessions import SessionStore

@@ -22,7 +22,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from common import b64url
+from common.trust import b64url
 
 # __Host-: the browser keeps it only if Secure, Path=/ and host-only (no Domain): no subdomain
 # or plain-HTTP page can set or shadow it.

@@ -10,12 +10,12 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from common.errors import VersusError
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 from console import security
 from console.site_views import APPROVALS, CHANNELS, POLICIES
 
 if TYPE_CHECKING:
-    from console.app import Console
+    from console.pages import Console
     from console.sessions import Session
 
 log = get_logger("versus.console")

@@ -11,7 +11,7 @@ from typing import Any
 
 from versus.fleet.v1 import fleet_pb2 as pb
 
-from common import rbac
+from common.access import rbac
 
 STATUS = {
     pb.COLLECTOR_STATUS_PENDING: "pending",

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from cryptography import x509
 
-from common import pki
-from common.ca_store import CaStore
-from common.pki import spki_pin
-from common.trust_bundle import Bundle, BundleSource
+from common.trust import pki
+from common.trust.ca_store import CaStore
+from common.trust.pki import spki_pin
+from common.trust.trust_bundle import Bundle, BundleSource
 from enrollment.ca import CollectorCA
 
 

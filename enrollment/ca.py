@@ -20,10 +20,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from common import pki
+from common.config.state_dir import write_private, write_public
 from common.errors import ConfigError, InvalidArgument
-from common.pki import BACKDATE, key_usage, private_pem, self_signed_ca
-from common.state_dir import write_private, write_public
+from common.trust import pki
+from common.trust.pki import BACKDATE, key_usage, private_pem, self_signed_ca
 
 LEAF_LIFETIME = dt.timedelta(days=90)
 CA_LIFETIME = dt.timedelta(days=3650)

@@ -12,9 +12,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
-from common import rbac
+from common.access import rbac
 from common.errors import InvalidArgument
-from common.grpc_server import Context
+from common.grpc.server import Context
 from enrollment import tokens
 from enrollment.service import CollectorInfo, EnrollmentService, TrustBootstrap
 from enrollment.store import Site, Token

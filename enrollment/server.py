@@ -9,16 +9,16 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncEngine
 from versus.enrollment.v1 import enrollment_pb2, enrollment_pb2_grpc
 
-from common import material
-from common.api_tokens import TokenAuthenticator
+from common.access.api_tokens import TokenAuthenticator
+from common.config.settings import Settings
+from common.config.state_dir import ensure_writable
 from common.db import engine as db_engine
-from common.grpc_server import ServiceRegistration
-from common.keys import KeyPurpose
-from common.keystore import KeyStore, ReloadingKeySet
-from common.runtime import check_backends, require_backends, serve_grpc_service
-from common.settings import Settings
-from common.state_dir import ensure_writable
-from common.trust_bundle import BundleSource
+from common.grpc.server import ServiceRegistration
+from common.material import shared as material
+from common.runtime.service import check_backends, require_backends, serve_grpc_service
+from common.trust.keys import KeyPurpose
+from common.trust.keystore import KeyStore, ReloadingKeySet
+from common.trust.trust_bundle import BundleSource
 from enrollment.authority import Authority
 from enrollment.ca import CollectorCA
 from enrollment.grpc_api import EnrollmentServicer

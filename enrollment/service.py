@@ -19,8 +19,8 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, Unauthenticated, VersusError
-from common.keys import KeySet, PublicKey
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
+from common.trust.keys import KeySet, PublicKey
 from enrollment import tokens
 from enrollment.authority import Authority
 from enrollment.ca import LEAF_LIFETIME, CsrInfo, validate_csr
@@ -92,10 +92,10 @@ class TrustBootstrap:
     dispatch_keys: list[dict[str, Any]]
     release_keys: list[dict[str, Any]]
     policy: CollectorPolicy
-    # Versions of the two key sets handed out (common/key_chain.py): later ones arrive in-band.
+    # Versions of the two key sets handed out (common/trust/key_chain.py): later ones arrive in-band.
     dispatch_key_version: int = 1
     release_key_version: int = 1
-    # Version of the trust bundle in ca_bundle_pem (common/trust_bundle.py): later ones arrive in-band.
+    # Version of the trust bundle in ca_bundle_pem (common/trust/trust_bundle.py): later ones arrive in-band.
     trust_version: int = 1
     auth_mode: str = AUTH_MODE
     audience: str = AUDIENCE

@@ -20,10 +20,10 @@ from sqlalchemy import RowMapping, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from common import audit
+from common.access.rbac import current_actor
+from common.db import audit
 from common.db.schema import collectors, enrollment_tokens, sites
 from common.errors import Conflict, FailedPrecondition, NotFound
-from common.rbac import current_actor
 
 
 @dataclass(frozen=True, slots=True)

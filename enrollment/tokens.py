@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from common.errors import InvalidArgument
-from common.redaction import Secret
+from common.telemetry.redaction import Secret
 
 PREFIX = "vst_"
 # How much of the plaintext is kept for display ("vst_AbCd…"): enough to recognise, far too little to use.

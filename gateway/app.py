@@ -30,10 +30,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common import error_mapping
 from common.db import engine as db_engine
 from common.errors import InvalidArgument, VersusError
-from common.grpc_client import Token
-from common.logs import get_logger
-from common.redis_client import create_async as create_redis
-from common.trust_bundle import Bundle
+from common.grpc.client import Token
+from common.redis.client import create_async as create_redis
+from common.telemetry.logs import get_logger
+from common.trust.trust_bundle import Bundle
 from gateway import (
     collector_api,
     collector_bodies,
@@ -70,7 +70,7 @@ class GatewayConfig:
     # The current trust bundle, whose gateway CAs are served at /trust (None or no gateway CA:
     # the gateway's certificate is publicly trusted).
     trust_bundle: Callable[[], Bundle] | None = None
-    # The update repository served at /updates (router/update_repo.py; None: no updates here).
+    # The update repository served at /updates (router/releases/update_repo.py; None: no updates here).
     updates_dir: Path | None = None
     # A request body must arrive completely within this many seconds.
     body_deadline_s: float = BODY_DEADLINE_S
@@ -223,7 +223,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     )
     async def readyz(request: Request) -> JSONResponse:
         """Readiness: PostgreSQL and Redis both answer within the probe timeout, and the gateway
-        is not draining (common/draining_server.py: a load balancer takes it out of rotation first)."""
+        is not draining (common/runtime/draining_server.py: a load balancer takes it out of
+        rotation first)."""
         draining = getattr(request.app.state, "draining", None)
         if draining is not None and draining():
             body = Readiness(status="draining", checks={})

@@ -17,10 +17,11 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from common import collector_jwt, error_mapping
-from common.collector_jwt import BearerClaims, BearerError
+from common import error_mapping
 from common.errors import PermissionDenied, Unavailable, VersusError
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
+from common.trust import collector_jwt
+from common.trust.collector_jwt import BearerClaims, BearerError
 from gateway import edge, replay
 from gateway.metrics import AUTH_FAILURES, SOCKETS_SHED
 from gateway.store import CollectorAuthRecord, GatewayStore

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 from versus.enrollment.v1 import enrollment_pb2_grpc
 from versus.router.v1 import collector_bridge_pb2_grpc
 
-from common.grpc_client import Token, aio_channel, call_mapped
-from common.logs import REQUEST_ID_HEADER
+from common.grpc.client import Token, aio_channel, call_mapped
+from common.telemetry.logs import REQUEST_ID_HEADER
 
 # Every internal call gets a deadline; a wedged service must not hold a collector request forever.
 CALL_TIMEOUT_S = 10.0

@@ -156,7 +156,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
     # How long the claim was held here: the collector subtracts it from its round trip, so a
     # long-poll still gives it a precise clock offset (common/envelope/fence.py RoundTrip).
     held_ms = int((time.monotonic() - started) * 1000)
-    # Offers and config are signed documents (common/signed_doc.py): passed on, never trusted here.
+    # Offers and config are signed documents (common/trust/signed_doc.py): passed on, never trusted here.
     offers = [
         {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port,
          "signed": json.loads(o.signed_json)}

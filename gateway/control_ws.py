@@ -43,10 +43,11 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from common import collector_jwt, error_mapping, protocol
-from common.collector_jwt import BearerError
+from common import error_mapping, protocol
 from common.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, VersusError
-from common.logs import get_logger, new_request_id
+from common.telemetry.logs import get_logger, new_request_id
+from common.trust import collector_jwt
+from common.trust.collector_jwt import BearerError
 from gateway import replay
 from gateway.auth import admit_socket, close_socket
 from gateway.collector_api import OPERATIONS, ControlCall, ControlReply

@@ -36,7 +36,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 from websockets.exceptions import InvalidState
 
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 from gateway.metrics import EDGE_REFUSALS
 
 log = get_logger("versus.gateway.edge")

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, ValidationError
 from versus.enrollment.v1 import enrollment_pb2 as pb
 
-from common import revocations
 from common.errors import InvalidArgument, NotFound
+from common.redis import revocations
 from gateway.auth import ANY_ENROLLED, authenticate, check_body
 from gateway.body import read_json_body
 from gateway.body_fields import Name

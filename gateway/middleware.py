@@ -8,8 +8,14 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common.logs import REQUEST_ID_HEADER, bind_request_id, clean_request_id, get_logger, unbind_request_id
-from common.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from common.telemetry.logs import (
+    REQUEST_ID_HEADER,
+    bind_request_id,
+    clean_request_id,
+    get_logger,
+    unbind_request_id,
+)
+from common.telemetry.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from gateway import edge
 
 log = get_logger("versus.gateway.access")

@@ -12,7 +12,7 @@ frames.
 Answers: 200 ``{"acked": n}`` (the chunk is stored; the next starts at n), or
 409 ``output_gap`` / ``output_overlap`` with ``details.acked`` (the chunk does
 not start at the ack: resume from it). The router holds the rules
-(router/output.py).
+(router/output/streams.py).
 """
 
 from __future__ import annotations

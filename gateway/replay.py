@@ -1,6 +1,6 @@
 """The replay cache: a collector bearer token (``jti``) is accepted once within its lifetime.
 
-Request binding (``common.collector_jwt``) stops a proxy from moving a token to
+Request binding (``common.trust.collector_jwt``) stops a proxy from moving a token to
 another request; this stops it from sending the same request again. Each
 accepted ``jti`` is written to Redis with ``SET NX`` and an expiry just past the
 token's own (its ``exp`` plus the verification leeway), so the cache holds at
@@ -17,10 +17,10 @@ from __future__ import annotations
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from common import revocations
-from common.collector_jwt import LEEWAY_S, BearerClaims, BearerError
 from common.errors import Unavailable
-from common.logs import get_logger
+from common.redis import revocations
+from common.telemetry.logs import get_logger
+from common.trust.collector_jwt import LEEWAY_S, BearerClaims, BearerError
 from gateway.metrics import REPLAY_CHECKS
 
 log = get_logger("versus.gateway.replay")
@@ -36,7 +36,7 @@ async def accept_once(redis: Redis, claims: BearerClaims, now: int, *, changes_s
     """Record ``claims.token_id`` as used; raise ``bearer_replayed`` if it was used before.
 
     Returns whether the collector's standing changed recently (the revocation flag,
-    common/revocations.py), read in the same round trip: the caller then checks the
+    common/redis/revocations.py), read in the same round trip: the caller then checks the
     collector's record in PostgreSQL again rather than trust a kept one.
     """
     ttl = max(1, claims.expires_at + LEEWAY_S - now + 1)

@@ -15,8 +15,8 @@ import contextlib
 
 from redis.asyncio import Redis
 
-from common.fanout import Fanout, text
-from common.revocations import CHANNEL
+from common.redis.fanout import Fanout, text
+from common.redis.revocations import CHANNEL
 
 
 class RevocationFeed(Fanout):

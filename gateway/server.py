@@ -10,19 +10,21 @@ from typing import Any
 
 import uvicorn
 
-from common import early_signals, material, token_files
-from common.ca_store import CaStore
+from common.config.settings import KeyMaterialMode, Settings
+from common.config.state_dir import ensure_writable
 from common.db import engine as db_engine
-from common.draining_server import DrainingServer
 from common.errors import StartupError
-from common.logs import get_logger
-from common.metrics import SERVICE_UP
-from common.repo_sync import SharedDirectory
-from common.runtime import PARENT_PID_ENV, check_backends, require_backends, setup_logging
-from common.settings import KeyMaterialMode, Settings
-from common.state_dir import ensure_writable
-from common.tls import resolve_tls
-from common.trust_bundle import BundleSource
+from common.grpc import token_files
+from common.material import shared as material
+from common.runtime import early_signals
+from common.runtime.draining_server import DrainingServer
+from common.runtime.service import PARENT_PID_ENV, check_backends, require_backends, setup_logging
+from common.telemetry.logs import get_logger
+from common.telemetry.metrics import SERVICE_UP
+from common.trust.ca_store import CaStore
+from common.trust.tls import resolve_tls
+from common.trust.trust_bundle import BundleSource
+from common.updates.repo_sync import SharedDirectory
 from gateway import edge
 from gateway.app import GatewayConfig, create_app
 from gateway.edge import MAX_HEADER_BYTES, EdgeHttpProtocol, EdgeWebSocketProtocol, limit_tls_handshake

@@ -23,7 +23,7 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 from gateway.revocations import RevocationFeed
 from gateway.store import GatewayStore
 

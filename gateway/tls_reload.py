@@ -2,7 +2,7 @@
 
 When an operator activates a new gateway CA (``versus-cp ca activate --ca gateway``),
 ``trust.json`` changes; the gateway then reissues its server certificate under
-the new CA (common/tls.py ensure_gateway_tls) and loads it into the live SSL
+the new CA (common/trust/tls.py ensure_gateway_tls) and loads it into the live SSL
 context, so every handshake from then on presents it while open connections
 carry on. With an operator's own certificate files (or ones `versus-cp ca
 issue-server-cert` wrote, as on the gateways of a multi-host deployment), replacing
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from common.ca_store import CaStore
 from common.errors import VersusError
-from common.logs import get_logger
-from common.tls import GatewayTls
+from common.telemetry.logs import get_logger
+from common.trust.ca_store import CaStore
+from common.trust.tls import GatewayTls
 
 log = get_logger("versus.gateway.tls")
 

@@ -26,8 +26,8 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
 from common.errors import PermissionDenied
-from common.grpc_client import aio_channel
-from common.logs import get_logger
+from common.grpc.client import aio_channel
+from common.telemetry.logs import get_logger
 from gateway.auth import admit_socket, close_socket, deny
 from gateway.standing import standing_lapsed
 

@@ -1,4 +1,4 @@
-"""Collector updates: the TUF repository of releases (router/update_repo.py), read-only.
+"""Collector updates: the TUF repository of releases (router/releases/update_repo.py), read-only.
 
     GET /api/collector/v1/updates/metadata/{name}   root, targets, snapshot, timestamp metadata
     GET /api/collector/v1/updates/targets/{name}    a release artifact, by its hashed name

@@ -22,39 +22,39 @@ from versus.router.v1 import (
     tunnel_pb2_grpc,
 )
 
-from common import material
-from common.api_tokens import TokenAuthenticator
+from common.access.api_tokens import TokenAuthenticator
+from common.config.settings import KeyMaterialMode, Settings
+from common.config.state_dir import ensure_writable
 from common.db import engine as db_engine
 from common.errors import ConfigError
-from common.grpc_server import ServiceRegistration
-from common.keys import KeyPurpose, KeySet
-from common.keystore import KeyStore, ReloadingKeySet
-from common.logs import get_logger
-from common.redis_client import create_async as create_redis
-from common.repo_sync import SharedDirectory
-from common.runtime import check_backends, require_backends, serve_grpc_service
-from common.settings import KeyMaterialMode, Settings
-from common.state_dir import ensure_writable
-from common.trust_bundle import BundleSource
-from router import store
-from router.access_api import AccessServicer
-from router.credential_api import CredentialServicer
-from router.credential_store import CredentialStore
-from router.credential_vault import DEFAULT_FILE as DEFAULT_MASTER_FILE
-from router.credential_vault import MasterKeys
-from router.enrollment_client import EnrollmentClient
-from router.fleet import Fleet
-from router.fleet_api import FleetServicer
-from router.grpc_api import CollectorBridgeServicer, TaskRouterServicer
-from router.key_chains import KeyChains
-from router.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
-from router.releases import Releases
-from router.service import Router
-from router.trust_delivery import TrustDelivery
-from router.tunnels import TunnelHub, TunnelServicer
-from router.update_repo import UpdateRepository
-from router.update_share import SharedUpdateRepository
-from router.updates import Updates
+from common.grpc.server import ServiceRegistration
+from common.material import shared as material
+from common.redis.client import create_async as create_redis
+from common.runtime.service import check_backends, require_backends, serve_grpc_service
+from common.telemetry.logs import get_logger
+from common.trust.keys import KeyPurpose, KeySet
+from common.trust.keystore import KeyStore, ReloadingKeySet
+from common.trust.trust_bundle import BundleSource
+from common.updates.repo_sync import SharedDirectory
+from router.access.grpc_api import AccessServicer
+from router.core.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
+from router.credentials.grpc_api import CredentialServicer
+from router.credentials.store import CredentialStore
+from router.credentials.vault import DEFAULT_FILE as DEFAULT_MASTER_FILE
+from router.credentials.vault import MasterKeys
+from router.dispatch import sql_collectors, sql_tasks
+from router.dispatch.grpc_api import CollectorBridgeServicer, TaskRouterServicer
+from router.dispatch.service import Router
+from router.fleet.enrollment_client import EnrollmentClient
+from router.fleet.grpc_api import FleetServicer
+from router.fleet.operations import Fleet
+from router.releases.publishing import Releases
+from router.releases.update_repo import UpdateRepository
+from router.releases.update_share import SharedUpdateRepository
+from router.releases.updates import Updates
+from router.trust.delivery import TrustDelivery
+from router.trust.key_chains import KeyChains
+from router.tunnels.relay import TunnelHub, TunnelServicer
 
 SWEEP_INTERVAL_S = 5.0
 
@@ -106,13 +106,13 @@ def registrations(router: Router, clock: Callable[[], float] | None = None) -> l
 async def sample_gauges(router: Router) -> None:
     """Gauges read from PostgreSQL: the queue depth and the soonest collector certificate expiry."""
     async with router.engine.connect() as conn:
-        QUEUE_DEPTH.set(await store.queued_count(conn))
-        soonest = await store.soonest_cert_expiry(conn)
+        QUEUE_DEPTH.set(await sql_tasks.queued_count(conn))
+        soonest = await sql_collectors.soonest_cert_expiry(conn)
     CERT_SOONEST_EXPIRY.set(soonest.timestamp() if soonest is not None else math.nan)
 
 
 # How often the router re-signs the update repository's timestamp and snapshot when they near
-# expiry (router/update_repo.py REFRESH_BEFORE), and follows a release key change.
+# expiry (router/releases/update_repo.py REFRESH_BEFORE), and follows a release key change.
 UPDATES_REFRESH_S = 600.0
 
 
@@ -172,7 +172,7 @@ def update_repository(
     settings: Settings, state: Path, database_url: str
 ) -> tuple[UpdateRepository, SharedDirectory | None]:
     """The update repository: this host's directory, or with replicas on several hosts one shared
-    through PostgreSQL (router/update_share.py) and the copy that follows it."""
+    through PostgreSQL (router/releases/update_share.py) and the copy that follows it."""
     if settings.key_material is not KeyMaterialMode.SHARED:
         return UpdateRepository(state / "updates"), None
     shared = SharedDirectory(
@@ -190,7 +190,8 @@ async def serve(settings: Settings) -> None:
             "VERSUS_ROUTER_ADVERTISE must name where gateways reach this router (host:port) when "
             "routers run on several hosts (docs/deployment.md)"
         )
-    # Before any key is loaded: this host serves the deployment's material or none (common/material.py).
+    # Before any key is loaded: this host serves the deployment's material or none
+    # (common/material/shared.py).
     follower = await material.start_service(settings, database_url, material.Role.CORE)
     state = ensure_writable(settings.state_dir)
     keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from common.state_dir import file_sha256
+from common.config.state_dir import file_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "packaging" / "collector" / "pyproject.toml"

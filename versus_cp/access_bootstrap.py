@@ -12,11 +12,12 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import api_tokens, token_files
+from common.access import api_tokens
+from common.access.rbac import Role
+from common.config.settings import Settings
 from common.db import engine as db_engine
-from common.logs import get_logger
-from common.rbac import Role
-from common.settings import Settings
+from common.grpc import token_files
+from common.telemetry.logs import get_logger
 
 log = get_logger("versus.access")
 

@@ -21,10 +21,10 @@ from google.protobuf.json_format import MessageToDict
 from versus.access.v1 import access_pb2 as pb
 from versus.access.v1 import access_pb2_grpc
 
+from common.access.rbac import Role
+from common.config.settings import Settings
 from common.errors import ConfigError
-from common.pb_struct import integral
-from common.rbac import Role
-from common.settings import Settings
+from common.grpc.pb_struct import integral
 from versus_cp import rpc
 from versus_cp.output import enum_name, print_json, print_table, when
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.config.settings import Settings
 from common.db.engine import describe as describe_db
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
-from common.redis_client import describe as describe_redis
-from common.settings import Settings
-from common.tls import GatewayTls
+from common.redis.client import describe as describe_redis
+from common.trust.tls import GatewayTls
 from versus_cp.access_bootstrap import Bootstrapped
 
 

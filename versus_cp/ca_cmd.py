@@ -30,12 +30,12 @@ from typing import Any, cast
 
 from versus.fleet.v1 import fleet_pb2
 
-from common.ca_store import KINDS, CaStore, Kind, Trust
+from common.config.settings import Settings
+from common.config.state_dir import write_private, write_public
 from common.errors import FailedPrecondition
-from common.pki import spki_pin
-from common.settings import Settings
-from common.state_dir import write_private, write_public
-from common.tls import issue_server_cert, san_entries
+from common.trust.ca_store import KINDS, CaStore, Kind, Trust
+from common.trust.pki import spki_pin
+from common.trust.tls import issue_server_cert, san_entries
 from versus_cp import material_cmd, rpc
 
 # Collectors that can still connect: not revoked or denied, certificate not expired.

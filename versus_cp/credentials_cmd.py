@@ -30,7 +30,7 @@ from typing import Any
 from versus.credential.v1 import credential_pb2 as pb
 from versus.credential.v1 import credential_pb2_grpc
 
-from common.settings import Settings
+from common.config.settings import Settings
 from versus_cp import rpc
 from versus_cp.output import enum_name, print_json, print_table, when
 

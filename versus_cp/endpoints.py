@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from common.settings import Settings
+from common.config.settings import Settings
 
 FILE_NAME = "endpoints.json"
 _ROUTER_FIELDS = {"router_host", "router_port", "router_target"}

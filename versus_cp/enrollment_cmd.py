@@ -23,7 +23,7 @@ from google.protobuf.json_format import MessageToDict
 from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
-from common.settings import Settings
+from common.config.settings import Settings
 from enrollment.tokens import DEFAULT_TTL, MAX_TTL, MAX_USES_LIMIT
 from versus_cp import rpc
 

@@ -27,7 +27,7 @@ from typing import Any
 from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
 
-from common.settings import Settings
+from common.config.settings import Settings
 from versus_cp import rpc
 from versus_cp.output import age, enum_name, fields, print_json, print_table, table, when
 

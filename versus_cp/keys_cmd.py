@@ -6,7 +6,7 @@
     versus-cp keys status [--json]
 
 A rotation publishes a new version of the set with a new key, signed by the
-keys of the version before (common/key_chain.py); collectors receive it with
+keys of the version before (common/trust/key_chain.py); collectors receive it with
 their next claim and walk every version they missed. The new key verifies at
 once but signs only after ``--grace`` (default 1h), when connected collectors
 hold it. ``retire`` publishes a version without an old key. ``status`` shows
@@ -25,14 +25,14 @@ from typing import Any
 
 from versus.fleet.v1 import fleet_pb2
 
+from common.config.settings import KeyMaterialMode, Settings
 from common.db import engine as db_engine
 from common.errors import ConfigError
-from common.keys import DEFAULT_LIFETIME, KeyPurpose, KeySet, rfc3339
-from common.keystore import KeyStore
-from common.repo_sync import SharedDirectory
-from common.settings import KeyMaterialMode, Settings
-from router.update_repo import UpdateRepository
-from router.update_share import SharedUpdateRepository
+from common.trust.keys import DEFAULT_LIFETIME, KeyPurpose, KeySet, rfc3339
+from common.trust.keystore import KeyStore
+from common.updates.repo_sync import SharedDirectory
+from router.releases.update_repo import UpdateRepository
+from router.releases.update_share import SharedUpdateRepository
 from versus_cp import material_cmd, rpc
 from versus_cp.fleet_cmd import span
 
@@ -122,7 +122,7 @@ def _read(settings: Settings, state: Path, args: argparse.Namespace) -> int:
 
 
 def _follow_release_keys(settings: Settings, state: Path, keyset: KeySet) -> None:
-    """The release keys hold the update repository's root (router/update_repo.py): every change of
+    """The release keys hold the update repository's root (router/releases/update_repo.py): every change of
     the set is a new root version at once, so each is signed by a key of the one before. With
     replicas on several hosts the repository is the one shared through PostgreSQL."""
     if keyset.purpose is not KeyPurpose.RELEASE:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from common.config.settings import CONFIG_FILE_ENV, Settings, load_settings
 from common.errors import (
     ConfigError,
     Conflict,
@@ -33,22 +36,8 @@ from common.errors import (
     Unavailable,
     VersusError,
 )
-from common.settings import CONFIG_FILE_ENV, Settings, load_settings
-from versus_cp import (
-    __version__,
-    access_cmd,
-    ca_cmd,
-    credentials_cmd,
-    endpoints,
-    enrollment_cmd,
-    fleet_cmd,
-    keys_cmd,
-    material_cmd,
-    queue_cmd,
-    releases_cmd,
-    tasks_cmd,
-    tunnel_cmd,
-)
+from versus_cp import __version__, endpoints
+from versus_cp.argv import command_of
 
 EXIT_STARTUP = 1
 EXIT_CONFIG = 2
@@ -83,7 +72,7 @@ def _service(name: str) -> Handler:
             from console.server import serve
         else:
             from gateway.server import serve
-        from common import early_signals
+        from common.runtime import early_signals
 
         early_signals.imported()  # a stop signal from here on is a clean shutdown, not an exit
         with contextlib.suppress(KeyboardInterrupt):
@@ -96,7 +85,9 @@ def _service(name: str) -> Handler:
 _SERVICES = "needs DATABASE_URL and REDIS_URL"
 # Commands that are the control plane (or set it up) rather than talk to a running one.
 _SERVERS = frozenset({"up", "migrate", "router", "enrollment", "gateway", "console"})
-COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
+# Each command's module is imported only when that command runs (or its help is asked for): a
+# call pays for the imports it needs, not for every command's (grpc stubs, SQLAlchemy, TUF...).
+COMMANDS: dict[str, tuple[str, Handler | str, Configure | str | None]] = {
     "up": ("Run the whole control plane (embedded PostgreSQL and Redis unless URLs are set).", _cmd_up, None),
     "migrate": ("Apply database migrations and exit.", _cmd_migrate, None),
     "router": (f"Run only the Task Router gRPC service ({_SERVICES}).", _service("router"), None),
@@ -107,73 +98,91 @@ COMMANDS: dict[str, tuple[str, Handler, Configure | None]] = {
         _service("console"),
         None,
     ),
-    "keys": ("List or rotate the dispatch and release signing keys.", keys_cmd.run, keys_cmd.add_arguments),
+    "keys": (
+        "List or rotate the dispatch and release signing keys.",
+        "versus_cp.keys_cmd:run",
+        "versus_cp.keys_cmd:add_arguments",
+    ),
     "ca": (
         "Rotate the Collector CA and the gateway CA; see who depends on which.",
-        ca_cmd.run,
-        ca_cmd.add_arguments,
+        "versus_cp.ca_cmd:run",
+        "versus_cp.ca_cmd:add_arguments",
     ),
     "material": (
         "Where the key and CA material lives; share it with replicas on other hosts.",
-        material_cmd.run,
-        material_cmd.add_arguments,
+        "versus_cp.material_cmd:run",
+        "versus_cp.material_cmd:add_arguments",
     ),
     "sites": (
         "Create, list, update and delete sites.",
-        enrollment_cmd.run_sites,
-        enrollment_cmd.add_site_arguments,
+        "versus_cp.enrollment_cmd:run_sites",
+        "versus_cp.enrollment_cmd:add_site_arguments",
     ),
     "tokens": (
         "Issue, list and revoke enrollment tokens.",
-        enrollment_cmd.run_tokens,
-        enrollment_cmd.add_token_arguments,
+        "versus_cp.enrollment_cmd:run_tokens",
+        "versus_cp.enrollment_cmd:add_token_arguments",
     ),
     "tunnel": (
         "Bridge stdin/stdout to a device through a collector (works as an OpenSSH ProxyCommand).",
-        tunnel_cmd.run,
-        tunnel_cmd.add_arguments,
+        "versus_cp.tunnel_cmd:run",
+        "versus_cp.tunnel_cmd:add_arguments",
     ),
     "collectors": (
         "List, inspect, approve, deny, probe, drain, undrain and revoke collectors; switch vault modes;"
         " approve upgrades.",
-        fleet_cmd.run_collectors,
-        fleet_cmd.add_collector_arguments,
+        "versus_cp.fleet_cmd:run_collectors",
+        "versus_cp.fleet_cmd:add_collector_arguments",
     ),
     "releases": (
         "Publish, list, show and yank collector releases (signed self-upgrades).",
-        releases_cmd.run,
-        releases_cmd.add_arguments,
+        "versus_cp.releases_cmd:run",
+        "versus_cp.releases_cmd:add_arguments",
     ),
     "vault-integrations": (
         "Register and list the external vaults (AppRole) that vault mode C uses.",
-        fleet_cmd.run_integrations,
-        fleet_cmd.add_integration_arguments,
+        "versus_cp.fleet_cmd:run_integrations",
+        "versus_cp.fleet_cmd:add_integration_arguments",
     ),
     "tasks": (
         "Submit, get, watch and cancel tasks as a platform module would.",
-        tasks_cmd.run,
-        tasks_cmd.add_arguments,
+        "versus_cp.tasks_cmd:run",
+        "versus_cp.tasks_cmd:add_arguments",
     ),
     "credentials": (
         "Take device credentials back from running tasks (scrub, or scrub and kill).",
-        credentials_cmd.run,
-        credentials_cmd.add_arguments,
+        "versus_cp.credentials_cmd:run",
+        "versus_cp.credentials_cmd:add_arguments",
     ),
     "queue": (
         "The dispatch queue: list by outcome, show evidence, resolve indeterminate tasks.",
-        queue_cmd.run,
-        queue_cmd.add_arguments,
+        "versus_cp.queue_cmd:run",
+        "versus_cp.queue_cmd:add_arguments",
     ),
     "access": (
         "Create, list and revoke API tokens; bootstrap the first one.",
-        access_cmd.run,
-        access_cmd.add_arguments,
+        "versus_cp.access_cmd:run",
+        "versus_cp.access_cmd:add_arguments",
     ),
-    "audit": ("List the audit log.", access_cmd.run_audit, access_cmd.add_audit_arguments),
+    "audit": (
+        "List the audit log.",
+        "versus_cp.access_cmd:run_audit",
+        "versus_cp.access_cmd:add_audit_arguments",
+    ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _resolve(ref: Callable[..., Any] | str) -> Any:
+    """A command's handler or argument definer: the object itself, or ``"module:name"`` imported now."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command; ``only`` defines the arguments of that command alone
+    (None: of all), so parsing one command imports only its module."""
     parser = argparse.ArgumentParser(
         prog="versus-cp",
         description="Versus collector control plane. Configuration: environment variables and an "
@@ -184,8 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, _, configure) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        if configure is not None:
-            configure(command)
+        if configure is not None and only in (None, name):
+            _resolve(configure)(command)
     return parser
 
 
@@ -207,7 +216,7 @@ def _one_line(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(only=command_of(sys.argv[1:] if argv is None else argv)).parse_args(argv)
     if args.config:
         # Children started by `up` inherit the environment, so they read the same file.
         os.environ[CONFIG_FILE_ENV] = args.config
@@ -217,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # An operator command: find a running `up` on this state directory unless told otherwise.
             settings = endpoints.apply(settings)
         _, command, _ = COMMANDS[args.command]
-        return command(settings, args)
+        handler: Handler = _resolve(command)
+        return handler(settings, args)
     except ConfigError as exc:
         print(f"versus-cp: error: {_one_line(exc.message)}", file=sys.stderr)
         return EXIT_CONFIG

@@ -28,12 +28,13 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from common import material, material_files
+from common.config.settings import KeyMaterialMode, Settings
+from common.config.state_dir import write_private
 from common.db import engine as db_engine
 from common.errors import ConfigError
-from common.master_keys import MasterKeys
-from common.settings import KeyMaterialMode, Settings
-from common.state_dir import write_private
+from common.material import files as material_files
+from common.material import shared as material
+from common.trust.master_keys import MasterKeys
 from versus_cp.output import fields
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from common.config.settings import Settings
+from common.config.state_dir import StateLock, ensure_writable
 from common.db import engine as db_engine
 from common.db import migrate as db_migrate
 from common.embedded.postgres import EmbeddedPostgres
 from common.errors import StartupError, Unavailable
-from common.logs import get_logger
-from common.runtime import setup_logging
-from common.settings import Settings
-from common.state_dir import StateLock, ensure_writable
+from common.runtime.service import setup_logging
+from common.telemetry.logs import get_logger
 
 log = get_logger("versus.migrate")
 

@@ -10,7 +10,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from common.pb_struct import integral
+from common.grpc.pb_struct import integral
 
 
 def print_json(message: Message) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common.settings import Settings
+from common.config.settings import Settings
 from versus_cp import rpc
 from versus_cp.output import enum_name, fields, print_json, print_table, when
 

@@ -25,10 +25,10 @@ from typing import Any
 from versus.fleet.v1 import fleet_pb2 as pb
 from versus.fleet.v1 import fleet_pb2_grpc
 
+from common.config.settings import Settings
+from common.config.state_dir import file_sha256
 from common.errors import InvalidArgument
 from common.limits import MAX_ARTIFACT_BYTES, MAX_SBOM_BYTES
-from common.settings import Settings
-from common.state_dir import file_sha256
 from versus_cp import rpc
 from versus_cp.output import fields, print_json, print_table, when
 

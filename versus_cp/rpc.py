@@ -7,10 +7,11 @@ from typing import Any
 
 import grpc
 
-from common import error_mapping, token_files
+from common import error_mapping
+from common.config.settings import Settings
 from common.errors import Unavailable, VersusError
-from common.grpc_client import sync_channel
-from common.settings import Settings
+from common.grpc import token_files
+from common.grpc.client import sync_channel
 
 TIMEOUT_S = 15.0
 

@@ -36,21 +36,21 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common import material
+from common.config.settings import Settings
+from common.config.state_dir import StateLock, ensure_writable
 from common.db import engine as db_engine
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.process import parent_death_signal
 from common.embedded.redis import EmbeddedRedis
 from common.errors import StartupError, Unavailable
-from common.keys import KeyPurpose
-from common.keystore import KeyStore
-from common.logs import get_logger
-from common.material_files import Marker
-from common.redis_client import check_reachable as redis_reachable
-from common.runtime import PARENT_PID_ENV, setup_logging, shutdown_signals
-from common.settings import Settings
-from common.state_dir import StateLock, ensure_writable
-from common.tls import GatewayTls, resolve_tls
+from common.material import shared as material
+from common.material.files import Marker
+from common.redis.client import check_reachable as redis_reachable
+from common.runtime.service import PARENT_PID_ENV, setup_logging, shutdown_signals
+from common.telemetry.logs import get_logger
+from common.trust.keys import KeyPurpose
+from common.trust.keystore import KeyStore
+from common.trust.tls import GatewayTls, resolve_tls
 from versus_cp import access_bootstrap, endpoints
 from versus_cp.banner import render_banner
 from versus_cp.migrate import apply as apply_migrations
@@ -137,7 +137,7 @@ class Supervisor:
         apply_migrations(database_url)
         # asyncio.run cannot nest: the token bootstrap runs in a worker thread with its own loop.
         access = await asyncio.to_thread(access_bootstrap.ensure, database_url, self.settings)
-        # The deployment's key and CA material, before a child loads any (common/material.py).
+        # The deployment's key and CA material, before a child loads any (common/material/shared.py).
         marker = await asyncio.to_thread(self._prepare_material, database_url)
         for purpose in KeyPurpose:
             keyset = KeyStore(state, purpose).load()

@@ -30,10 +30,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common import token_files
+from common.config.settings import Settings
 from common.errors import InvalidArgument
-from common.grpc_client import sync_channel
-from common.settings import Settings
+from common.grpc import token_files
+from common.grpc.client import sync_channel
 from versus_cp import rpc
 from versus_cp.output import enum_name, fields, print_json, print_table, when
 

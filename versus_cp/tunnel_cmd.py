@@ -21,10 +21,10 @@ import grpc
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
-from common import token_files
+from common.config.settings import Settings
 from common.errors import InvalidArgument
-from common.grpc_client import aio_channel
-from common.settings import Settings
+from common.grpc import token_files
+from common.grpc.client import aio_channel
 from versus_cp import rpc
 
 CHUNK_BYTES = 32 * 1024

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from collector.state import SUPERVISED_ENV
-from common.logs import get_logger
+from common.telemetry.logs import get_logger
 
 log = get_logger("versus.collector.supervisor")
 

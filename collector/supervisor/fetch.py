@@ -1,7 +1,7 @@
 """Download and verify a release with python-tuf's ``ngclient``, trusting only the pinned release keys.
 
 The update repository's root is held by the release key set
-(router/update_repo.py), which the collector pinned at enrollment and follows
+(router/releases/update_repo.py), which the collector pinned at enrollment and follows
 in-band (collector/key_sets.py). The first time, the supervisor looks for the
 newest root version whose root keys are all pinned - same key ids *and* same
 public key bytes - and signed by them, checks the operator's ``--update-pubkey``
@@ -34,7 +34,7 @@ from tuf.ngclient import Updater
 from tuf.ngclient.fetcher import FetcherInterface
 
 from collector.update_fetcher import GatewayFetcher
-from common.keys import PublicKey
+from common.trust.keys import PublicKey
 
 MAX_ROOT_BYTES = 512_000
 MAX_ROOT_VERSIONS = 1024

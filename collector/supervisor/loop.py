@@ -32,9 +32,9 @@ from collector.state import StatePaths, load_key, read_json, write_json
 from collector.supervisor.child import STABLE_AFTER_S, Child, backoff, wait_healthy
 from collector.supervisor.fetch import ReleaseFetcher, Target, UpdateError
 from collector.supervisor.layout import BUNDLED, Layout
-from common.keys import KeyPurpose
-from common.logs import get_logger
-from common.signed_doc import DocumentError
+from common.telemetry.logs import get_logger
+from common.trust.keys import KeyPurpose
+from common.trust.signed_doc import DocumentError
 
 log = get_logger("versus.collector.supervisor")
 
@@ -114,7 +114,7 @@ class Supervisor:
 
     # --- upgrades --------------------------------------------------------------------------------
     def _report(self, state: str, version: str, detail: str = "") -> None:
-        """What the collector passes on with its claims (router/updates.py records it)."""
+        """What the collector passes on with its claims (router/releases/updates.py records it)."""
         write_json(self.paths.update_status, {"state": state, "version": version, "detail": detail[:500],
                                               "at": int(time.time())})  # fmt: skip
         log.info("update " + state.replace("_", " "), version=version, detail=detail)

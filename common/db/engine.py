@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from common.errors import StartupError, Unavailable
-from common.redaction import redact_url
+from common.telemetry.redaction import redact_url
 
 CONNECT_TIMEOUT_S = 5
 

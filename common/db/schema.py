@@ -166,13 +166,13 @@ collectors = Table(
     Column("vault_mode", Text, nullable=False, server_default=text("'local'")),
     Column("vault_integration_id", Text, ForeignKey("vault_integrations.integration_id"), nullable=True),
     # Vault mode C: the collector's AppRole secret id (or its wrapping token), sealed under the
-    # credentials master key (router/credential_vault.py), and its version (0: none).
+    # credentials master key (router/credentials/vault.py), and its version (0: none).
     Column("vault_secret", Text, nullable=True),
     Column("vault_secret_version", BigInteger, nullable=False, server_default=text("0")),
     # The dispatch key ids handed to the collector at enrollment: the router signs its envelopes
     # only with one of these (docs/envelope.md, "Rotation today"). NULL: enrolled before 0007.
     Column("dispatch_kids", ARRAY(Text), nullable=True),
-    # Version of the collector's signed config (router/collector_docs.py): 0 = the enrollment policy.
+    # Version of the collector's signed config (router/trust/collector_docs.py): 0 = the enrollment policy.
     Column("config_version", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("status IN ('pending', 'active', 'denied', 'revoked')", name="status"),
     CheckConstraint("vault_mode IN ('local', 'relayed', 'external')", name="vault_mode"),
@@ -210,7 +210,7 @@ tasks = Table(
     Column("evidence", Text, nullable=False, server_default=text("''")),
     Column("resolved_by", Text, nullable=True),
     # An unknown outcome waits here until every envelope of the lost dispatch is past its fence
-    # (router/fencing.py); the sweeper climbs the ladder once this time has passed.
+    # (common/envelope/fence.py); the sweeper climbs the ladder once this time has passed.
     Column("retry_at", DateTime(timezone=True), nullable=True),
     # Collector features the task needs (common/protocol.py FEATURE_FLOORS): placement keeps it
     # from collectors whose protocol version is below any of their floors.
@@ -250,19 +250,19 @@ dispatches = Table(
     Column("handed_at", DateTime(timezone=True), nullable=True),
     # The protocol version settled with the collector on the claim that took it (what it honours).
     Column("handed_protocol", Integer, nullable=True),
-    # Streamed output (protocol 4, router/output.py): bytes stored so far (the ack), its SHA-256
+    # Streamed output (protocol 4, router/output/streams.py): bytes stored so far (the ack), its SHA-256
     # once the final report verified it, and when retention removed the bytes.
     Column("output_length", BigInteger, nullable=False, server_default=text("0")),
     Column("output_sha256", Text, nullable=True),
     Column("output_purged_at", DateTime(timezone=True), nullable=True),
     # Vault mode B: the device credential relayed with it, encrypted to its collector and signed
-    # (common/credential_relay.py); never a value in the clear.
+    # (common/trust/credential_relay.py); never a value in the clear.
     Column("relayed_credential", Text, nullable=True),
     Column("reported_at", DateTime(timezone=True), nullable=True),
     Column("result", LargeBinary, nullable=True),
     Column("error_code", Text, nullable=True),
     Column("error_message", Text, nullable=True),
-    # The collector's signature over its last report (common/report_signature.py): evidence.
+    # The collector's signature over its last report (common/trust/report_signature.py): evidence.
     Column("report_signature", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -272,7 +272,7 @@ dispatches = Table(
     Index(None, "task_id"),
 )
 
-# The streamed output of dispatches, in chunks at their byte offsets (router/output.py). Owned by
+# The streamed output of dispatches, in chunks at their byte offsets (router/output/streams.py). Owned by
 # the router.
 output_chunks = Table(
     "output_chunks",
@@ -282,7 +282,7 @@ output_chunks = Table(
     Column("data", LargeBinary, nullable=False),
 )
 
-# Output bytes each tenant holds, bounded by its quota (router/output.py). Owned by the router.
+# Output bytes each tenant holds, bounded by its quota (router/output/streams.py). Owned by the router.
 tenant_output = Table(
     "tenant_output",
     metadata,
@@ -290,7 +290,7 @@ tenant_output = Table(
     Column("bytes", BigInteger, nullable=False),
 )
 
-# Device credentials for vault mode B, envelope-encrypted (router/credential_vault.py): never a
+# Device credentials for vault mode B, envelope-encrypted (router/credentials/vault.py): never a
 # value or a data key in the clear. Owned by the router.
 device_credentials = Table(
     "device_credentials",
@@ -309,7 +309,7 @@ device_credentials = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
-# Credentials taken back from running tasks (router/revocations.py), and each collector's part in
+# Credentials taken back from running tasks (router/credentials/revocations.py), and each collector's part in
 # it. Owned by the router.
 credential_revocations = Table(
     "credential_revocations",
@@ -386,7 +386,8 @@ collector_capabilities = Table(
 )
 
 # Published collector releases: one row per artifact (version, os, arch), also a target of the TUF
-# repository (router/update_repo.py). Yanking keeps the row and removes the target. Owned by the router.
+# repository (router/releases/update_repo.py). Yanking keeps the row and removes the target.
+# Owned by the router.
 releases = Table(
     "releases",
     metadata,
@@ -405,7 +406,7 @@ releases = Table(
     Column("yanked_at", DateTime(timezone=True), nullable=True),
     Column("yanked_by", Text, nullable=True),
     Column("yank_reason", Text, nullable=True),
-    # The artifact's SBOM (CycloneDX JSON, router/sbom.py) as published, and what the update
+    # The artifact's SBOM (CycloneDX JSON, router/releases/sbom.py) as published, and what the update
     # repository signs of it (its own TUF target); all null for a release published without one.
     Column("sbom", LargeBinary, nullable=True),
     Column("sbom_target_name", Text, nullable=True),
@@ -418,7 +419,7 @@ releases = Table(
 )
 
 # Each collector's upgrade: the operator's approval (manual policy), the target the policy gives
-# (recomputed by router/updates.py and carried in the signed config), and what the collector's
+# (recomputed by router/releases/updates.py and carried in the signed config), and what the collector's
 # supervisor last reported. Owned by the router.
 collector_updates = Table(
     "collector_updates",
@@ -436,7 +437,7 @@ collector_updates = Table(
     CheckConstraint("state IN ('', 'updating', 'updated', 'rolled_back', 'failed')", name="state"),
 )
 
-# The deployment's key and CA material (common/material.py). One row: which material PostgreSQL
+# The deployment's key and CA material (common/material/shared.py). One row: which material PostgreSQL
 # serves (its id), and in shared mode the material itself, sealed under the operator's material key.
 # Every service reads it at start; only `versus-cp material` and the key and CA commands write it.
 key_material = Table(
@@ -464,7 +465,7 @@ key_material = Table(
     ),
 )
 
-# The collector update repository's files (router/update_repo.py) when several hosts serve it
+# The collector update repository's files (router/releases/update_repo.py) when several hosts serve it
 # (shared key material, docs/deployment.md): each file once, by path, with its SHA-256; its bytes in
 # 1 MiB chunks. ``revision`` grows with every write so hosts fetch only what changed. Written by
 # routers and the key commands under an advisory lock; read by every router and gateway.

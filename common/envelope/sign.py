@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from common.envelope import wire
 from common.envelope.canonical import MAX_PARAMS_BYTES, MAX_TEXT_BYTES, TEXT_FIELDS, OpClass, assemble
-from common.keys import SigningKey
+from common.trust.keys import SigningKey
 
 _OP_CLASSES = frozenset(c.value for c in OpClass)
 _MAX_INT = wire.MAX_SAFE_INT

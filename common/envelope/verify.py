@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from common.envelope import wire
 from common.envelope.codes import EnvelopeError, Rejection
-from common.keys import PublicKey
+from common.trust.keys import PublicKey
 
 # Allowed disagreement between the collector's corrected clock and the signer's.
 SKEW_ALLOWANCE_S = 30

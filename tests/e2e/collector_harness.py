@@ -18,7 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common.grpc_client import sync_channel
+from common.grpc.client import sync_channel
 from tests.e2e.harness import ControlPlane, run_cli
 
 OP_CLASSES = {

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from common.ca_store import CaStore
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.process import free_ports
+from common.trust.ca_store import CaStore
 from tests.e2e.harness import wait_grpc_serving
 from tests.support.fabric import Host, Proc, python
 from tests.support.sentinel import SentinelGroup

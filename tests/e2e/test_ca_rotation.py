@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from common import pki
+from common.trust import pki
 from tests.e2e.collector_harness import Collector, Tasks, cli_json, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 

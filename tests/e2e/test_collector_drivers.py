@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.state_dir import write_private
+from common.config.state_dir import write_private
 from tests.e2e.collector_harness import Collector, Platform
 from tests.e2e.harness import ControlPlane, run_cli
 from tests.support.devices import HttpsDevice, SshDevice

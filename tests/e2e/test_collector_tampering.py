@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from common.envelope.sign import EnvelopeDraft, sign
-from common.keys import KeyPurpose
-from common.keystore import KeyStore
+from common.trust.keys import KeyPurpose
+from common.trust.keystore import KeyStore
 from tests.e2e.collector_harness import Collector, Platform
 from tests.e2e.harness import ControlPlane
 from tests.support.proxy import Rewrite, TamperingProxy

@@ -94,7 +94,7 @@ def test_key_sets_rotate_in_band_and_a_collector_that_was_away_catches_up(
         original = json.loads(keys("list", "--set", "dispatch", "--json"))["dispatch"][0]["kid"]
         assert "version 2" in keys("rotate", "--set", "dispatch", "--grace", "0s")
         assert "version 2" in keys("rotate", "--set", "release", "--grace", "0s")
-        # The update repository's root follows the release set (router/update_repo.py).
+        # The update repository's root follows the release set (router/releases/update_repo.py).
         root = json.loads((cp.state_dir / "updates" / "metadata" / "2.root.json").read_text())["signed"]
         assert len(root["roles"]["root"]["keyids"]) == 2
         flow_until(lambda: _versions(online) == {"dispatch": 2, "release": 2})

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from common import signed_doc
-from common.keys import PublicKey, trusted
+from common.trust import signed_doc
+from common.trust.keys import PublicKey, trusted
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 

@@ -21,7 +21,7 @@ from collector.client import ssl_context
 from collector.request_auth import SignRequests
 from collector.state import StatePaths, load_key
 from common import protocol
-from router.placement import _rendezvous
+from router.dispatch.placement import _rendezvous
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
 

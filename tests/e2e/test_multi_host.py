@@ -31,7 +31,7 @@ from chaos import checker
 from chaos.faults import Window
 from chaos.workload import Workload
 from collector.state import load_key
-from common.grpc_client import aio_channel
+from common.grpc.client import aio_channel
 from tests.e2e import multi_host
 from tests.e2e.harness import wait_grpc_serving
 from tests.e2e.multi_host import Deployment

@@ -21,7 +21,7 @@ from versus.router.v1 import task_router_pb2 as pb
 
 from chaos.stack import ChaosStack, Proc
 from collector.drivers.stub import dump_blocks
-from common.grpc_client import sync_channel
+from common.grpc.client import sync_channel
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -15,7 +15,7 @@ from packaging.markers import Marker
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from tuf.api.metadata import Metadata, Root, Targets
 
-from common.state_dir import file_sha256
+from common.config.state_dir import file_sha256
 from tests.e2e.collector_harness import cli_json
 from tests.e2e.harness import ControlPlane, run_cli
 from tests.e2e.upgrade_harness import ARCH, OS

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from versus.router.v1 import task_pb2
 
-from common.state_dir import write_private
+from common.config.state_dir import write_private
 from tests.e2e.collector_harness import Collector, Platform, cli_json
 from tests.e2e.harness import ControlPlane, run_cli
 from tests.support.devices import HttpsDevice

@@ -23,13 +23,13 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
+from common.access.rbac import Role
 from common.db import engine as db_engine
 from common.db.schema import collectors, sites, tasks
 from common.envelope.verify import VerifyContext, verify
-from common.grpc_client import aio_channel
-from common.keys import KeyPurpose, trusted
-from common.keystore import KeyStore
-from common.rbac import Role
+from common.grpc.client import aio_channel
+from common.trust.keys import KeyPurpose, trusted
+from common.trust.keystore import KeyStore
 from tests.e2e.harness import service_env, wait_grpc_serving
 from tests.support.access import mint_at
 from tests.support.collector_key import PUBLIC_DER, signed

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.rbac import Role
+from common.access.rbac import Role
 from tests.e2e.harness import service_env
 from tests.support.access import mint_at
 

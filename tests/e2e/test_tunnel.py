@@ -18,8 +18,8 @@ import psycopg
 import pytest
 import redis
 
+from common.config.state_dir import write_private
 from common.embedded.process import free_port
-from common.state_dir import write_private
 from tests.e2e.collector_harness import Collector, cli_json
 from tests.e2e.harness import ControlPlane
 from tests.support import netns

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from common import b64url
 from common.embedded.postgres import BIN_DIR
+from common.trust import b64url
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
 from tests.support import netns

@@ -19,7 +19,7 @@ from versus.router.v1 import task_router_pb2 as pb
 from common import protocol
 from common.db.schema import tasks
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from router import cancels
+from router.dispatch import cancels
 from tests.integration.test_gateway_collector import API, Collector, Stack, running_stack
 from tests.support.collector_auth import with_report_signature
 

@@ -19,12 +19,13 @@ from sqlalchemy import select, text, update
 from versus.router.v1 import task_pb2
 from versus.router.v1 import task_router_pb2 as pb
 
-from common import protocol, signed_doc
-from common.credential_relay import open_for
+from common import protocol
 from common.db.schema import audit_events, collectors, dispatches
-from router.credential_store import CredentialStore
-from router.credential_vault import MasterKeys
-from router.fleet import Fleet
+from common.trust import signed_doc
+from common.trust.credential_relay import open_for
+from router.credentials.store import CredentialStore
+from router.credentials.vault import MasterKeys
+from router.fleet.operations import Fleet
 from tests.integration.test_gateway_collector import API, Collector, Stack, running_stack
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_secret_logged")]

@@ -20,8 +20,8 @@ from versus.router.v1 import task_router_pb2 as pb
 
 from common import protocol
 from common.db.schema import audit_events
-from common.grpc_client import aio_channel
-from router import revocations
+from common.grpc.client import aio_channel
+from router.credentials import revocations
 from tests.integration.test_gateway_collector import API, Collector, Stack, running_stack
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_secret_logged")]

@@ -14,12 +14,12 @@ from sqlalchemy import select, text
 from versus.credential.v1 import credential_pb2 as pb
 from versus.credential.v1 import credential_pb2_grpc
 
+from common.access.rbac import Role
 from common.db.schema import audit_events
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from common.grpc_client import aio_channel
-from common.rbac import Role
-from router.credential_store import CredentialStore
-from router.credential_vault import MasterKeys
+from common.grpc.client import aio_channel
+from router.credentials.store import CredentialStore
+from router.credentials.vault import MasterKeys
 from tests.integration.test_gateway_collector import Stack, running_stack
 from tests.support.access import mint
 

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import update
 
 from common.db.schema import collectors
-from common.keys import KeyPurpose, KeySet
-from router.service import NO_KEY_HELD
+from common.trust.keys import KeyPurpose, KeySet
+from router.dispatch.service import NO_KEY_HELD
 from tests.support.router_env import RouterEnv, make_router, open_envelope
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,14 +11,14 @@ import pytest
 from cryptography import x509
 from sqlalchemy import select
 
-from common import pki
-from common.ca_store import CaStore
 from common.db import engine as db_engine
 from common.db.schema import audit_events, collectors, enrollment_tokens
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, VersusError
-from common.keys import KeyPurpose, KeySet
-from common.pki import BACKDATE, spki_pin
-from common.trust_bundle import BundleSource
+from common.trust import pki
+from common.trust.ca_store import CaStore
+from common.trust.keys import KeyPurpose, KeySet
+from common.trust.pki import BACKDATE, spki_pin
+from common.trust.trust_bundle import BundleSource
 from enrollment.authority import Authority
 from enrollment.ca import LEAF_LIFETIME
 from enrollment.service import CollectorInfo, EnrollmentConfig, EnrollmentService, InvalidToken

@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.external_vault import SECRET_FILE, ExternalVault, VaultError, VaultSettings, settings_key
-from common import pki
-from router.vault_secrets import for_collector
+from common.trust import pki
+from router.credentials.vault_secrets import for_collector
 from tests.support.openbao import OpenBao, openbao
 
 pytestmark = pytest.mark.timeout(90)

@@ -23,13 +23,13 @@ from versus.fleet.v1 import fleet_pb2_grpc
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common import pki, signed_doc
+from common.access.rbac import Role
 from common.db.schema import audit_events, collectors
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from common.grpc_client import aio_channel
-from common.rbac import Role
-from router.credential_store import CredentialStore
-from router.credential_vault import MasterKeys
+from common.grpc.client import aio_channel
+from common.trust import pki, signed_doc
+from router.credentials.store import CredentialStore
+from router.credentials.vault import MasterKeys
 from router.server import sample_gauges
 from tests.integration import test_gateway_collector as gw
 from tests.support.access import mint

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.db import engine as db_engine
-from common.fleet_clock import FleetClock
+from common.db.fleet_clock import FleetClock
 
 pytestmark = pytest.mark.timeout(30)
 

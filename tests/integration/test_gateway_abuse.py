@@ -22,7 +22,7 @@ import websockets
 from sqlalchemy import func, select
 
 from common.db.schema import audit_events, dispatches
-from common.logs import configure_logging
+from common.telemetry.logs import configure_logging
 from tests.integration import test_gateway_collector as gw
 
 # Every test also fails if a credential reaches the log (tests/support/logs.py).

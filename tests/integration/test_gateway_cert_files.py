@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from common.ca_store import CaStore
-from common.state_dir import write_private, write_public
-from common.tls import issue_server_cert, san_entries
+from common.config.state_dir import write_private, write_public
+from common.trust.ca_store import CaStore
+from common.trust.tls import issue_server_cert, san_entries
 from gateway.tls_reload import follow_cert_files
 
 pytestmark = pytest.mark.timeout(30)

@@ -25,28 +25,28 @@ from sqlalchemy import func, select, update
 from versus.router.v1 import task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common import revocations
-from common.api_tokens import TokenAuthenticator
-from common.ca_store import CaStore
+from common.access.api_tokens import TokenAuthenticator
+from common.access.rbac import Role
 from common.db.schema import audit_events, collectors, dispatches
 from common.embedded.process import free_port
 from common.envelope.verify import VerifyContext, verify
-from common.grpc_client import aio_channel
-from common.grpc_server import GrpcServer
-from common.keys import PublicKey
-from common.rbac import Role
-from common.trust_bundle import BundleSource
+from common.grpc.client import aio_channel
+from common.grpc.server import GrpcServer
+from common.redis import revocations
+from common.trust.ca_store import CaStore
+from common.trust.keys import PublicKey
+from common.trust.trust_bundle import BundleSource
 from enrollment.authority import Authority
 from enrollment.server import registrations as enrollment_registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 from gateway.app import GatewayConfig, create_app
 from gateway.server import WS_OPTIONS
-from router.enrollment_client import EnrollmentClient
+from router.dispatch.service import Router
+from router.fleet.enrollment_client import EnrollmentClient
 from router.server import registrations as router_registrations
-from router.service import Router
-from router.trust_delivery import TrustDelivery
-from router.tunnels import TunnelHub
+from router.trust.delivery import TrustDelivery
+from router.tunnels.relay import TunnelHub
 from tests.support.access import mint
 from tests.support.collector_auth import SigningSocket, SignRequests, bound_token, with_report_signature
 from tests.support.pki import csr_pem, p256

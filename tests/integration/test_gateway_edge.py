@@ -29,8 +29,8 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from common.embedded.process import free_port
-from common.logs import get_logger
-from common.tls import ensure_gateway_tls
+from common.telemetry.logs import get_logger
+from common.trust.tls import ensure_gateway_tls
 from gateway import edge
 from gateway.metrics import EDGE_REFUSALS
 from gateway.server import WS_OPTIONS

@@ -19,16 +19,16 @@ import uvicorn
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import select, update
 
-from common.api_tokens import TokenAuthenticator
-from common.ca_store import CaStore
+from common.access.api_tokens import TokenAuthenticator
+from common.access.rbac import Role
 from common.db import engine as db_engine
 from common.db.schema import collectors, enrollment_tokens
 from common.embedded.process import free_port
-from common.grpc_server import GrpcServer
-from common.keys import KeyPurpose, KeySet
-from common.logs import configure_logging
-from common.rbac import Role
-from common.trust_bundle import BundleSource
+from common.grpc.server import GrpcServer
+from common.telemetry.logs import configure_logging
+from common.trust.ca_store import CaStore
+from common.trust.keys import KeyPurpose, KeySet
+from common.trust.trust_bundle import BundleSource
 from enrollment.authority import Authority
 from enrollment.server import registrations
 from enrollment.service import EnrollmentConfig, EnrollmentService

@@ -13,8 +13,8 @@ import pytest
 from tuf.ngclient import Updater
 
 from collector.update_fetcher import GatewayFetcher, repository_urls
-from common.keys import KeyPurpose, KeySet
-from router.update_repo import UpdateRepository
+from common.trust.keys import KeyPurpose, KeySet
+from router.releases.update_repo import UpdateRepository
 from tests.integration import test_gateway_collector as gw
 from tests.support.collector_auth import bound_token
 

@@ -16,13 +16,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
+from common.access.rbac import Principal, Role
 from common.embedded.process import free_port
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.errors import NotFound, StartupError
-from common.grpc_client import aio_channel
-from common.grpc_server import Context, GrpcServer, ServiceRegistration, placeholder
-from common.metrics import GRPC_REQUESTS
-from common.rbac import Principal, Role
+from common.grpc.client import aio_channel
+from common.grpc.server import Context, GrpcServer, ServiceRegistration, placeholder
+from common.telemetry.metrics import GRPC_REQUESTS
 
 SECRET = "postgresql://u:hunter2@db"
 PLATFORM_TOKEN = "vsk_platform-test-token"
@@ -198,7 +198,7 @@ async def test_request_id_from_metadata_is_bound_to_handler_logs(server: GrpcSer
     import json
     import logging
 
-    from common.logs import configure_logging
+    from common.telemetry.logs import configure_logging
 
     configure_logging(fmt="json", level="INFO")
     stream = io.StringIO()

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from common.fanout import UNSUBSCRIBE_EVERY_S, KeyedFanout
+from common.redis.fanout import UNSUBSCRIBE_EVERY_S, KeyedFanout
 
 pytestmark = pytest.mark.timeout(30)
 PREFIX = "versus:test-wake:"

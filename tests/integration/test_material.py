@@ -12,17 +12,18 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
-from common import material, material_files
-from common.ca_store import CaStore
+from common.config.settings import KeyMaterialMode
+from common.config.state_dir import write_private
 from common.db import engine as db_engine
 from common.db.schema import key_material
 from common.errors import ConfigError
-from common.keys import KeyPurpose
-from common.keystore import KeyStore
-from common.master_keys import MasterKeys
-from common.material import Role, Source
-from common.settings import KeyMaterialMode
-from common.state_dir import write_private
+from common.material import files as material_files
+from common.material import shared as material
+from common.material.shared import Role, Source
+from common.trust.ca_store import CaStore
+from common.trust.keys import KeyPurpose
+from common.trust.keystore import KeyStore
+from common.trust.master_keys import MasterKeys
 
 pytestmark = pytest.mark.timeout(60)
 

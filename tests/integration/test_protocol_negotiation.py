@@ -13,11 +13,12 @@ import pytest
 import websockets
 from sqlalchemy import select
 
-from collector.client import GatewayClient, GatewayRefused
+from collector.client import GatewayClient
+from collector.gateway_errors import GatewayRefused
 from common import protocol
 from common.db.schema import dispatches, tasks
-from router.fleet import Fleet
-from router.fleet_state import SessionState
+from router.core.fleet_state import SessionState
+from router.fleet.operations import Fleet
 from tests.integration.test_gateway_collector import API, Collector, Stack, _ws, running_stack
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_secret_logged")]

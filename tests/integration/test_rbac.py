@@ -9,9 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
+from common.access.rbac import POLICY, Role
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from common.grpc_client import aio_channel
-from common.rbac import POLICY, Role
+from common.grpc.client import aio_channel
 from tests.integration import test_gateway_collector as gw
 from tests.support.access import SERVICES, mint
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common import redis_client
+from common.redis import client as redis_client
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +42,7 @@ async def test_thousands_of_concurrent_calls_share_a_bounded_pool(redis_url: str
 async def test_a_subscription_stops_promptly_even_right_after_it_started(redis_url: str) -> None:
     # Seen in a gateway's shutdown right after its start: redis-py swallowed the cancellation that
     # landed while the subscription was connecting, and shutdown waited forever.
-    from common.fanout import Fanout, text
+    from common.redis.fanout import Fanout, text
 
     for delay in [0.0, 0.001, 0.005, 0.02, 0.05, 0.1, 0.3] * 2:
         client = redis_client.create_async(redis_url)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from common.redis_client import check_reachable, create_async, describe
-from common.settings import load_settings
-from router.live import InFlight
+from common.config.settings import load_settings
+from common.redis.client import check_reachable, create_async, describe
+from router.core.live import InFlight
 from tests.support.sentinel import SentinelGroup, sentinel_group
 
 pytestmark = pytest.mark.timeout(90)

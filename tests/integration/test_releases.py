@@ -1,6 +1,6 @@
 """Releases and upgrade targets over real sockets: PublishRelease streams into the TUF repository,
 the target rides the claim in the signed config, a supervisor's report is recorded and audited,
-and a yanked release leaves the repository (router/releases.py, router/updates.py)."""
+and a yanked release leaves the repository (router/releases/publishing.py, router/releases/updates.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import pytest
 from sqlalchemy import select, update
 from versus.fleet.v1 import fleet_pb2 as fpb
 
-from common import signed_doc
+from common.access.rbac import Role
 from common.db.schema import audit_events, collectors
-from common.keys import KeyPurpose, KeySet
-from common.rbac import Role
-from router.releases import Releases
-from router.update_repo import UpdateRepository
-from router.updates import Report, Updates
+from common.trust import signed_doc
+from common.trust.keys import KeyPurpose, KeySet
+from router.releases.publishing import Releases
+from router.releases.update_repo import UpdateRepository
+from router.releases.updates import Report, Updates
 from tests.integration import test_gateway_collector as gw
 from tests.integration.test_fleet import Ops, _code, _connected
 from tests.support.access import mint

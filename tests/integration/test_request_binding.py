@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from common.db.schema import dispatches
-from common.redis_client import create_async as create_redis
+from common.redis.client import create_async as create_redis
 from tests.integration import test_gateway_collector as gw
 from tests.support.collector_auth import bound_token, signed_frame, signed_report
 
@@ -180,9 +180,9 @@ async def test_the_router_records_only_what_the_collector_signed(stack: gw.Stack
     from versus.router.v1 import collector_bridge_pb2 as bpb
     from versus.router.v1 import collector_bridge_pb2_grpc
 
+    from common.access.rbac import Role
     from common.db.schema import audit_events
-    from common.grpc_client import aio_channel
-    from common.rbac import Role
+    from common.grpc.client import aio_channel
     from tests.support.access import mint
 
     c, dispatch_id = await _claimed(stack, "col-sig", "t-sig")

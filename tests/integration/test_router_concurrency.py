@@ -11,9 +11,10 @@ import pytest
 from sqlalchemy import select, text
 
 from common.db.schema import dispatches, tasks
-from router import store
-from router.service import DeviceLeased, Router
-from router.states import State
+from router.core import store
+from router.core.states import State
+from router.dispatch import sql_collectors, sql_dispatches
+from router.dispatch.service import DeviceLeased, Router
 from tests.support.router_env import RouterEnv, make_router, open_envelope
 
 pytestmark = pytest.mark.timeout(120)
@@ -176,15 +177,15 @@ async def test_capacity_counts_work_committed_while_placement_waited_for_the_col
         first_dispatch = await store.get_dispatch(conn, first["current_dispatch_id"])
     assert first_dispatch is not None
     async with router.engine.begin() as holder:
-        assert await store.lock_collector(holder, "col-cap", skip_locked=False)
-        await store.update_dispatch(holder, first_dispatch["dispatch_id"], state=State.SUCCESS.value)
+        assert await sql_collectors.lock_collector(holder, "col-cap", skip_locked=False)
+        await sql_dispatches.update_dispatch(holder, first_dispatch["dispatch_id"], state=State.SUCCESS.value)
     # Redis (advisory) agrees the slot is free, so placement goes on to the authoritative check.
     await router.in_flight.add("col-cap", "stub", -1)
     async with router.engine.begin() as holder:
-        assert await store.lock_collector(holder, "col-cap", skip_locked=False)
+        assert await sql_collectors.lock_collector(holder, "col-cap", skip_locked=False)
         second = asyncio.create_task(router.submit(env.request("echo", key="second")))
         await _until_waiting_for_a_lock(router)
-        await store.update_dispatch(holder, first_dispatch["dispatch_id"], state=State.LEASED.value)
+        await sql_dispatches.update_dispatch(holder, first_dispatch["dispatch_id"], state=State.LEASED.value)
     task, _ = await second
     assert task["state"] == State.QUEUED.value, "placed beyond the collector's capacity"
 

@@ -14,8 +14,8 @@ from sqlalchemy import select, update
 
 from common.db.schema import device_leases, dispatches, tasks
 from common.envelope.fence import FENCE_S
-from router.service import DeviceLeased
-from router.states import State
+from router.core.states import State
+from router.dispatch.service import DeviceLeased
 from tests.support.router_env import RouterEnv, make_silent, open_envelope
 
 pytestmark = pytest.mark.timeout(60)

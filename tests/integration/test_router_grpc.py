@@ -18,14 +18,14 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
-from common.api_tokens import TokenAuthenticator
+from common.access.api_tokens import TokenAuthenticator
+from common.access.rbac import Role
 from common.db.schema import audit_events, tasks
 from common.embedded.process import free_port
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from common.grpc_client import aio_channel
-from common.grpc_server import GrpcServer
-from common.rbac import Role
-from router import grpc_api
+from common.grpc.client import aio_channel
+from common.grpc.server import GrpcServer
+from router.dispatch import grpc_api
 from router.server import registrations
 from tests.support.access import mint
 from tests.support.collector_key import signed

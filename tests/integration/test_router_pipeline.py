@@ -18,11 +18,11 @@ from common.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from router import store
-from router.live import WORK
-from router.placement import OpClassMismatch, _rendezvous
-from router.service import DeviceLeased
-from router.states import State
+from router.core.states import State
+from router.core.wakes import WORK
+from router.dispatch import sql_tasks
+from router.dispatch.placement import OpClassMismatch, _rendezvous
+from router.dispatch.service import DeviceLeased
 from tests.support.router_env import RouterEnv, make_silent, open_envelope
 
 pytestmark = pytest.mark.timeout(60)
@@ -264,7 +264,7 @@ async def test_a_queue_pass_never_locks_a_leased_task_against_its_claim(env: Rou
     task, _ = await env.router.submit(env.request("echo", target="a"))
     assert task["state"] == "leased"
     async with env.router.engine.begin() as conn:
-        assert await store.lock_if_queued(conn, task["task_id"]) is None
+        assert await sql_tasks.lock_if_queued(conn, task["task_id"]) is None
         got = await env.router.claim("col-1", claim_seq=1, held_task_ids=frozenset(), wait_s=0)
     assert got is not None
 

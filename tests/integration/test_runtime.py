@@ -6,7 +6,7 @@ import pytest
 
 from common.embedded.process import free_port
 from common.errors import StartupError
-from common.runtime import check_backends
+from common.runtime.service import check_backends
 
 
 def test_healthy_migrated_backends_pass(database_url: str, redis_url: str) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common import sd_notify
-from common.metrics import MetricsServer
+from common.runtime import sd_notify
+from common.telemetry.metrics import MetricsServer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,15 +22,15 @@ from versus.router.v1 import task_pb2, task_router_pb2_grpc, tunnel_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 from versus.router.v1 import tunnel_pb2 as tpb
 
-from common.api_tokens import TokenAuthenticator
+from common.access.api_tokens import TokenAuthenticator
+from common.access.rbac import Role
 from common.db.schema import api_tokens
 from common.embedded.process import free_port
 from common.error_mapping import GRPC_CODE_METADATA_KEY
-from common.grpc_client import aio_channel
-from common.grpc_server import GrpcServer
-from common.rbac import Role
+from common.grpc.client import aio_channel
+from common.grpc.server import GrpcServer
 from router.server import registrations
-from router.tunnels import TunnelHub
+from router.tunnels.relay import TunnelHub
 from tests.support.access import mint
 from tests.support.router_env import RouterEnv, make_router
 

@@ -15,7 +15,7 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
 from common.db.schema import collectors
-from common.grpc_client import aio_channel
+from common.grpc.client import aio_channel
 from tests.integration import test_gateway_collector as gw
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,8 +60,24 @@ async def _live(stack: gw.Stack, name: str) -> gw.Collector:
     return c
 
 
-async def _offered_session(stack: gw.Stack, c: gw.Collector) -> str:
-    claimed = await stack.post("/claim", {"wait_s": 5}, c)
+# How long a test waits for the platform's offer to reach its collector's claims.
+OFFER_DEADLINE_S = 30.0
+
+
+async def _offered_session(stack: gw.Stack, c: gw.Collector, platform: Platform) -> str:
+    """The session the platform's OpenTunnel offered, claimed as a collector does: again after
+    an empty answer. The platform's call runs beside the claim, and a claim the gateway's hold
+    (gw.HOLD_S) ended before the router made the offer rightly answers 204; the offer comes with
+    the next one. A failed OpenTunnel fails the test with its own error."""
+    deadline = asyncio.get_running_loop().time() + OFFER_DEADLINE_S
+    while True:
+        if platform.task.done():
+            platform.task.result()  # the OpenTunnel call's error, if it ended with one
+            raise AssertionError("OpenTunnel ended before the collector was offered its session")
+        claimed = await stack.post("/claim", {"wait_s": gw.HOLD_S}, c)
+        if claimed.status_code != 204:
+            break
+        assert asyncio.get_running_loop().time() < deadline, "no tunnel offer reached the claims"
     assert claimed.status_code == 200, claimed.text
     [offer] = claimed.json()["offers"]
     assert (offer["type"], offer["host"], offer["port"]) == ("tunnel", "10.0.0.7", 22)
@@ -79,7 +95,7 @@ async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -
     c = await _live(stack, "tun-1")
     platform = Platform(stack.grpc_address, "tun-1", stack.platform_token)
     try:
-        session_id = await _offered_session(stack, c)
+        session_id = await _offered_session(stack, c, platform)
         async with await _dial(stack, c, session_id) as ws:
             ready = await platform.next()
             assert (ready.ready.session_id, ready.ready.collector_id) == (session_id, "tun-1")
@@ -101,7 +117,7 @@ async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> No
     stranger = await _live(stack, "tun-stranger")
     platform = Platform(stack.grpc_address, "tun-owner", stack.platform_token)
     try:
-        session_id = await _offered_session(stack, owner)
+        session_id = await _offered_session(stack, owner, platform)
         for who, session in ((stranger, session_id), (owner, "tun-0000")):
             with pytest.raises(websockets.InvalidStatus) as refused:
                 await _dial(stack, who, session)
@@ -126,7 +142,7 @@ async def test_an_oversized_frame_ends_the_tunnel_with_1009(stack: gw.Stack) -> 
     c = await _live(stack, "tun-big")
     platform = Platform(stack.grpc_address, "tun-big", stack.platform_token)
     try:
-        async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
+        async with await _dial(stack, c, await _offered_session(stack, c, platform)) as ws:
             await platform.next()  # ready
             await ws.send(b"x" * (64 * 1024 + 1))
             with pytest.raises(websockets.ConnectionClosed) as closed:
@@ -142,7 +158,7 @@ async def test_revoking_the_collector_tears_down_its_open_tunnel(stack: gw.Stack
     c = await _live(stack, "tun-rev")
     platform = Platform(stack.grpc_address, "tun-rev", stack.platform_token)
     try:
-        async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
+        async with await _dial(stack, c, await _offered_session(stack, c, platform)) as ws:
             await platform.next()  # ready
             async with stack.service.store.engine.begin() as conn:
                 await conn.execute(
@@ -165,7 +181,7 @@ async def test_a_collector_that_stops_reading_stalls_the_platform_instead_of_buf
     total = 64 * 1024 * 1024
     chunk = os.urandom(64 * 1024)
     try:
-        async with await _dial(stack, c, await _offered_session(stack, c)) as ws:
+        async with await _dial(stack, c, await _offered_session(stack, c, platform)) as ws:
             # The client offered permessage-deflate; the gateway never accepts compression.
             assert ws.protocol.extensions == []
             await platform.next()  # ready
@@ -182,3 +198,53 @@ async def test_a_collector_that_stops_reading_stalls_the_platform_instead_of_buf
             assert (received, platform.sent) == (total, total)
     finally:
         await platform.close()
+
+
+@pytest.mark.parametrize("moment", ["before_subscribing", "after_subscribing", "while_held"])
+async def test_an_offer_made_at_any_moment_of_a_held_claim_wakes_it(
+    stack: gw.Stack, moment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offer reaches the claim held at the time, whenever it is made: while the claim's
+    wake-up subscription is being set up, just after, or while the claim waits (the router's
+    claim on real Redis; a lost wake-up would leave the claim waiting out its hold)."""
+    c = await _live(stack, f"tun-at-{moment.replace('_', '-')}")
+    router, hub = stack.router, stack.router.tunnels
+    offered = asyncio.Event()
+
+    async def offer() -> None:
+        await hub.offer(c.collector_id, "10.0.0.7", 22)
+        offered.set()
+
+    real_subscribed, real_take = router.wake._subscribed, hub.take_offers
+    first_take_done = asyncio.Event()
+
+    async def subscribed(key: str) -> None:
+        if key == c.collector_id and moment == "before_subscribing":
+            await offer()
+        await real_subscribed(key)
+        if key == c.collector_id and moment == "after_subscribing":
+            await offer()
+
+    async def take_offers(collector_id: str) -> list[dict[str, object]]:
+        taken: list[dict[str, object]] = await real_take(collector_id)
+        if collector_id == c.collector_id:
+            first_take_done.set()
+        return taken
+
+    monkeypatch.setattr(router.wake, "_subscribed", subscribed)
+    monkeypatch.setattr(hub, "take_offers", take_offers)
+    hold_s = 25.0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    held = asyncio.create_task(
+        router.claim_with_offers(c.collector_id, claim_seq=0, held_task_ids=frozenset(), wait_s=hold_s)
+    )
+    if moment == "while_held":
+        await asyncio.wait_for(first_take_done.wait(), 10)
+        assert not held.done()
+        await offer()
+    answer = await asyncio.wait_for(held, hold_s + 10)
+    assert offered.is_set()
+    assert [(o["type"], o["host"], o["port"]) for o in answer.offers] == [("tunnel", "10.0.0.7", 22)]
+    # Woken by the offer, not found at the end of the hold.
+    assert loop.time() - started < hold_s - 5

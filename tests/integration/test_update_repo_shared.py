@@ -16,9 +16,9 @@ from tuf.ngclient import Updater
 from common.db import engine as db_engine
 from common.db.schema import update_file_chunks
 from common.errors import ConfigError
-from common.keys import KeyPurpose, KeySet
-from common.repo_sync import SharedDirectory
-from router.update_share import SharedUpdateRepository
+from common.trust.keys import KeyPurpose, KeySet
+from common.updates.repo_sync import SharedDirectory
+from router.releases.update_share import SharedUpdateRepository
 from tests.support.tuf_wire import BASE, Wire
 
 pytestmark = pytest.mark.timeout(60)

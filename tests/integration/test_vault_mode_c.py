@@ -1,6 +1,6 @@
 """Vault mode C on the control plane's side: each collector's AppRole secret id is write-only,
 sealed in PostgreSQL, audited by version only, and reaches the collector in its signed config
-encrypted to the collector's own key (router/vault_secrets.py)."""
+encrypted to the collector's own key (router/credentials/vault_secrets.py)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import httpx
 import pytest
 from sqlalchemy import select, text
 
-from common import signed_doc
-from common.credential_relay import open_for
 from common.db.schema import collectors
 from common.errors import FailedPrecondition, InvalidArgument
-from router.credential_store import CredentialStore
-from router.credential_vault import MasterKeys
-from router.fleet import Fleet
+from common.trust import signed_doc
+from common.trust.credential_relay import open_for
+from router.credentials.store import CredentialStore
+from router.credentials.vault import MasterKeys
+from router.fleet.operations import Fleet
 from tests.integration.test_gateway_collector import API, Collector, Stack, running_stack
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_secret_logged")]

@@ -10,9 +10,9 @@ from versus.enrollment.v1 import enrollment_pb2
 from versus.fleet.v1 import fleet_pb2
 from versus.router.v1 import collector_bridge_pb2, task_router_pb2, tunnel_pb2
 
-from common import api_tokens
+from common.access import api_tokens
+from common.access.rbac import Role
 from common.db import engine as db_engine
-from common.rbac import Role
 
 # Every generated module that declares gRPC services: the RBAC policy must name each of their RPCs.
 SERVICE_MODULES = (

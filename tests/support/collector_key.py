@@ -1,7 +1,7 @@
 """One P-256 collector key for tests that put collectors straight into PostgreSQL.
 
 Such collectors never enrolled, but the router checks every report's signature
-against the key on record (common/report_signature.py): rows get ``PUBLIC_DER``
+against the key on record (common/trust/report_signature.py): rows get ``PUBLIC_DER``
 and reports are signed with :func:`signed`, as a real collector signs them.
 """
 
@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from versus.router.v1 import collector_bridge_pb2 as bpb
 
-from common import report_signature
-from common.report_signature import ReportStatement
+from common.trust import report_signature
+from common.trust.report_signature import ReportStatement
 
 KEY = ec.generate_private_key(ec.SECP256R1())
 PUBLIC_DER = KEY.public_key().public_bytes(

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from common.embedded.process import free_port
-from common.tls import ensure_gateway_tls
+from common.trust.tls import ensure_gateway_tls
 
 
 class _LoopThread:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from common.logs import configure_logging
+from common.telemetry.logs import configure_logging
 
 # What a credential looks like in text: none of these may ever be logged, refused or not.
 SECRET_PATTERNS = {

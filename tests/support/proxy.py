@@ -15,9 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from common.ca_store import CaStore
 from common.embedded.process import free_port
-from common.tls import ensure_gateway_tls
+from common.trust.ca_store import CaStore
+from common.trust.tls import ensure_gateway_tls
 
 Rewrite = Callable[[bytes], bytes]
 

@@ -16,9 +16,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from common.db import engine as db_engine
 from common.db.schema import collectors, sites, task_transitions
 from common.envelope.verify import VerifyContext, verify
-from common.keys import KeyPurpose, KeySet, trusted
-from router.service import Router
-from router.submit import SubmitRequest
+from common.trust.keys import KeyPurpose, KeySet, trusted
+from router.dispatch.service import Router
+from router.dispatch.submit import SubmitRequest
 from tests.support.collector_key import PUBLIC_DER
 
 KEYS = KeySet.create(KeyPurpose.DISPATCH, int(time.time()))

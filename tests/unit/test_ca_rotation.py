@@ -13,14 +13,14 @@ from cryptography import x509
 from collector.renewal import REISSUE_SPREAD_S, reissue_due
 from collector.state import StatePaths
 from collector.trust import TrustStore
-from common import pki, signed_doc
-from common.ca_store import CaStore
 from common.errors import ConfigError, FailedPrecondition
-from common.keys import KeyPurpose, KeySet, trusted
-from common.signed_doc import DocumentError
-from common.trust_bundle import BundleSource
+from common.trust import pki, signed_doc
+from common.trust.ca_store import CaStore
+from common.trust.keys import KeyPurpose, KeySet, trusted
+from common.trust.signed_doc import DocumentError
+from common.trust.trust_bundle import BundleSource
 from enrollment.ca import CollectorCA, validate_csr
-from router import collector_docs
+from router.trust import collector_docs
 from tests.support.pki import csr_pem, p256
 
 NOW = 1_800_000_000

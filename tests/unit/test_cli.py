@@ -105,3 +105,15 @@ def test_json_output_keeps_zeros_and_whole_numbers(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert json.loads(out)["details"] == {"max_uses": 1, "ratio": 0.5}
     assert "1.0" not in out
+
+
+def test_every_command_resolves_its_handler_and_arguments() -> None:
+    """Commands name their modules as strings (imported when run): each one must resolve."""
+    from versus_cp import main as cli
+
+    parser = cli.build_parser()  # defines every command's arguments: each definer imports
+    assert parser.parse_args(["collectors", "list"]).command == "collectors"
+    for name, (_, handler, configure) in cli.COMMANDS.items():
+        assert callable(cli._resolve(handler)), name
+        if configure is not None:
+            assert callable(cli._resolve(configure)), name

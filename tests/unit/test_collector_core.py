@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.agent import CollectorError, backoff, check_key_permissions
+from collector.agent_state import CollectorError, backoff, check_key_permissions
 from collector.config import resolve
 from collector.drivers import registry
 from collector.drivers.base import DriverContext, Task
@@ -145,7 +145,7 @@ def test_pinned_host_key_matches_on_any_port(port: int) -> None:
 def test_a_damaged_update_report_is_not_sent() -> None:
     """The supervisor's report rides every claim; one the gateway would refuse (400) must never be
     sent, or the collector could not claim at all."""
-    from collector.agent import update_report
+    from collector.claim_loop import update_report
 
     good = {"state": "rolled_back", "version": "0.3.0", "detail": "x" * 900, "at": 1_764_000_000}
     assert update_report(good) == {**good, "detail": "x" * 500}

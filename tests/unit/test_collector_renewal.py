@@ -49,7 +49,7 @@ def test_a_renewal_keeps_only_a_certificate_for_our_key_and_never_the_offered_ca
 ) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from collector.client import GatewayUnavailable
+    from collector.gateway_errors import GatewayUnavailable
     from collector.renewal import Renewer
     from collector.state import StatePaths
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common import b64url
-from common.credential_relay import RelayError, open_for, seal_for
-from router import placement
-from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
+from common.trust import b64url
+from common.trust.credential_relay import RelayError, open_for, seal_for
+from router.dispatch import placement
+from router.dispatch.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
 
 VALUE = {"username": "netops", "password": "hunter2-very-secret"}
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError, InvalidArgument
-from router.credential_store import parse_value
-from router.credential_vault import (
+from router.credentials.store import parse_value
+from router.credentials.vault import (
     CredentialUnreadable,
     MasterKeys,
     SealedCredential,

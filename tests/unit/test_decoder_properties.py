@@ -20,9 +20,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from common import collector_jwt, protocol
+from common import protocol
 from common.errors import InvalidArgument, Unauthenticated, VersusError
-from common.grpc_server import bearer_token
+from common.grpc.server import bearer_token
+from common.trust import collector_jwt
 from enrollment.ca import validate_csr
 from gateway.collector_bodies import ClaimBody, ReportBody
 from gateway.control_ws import _parse as parse_frame

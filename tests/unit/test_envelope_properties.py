@@ -14,7 +14,7 @@ from common.envelope.canonical import FIELD_ORDER, EnvelopeFields, canonical_byt
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.sign import EnvelopeDraft, sign
 from common.envelope.verify import VerifyContext, verify
-from common.keys import SigningKey
+from common.trust.keys import SigningKey
 
 KEY = SigningKey.from_seed("dsp-prop", bytes(range(32)), 4_000_000_000)
 NOW = 1_767_225_600

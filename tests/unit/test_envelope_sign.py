@@ -9,7 +9,7 @@ from common.envelope import wire
 from common.envelope.canonical import MAX_PARAMS_BYTES, MAX_TEXT_BYTES, canonical_bytes
 from common.envelope.sign import EnvelopeDraft, sign
 from common.envelope.verify import ServerClock
-from common.keys import SigningKey
+from common.trust.keys import SigningKey
 
 KEY = SigningKey.from_seed("dsp-s", b"\x02" * 32, 4_000_000_000)
 DRAFT = EnvelopeDraft("t-1", "col-1", "stub", "echo", "read", "dev", "idem", b"{}", 100, 200, 5)

@@ -12,7 +12,7 @@ import pytest
 from common.envelope import wire
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.verify import VerifyContext, verify
-from common.keys import PublicKey, parse_rfc3339
+from common.trust.keys import PublicKey, parse_rfc3339
 
 VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "envelope"
 FILES = sorted(VECTORS.glob("*.json"))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from common.fleet_clock import MAX_ROUND_TRIP_S, FleetClock
+from common.db.fleet_clock import MAX_ROUND_TRIP_S, FleetClock
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from router.fleet_state import (
+from router.core.fleet_state import (
     DEAD_AFTER_S,
     REACHABLE_S,
     STALE_AFTER_S,

@@ -14,18 +14,18 @@ from typing import Any
 import pytest
 
 from collector import output as output_module
-from collector.client import GatewayRefused, GatewayUnavailable
 from collector.drivers.base import DriverContext, Outcome, Task
 from collector.drivers.stub import StubDriver, dump_blocks
+from collector.gateway_errors import GatewayRefused, GatewayUnavailable
 from collector.output import TaskOutput, UploadFailed, saved_digest
 from collector.running import RunningTasks, stopped_outcome
 from common import protocol
 from common.errors import InvalidArgument
-from router import placement
-from router.cancels import Verdict, verdict
-from router.output import Appended, place
-from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
-from router.submit import SubmitRequest, fingerprint, validate
+from router.dispatch import placement
+from router.dispatch.cancels import Verdict, verdict
+from router.dispatch.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
+from router.dispatch.submit import SubmitRequest, fingerprint, validate
+from router.output.streams import Appended, place
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
@@ -203,7 +203,7 @@ async def test_terminate_stops_at_once_and_continue_changes_nothing() -> None:
 
 # --- streamed output on the collector -----------------------------------------------------------------
 class FlakyServer:
-    """The control plane's rules for output (router/output.py ``place``), over a link that fails: some
+    """The control plane's rules for output (router/output/streams.py ``place``), over a link that fails: some
     requests never arrive, some answers are lost after the chunk was stored."""
 
     def __init__(self) -> None:

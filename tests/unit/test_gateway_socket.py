@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.embedded.process import free_port
-from common.tls import ensure_gateway_tls
+from common.trust.tls import ensure_gateway_tls
 from gateway.server import TLS_READ_BUFFER_BYTES, bind, limit_tls_read_buffer
 
 

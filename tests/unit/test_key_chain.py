@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from common import b64url, key_chain
 from common.errors import FailedPrecondition
-from common.key_chain import ChainError, HeldSet
-from common.keys import KeyPurpose, SigningKey
-from common.keystore import KeyStore
+from common.trust import b64url, key_chain
+from common.trust.key_chain import ChainError, HeldSet
+from common.trust.keys import KeyPurpose, SigningKey
+from common.trust.keystore import KeyStore
 
 NOW = 1_800_000_000
 D = KeyPurpose.DISPATCH

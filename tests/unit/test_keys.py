@@ -9,8 +9,8 @@ import pytest
 from common.envelope.sign import EnvelopeDraft, sign
 from common.envelope.verify import VerifyContext, verify
 from common.errors import ConfigError
-from common.keys import KeyPurpose, KeySet, PublicKey, SigningKey, parse_rfc3339, rfc3339, trusted
-from common.keystore import KeyStore, ReloadingKeySet
+from common.trust.keys import KeyPurpose, KeySet, PublicKey, SigningKey, parse_rfc3339, rfc3339, trusted
+from common.trust.keystore import KeyStore, ReloadingKeySet
 
 NOW = 1_767_225_600
 DAY = 86_400

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from common import material_bundle
 from common.errors import ConfigError
-from common.master_keys import MasterKeys
-from common.material_bundle import PRIVATE_MODE, PUBLIC_MODE, Bundle
+from common.material import bundle as material_bundle
+from common.material.bundle import PRIVATE_MODE, PUBLIC_MODE, Bundle
+from common.trust.master_keys import MasterKeys
 
 pytestmark = pytest.mark.timeout(10)
 

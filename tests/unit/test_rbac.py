@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common import api_tokens, rbac, token_files
+from common.access import api_tokens, rbac
+from common.access.rbac import POLICY, Principal, Role
 from common.errors import (
     ConfigError,
     Conflict,
@@ -18,8 +19,8 @@ from common.errors import (
     Unauthenticated,
     Unavailable,
 )
-from common.grpc_server import bearer_token
-from common.rbac import POLICY, Principal, Role
+from common.grpc import token_files
+from common.grpc.server import bearer_token
 from tests.support.access import SERVICE_MODULES
 from versus_cp.main import exit_status
 from versus_cp.output import age, table

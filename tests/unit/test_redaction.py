@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from common.logs import bind_request_id, configure_logging, get_logger, unbind_request_id
-from common.redaction import REDACTED, Secret, is_secret_key, redact, redact_text
+from common.telemetry.logs import bind_request_id, configure_logging, get_logger, unbind_request_id
+from common.telemetry.redaction import REDACTED, Secret, is_secret_key, redact, redact_text
 
 PEM = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIB9ab3h7\nAoGBAK8=\n-----END EC PRIVATE KEY-----"
 JWT = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJjb2wtMSJ9.MEUCIQDsignaturepart"

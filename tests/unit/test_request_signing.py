@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from common import collector_jwt, report_signature
-from common.collector_jwt import BearerError
-from common.report_signature import ReportSignatureError, ReportStatement
+from common.trust import collector_jwt, report_signature
+from common.trust.collector_jwt import BearerError
+from common.trust.report_signature import ReportSignatureError, ReportStatement
 
 KEY = ec.generate_private_key(ec.SECP256R1())
 OTHER = ec.generate_private_key(ec.SECP256R1())

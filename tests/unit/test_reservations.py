@@ -1,8 +1,8 @@
-"""Slot holds of a router process (router/reservations.py), fed values."""
+"""Slot holds of a router process (router/dispatch/reservations.py), fed values."""
 
 from __future__ import annotations
 
-from router.reservations import Reservations
+from router.dispatch.reservations import Reservations
 
 
 class Clock:

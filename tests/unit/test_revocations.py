@@ -10,7 +10,7 @@ import pytest
 from collector.drivers.base import CredentialRevoked, HeldCredential, Outcome, Task
 from collector.running import RunningTasks
 from common.errors import InvalidArgument
-from router.revocations import overall, parse_ref, target_state
+from router.credentials.revocations import overall, parse_ref, target_state
 
 
 def test_a_credential_is_named_by_provider_and_device() -> None:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router import ladder, placement
-from router.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
-from router.states import (
+from router.core.states import (
     CANCEL_AT_ONCE,
     CANCEL_BY_REQUEST,
     TERMINAL,
@@ -16,6 +14,8 @@ from router.states import (
     cancellable,
     check_transition,
 )
+from router.dispatch import ladder, placement
+from router.dispatch.placement import Candidate, OperationCap, PlacementRequest, ProviderCap
 
 S = State
 

@@ -6,17 +6,17 @@ import itertools
 
 import pytest
 
-from router import store
+from router.dispatch import sql_dispatches, sql_tasks
 
 
 def test_a_transition_may_set_only_columns_of_tasks() -> None:
     with pytest.raises(ValueError, match="not columns of tasks"):
-        store._transitions_sql(("state = 'x'; DROP TABLE tasks; --",), 1, False, False, False)
+        sql_tasks._transitions_sql(("state = 'x'; DROP TABLE tasks; --",), 1, False, False, False)
 
 
 async def test_a_dispatch_update_may_set_only_columns_of_dispatches() -> None:
     with pytest.raises(ValueError, match="not columns of dispatches"):
-        await store.update_dispatch(None, "dsp-1", **{"state = 'x' --": 1})  # type: ignore[arg-type]
+        await sql_dispatches.update_dispatch(None, "dsp-1", **{"state = 'x' --": 1})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,7 @@ def test_every_transition_text_has_its_parts_once_and_bound_values_only(
     flags: tuple[bool, bool, bool],
 ) -> None:
     with_dispatch, answering, releasing = flags
-    text = store._transitions_sql(("condition", "error_code"), 2, with_dispatch, answering, releasing)
+    text = sql_tasks._transitions_sql(("condition", "error_code"), 2, with_dispatch, answering, releasing)
     assert text.count("INSERT INTO task_transitions") == 1
     assert text.count("UNION ALL") == 1
     assert ("INSERT INTO dispatches" in text) is with_dispatch

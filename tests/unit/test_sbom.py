@@ -1,4 +1,4 @@
-"""A release's SBOM is checked before it is signed (router/sbom.py)."""
+"""A release's SBOM is checked before it is signed (router/releases/sbom.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import InvalidArgument
 from common.limits import MAX_SBOM_BYTES
-from router.sbom import check_sbom
+from router.releases.sbom import check_sbom
 
 
 def _document(version: str = "1.2.0", **changes: Any) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from collector.credentials import FILE_NAME, PLAIN_NAME, LocalCredentials, read_
 from collector.main import main
 from collector.sealed import SealedError, seal, unseal
 from collector.state import StatePaths, load_key, save_key
-from common import b64url
-from common.state_dir import write_private
+from common.config.state_dir import write_private
+from common.trust import b64url
 
 SECRET = "hunter2-very-secret"
 CREDS = {"ssh": {"sw-1": {"username": "netops", "password": SECRET}}}

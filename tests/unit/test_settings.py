@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from common.config.settings import CONFIG_FILE_ENV, LogFormat, load_settings
 from common.errors import ConfigError
-from common.settings import CONFIG_FILE_ENV, LogFormat, load_settings
 
 _ENV_PREFIXES = ("VERSUS_", "DATABASE_URL", "REDIS_URL")
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from collector.signed_config import ConfigStore, OfferCheck
-from common import b64url, signed_doc
-from common.keys import KeyPurpose, KeySet, trusted
-from common.signed_doc import DocumentError
-from router import collector_docs
+from common.trust import b64url, signed_doc
+from common.trust.keys import KeyPurpose, KeySet, trusted
+from common.trust.signed_doc import DocumentError
+from router.trust import collector_docs
 
 NOW = 1_800_000_000
 KEYS = KeySet.create(KeyPurpose.DISPATCH, NOW - 60)

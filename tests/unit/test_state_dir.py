@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from common.config.state_dir import StateLock, ensure_writable, write_private
 from common.errors import ConfigError, StartupError
-from common.state_dir import StateLock, ensure_writable, write_private
 
 
 def test_creates_missing_directory_private(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 Each attack runs the supervisor's own fetcher (collector/supervisor/fetch.py: root bootstrapped
 from the pinned release keys, python-tuf's ngclient, the target checked against the signed
 config) into the supervisor's install layout; each must be refused with a stable code and
-nothing staged. The bytes on the wire come from the real repository writer (router/update_repo.py).
+nothing staged. The bytes on the wire come from the real repository writer (router/releases/update_repo.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tuf.api.serialization.json import JSONSerializer
 
 from collector.supervisor.fetch import ReleaseFetcher, Target, UpdateError
 from collector.supervisor.layout import Layout
-from common.keys import KeyPurpose, KeySet
-from router.update_repo import UpdateRepository, tuf_key
+from common.trust.keys import KeyPurpose, KeySet
+from router.releases.update_repo import UpdateRepository, tuf_key
 from tests.support.tuf_wire import BASE, Wire
 
 NOW = dt.datetime.now(dt.UTC)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from common.config.settings import Settings, load_settings
+from common.config.targets import grpc_target
 from common.errors import ConfigError
-from common.settings import Settings, load_settings
-from common.targets import grpc_target
 
 pytestmark = pytest.mark.timeout(10)
 

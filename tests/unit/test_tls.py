@@ -6,10 +6,10 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from common import pki
-from common.ca_store import CaStore
-from common.pki import spki_pin
-from common.tls import ensure_gateway_tls
+from common.trust import pki
+from common.trust.ca_store import CaStore
+from common.trust.pki import spki_pin
+from common.trust.tls import ensure_gateway_tls
 
 
 def _leaf(path: Path) -> x509.Certificate:

@@ -1,4 +1,4 @@
-"""Which version a collector is sent to, and the badge it shows (router/update_policy.py)."""
+"""Which version a collector is sent to, and the badge it shows (router/releases/update_policy.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from common.errors import InvalidArgument
-from router.update_policy import (
+from router.releases.update_policy import (
     Badge,
     CollectorFacts,
     ReleaseFacts,

@@ -18,9 +18,9 @@ from tuf.api.serialization.json import JSONSerializer
 from tuf.ngclient import Updater
 
 from common.errors import FailedPrecondition, InvalidArgument
-from common.keys import KeyPurpose, KeySet
 from common.limits import MAX_ARTIFACT_BYTES
-from router.update_repo import UpdateRepository, tuf_key
+from common.trust.keys import KeyPurpose, KeySet
+from router.releases.update_repo import UpdateRepository, tuf_key
 from tests.support.tuf_wire import BASE, Wire
 
 # The client checks expiry against the real clock: the repository is signed as of now (a fixed

@@ -1,5 +1,5 @@
 """A release's SBOM travels as a TUF target of its own, signed in the same targets version as the
-artifact (router/update_repo.py): a client verifies and downloads it like the artifact, and a
+artifact (router/releases/update_repo.py): a client verifies and downloads it like the artifact, and a
 yank withdraws both."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from tuf.ngclient import Updater
 
 from common.errors import FailedPrecondition
-from common.keys import KeyPurpose, KeySet
-from router.update_repo import UpdateRepository
+from common.trust.keys import KeyPurpose, KeySet
+from router.releases.update_repo import UpdateRepository
 from tests.support.tuf_wire import BASE, Wire
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)

@@ -10,10 +10,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.credentials import LocalCredentials
+from common.config.state_dir import write_private
+from common.config.watched_file import WatchedFile
 from common.errors import ConfigError, Unauthenticated
-from common.state_dir import write_private
-from common.token_files import TokenFile
-from common.watched_file import WatchedFile
+from common.grpc.token_files import TokenFile
 
 
 def _json(path: Path) -> WatchedFile[object]:

@@ -1,11 +1,12 @@
-"""Which claims look again for work (router/live.py WakeHub notes, router/handout.py retakes)."""
+"""Which claims look again for work (router/core/wakes.py WakeHub notes, router/dispatch/handout.py
+retakes)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from router.live import WORK_TEXT, WakeHub
+from router.core.wakes import WORK_TEXT, WakeHub
 
 
 def _hub() -> WakeHub:

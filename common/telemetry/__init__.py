@@ -1,0 +1,1 @@
+"""What a process tells its operators: structured logs with secrets scrubbed, and Prometheus metrics."""

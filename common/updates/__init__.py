@@ -1,0 +1,1 @@
+"""The collector update repository shared through PostgreSQL, for control planes on several hosts."""

@@ -1,0 +1,1 @@
+"""AccessService: API tokens and the audit log, over gRPC (storage is common/access/)."""

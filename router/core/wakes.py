@@ -1,0 +1,162 @@
+"""Wake-ups over Redis pub/sub: a waiting claim or WatchTask returns as soon as work is routed to its
+collector or its task moves, without polling PostgreSQL (router/core/live.py holds liveness and
+in-flight counters)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from redis.asyncio import Redis
+from sqlalchemy import Connection, event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from common.redis.fanout import KeyedFanout
+from common.telemetry.logs import get_logger
+
+log = get_logger("versus.router.live")
+
+# Set for a moment when work is announced for a collector (WakeHub.publish): a claim that starts
+# right after sees it in its heartbeat, though the announcement reached no listener of it.
+WORK_NOTE = "versus:worknote:"
+WORK_NOTE_MS = 2000
+WAKE = "versus:wake:"
+
+
+# Payload of a wake-up that only announces work: a woken claim skips its standing re-check.
+WORK = b"w"
+WORK_TEXT = WORK.decode()
+# Payload of a wake-up that says a cancel was noted for the collector (router/dispatch/cancels.py).
+CANCEL = b"c"
+CANCEL_TEXT = CANCEL.decode()
+# ... and that a credential revocation was noted for it (router/credentials/revocations.py).
+REVOKE = b"r"
+REVOKE_TEXT = REVOKE.decode()
+# Collectors whose last work announcement this process remembers; past it the notes start over.
+MAX_WORK_NOTES = 1_000_000
+
+
+def wake_channel(key: str) -> str:
+    """The pub/sub channel that wakes waiters on ``key`` (a collector id or a task key)."""
+    return WAKE + key
+
+
+# The wake-up key on which replicas announce that candidate rows changed (not a collector id:
+# those never contain a colon). Every router listens to it for its whole life.
+CANDIDATES_CHANGED = "cache:candidates"
+
+
+class WakeHub(KeyedFanout):
+    """Wake-ups by key: collector ids (work was routed to it) and ``task:<id>`` (the task changed
+    state). Each router replica subscribes only to the keys it waits on now (common/redis/fanout.py
+    :class:`KeyedFanout`): the collectors whose claims it holds and the tasks it watches."""
+
+    def __init__(self, redis: Redis):
+        super().__init__(redis, prefix=WAKE, always=(CANDIDATES_CHANGED,))
+        # When work was last announced for each collector (monotonic seconds), as far as this
+        # process heard, and when a claim of it last took something.
+        self._work_at: dict[str, float] = {}
+        self._taken_at: dict[str, float] = {}
+
+    def wake(self, key: str, payload: str = "") -> None:
+        if payload == WORK_TEXT:
+            if len(self._work_at) >= MAX_WORK_NOTES:
+                self._work_at.clear()
+            self._work_at[key] = time.monotonic()
+        super().wake(key, payload)
+
+    def work_announced_since(self, collector_id: str, since: float) -> bool:
+        """Whether work was announced for the collector at or after ``since`` (``time.monotonic()``)
+        and after its claims last took anything (that work may still be waiting)."""
+        announced = self._work_at.get(collector_id, -1.0)
+        return announced >= since and announced > self._taken_at.get(collector_id, -1.0)
+
+    def taken(self, collector_id: str) -> None:
+        """Note that a claim of the collector just took work."""
+        if len(self._taken_at) >= MAX_WORK_NOTES:
+            self._taken_at.clear()
+        self._taken_at[collector_id] = time.monotonic()
+
+    async def publish(self, collector_id: str, payload: bytes = b"1") -> None:
+        """Wake the collector's waiting claim. ``WORK`` says only that work was routed to it (and
+        is noted for a claim about to start: Liveness.heartbeat ``work_noted``); anything else
+        (the default) also makes the claim re-check the collector's standing."""
+        if payload != WORK:
+            await self.redis.publish(WAKE + collector_id, payload)
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(WORK_NOTE + collector_id, b"1", px=WORK_NOTE_MS)
+        pipe.publish(WAKE + collector_id, payload)
+        await pipe.execute()
+
+    async def publish_many(self, keys: Iterable[str]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.publish(WAKE + key, b"1")
+        try:
+            await pipe.execute()
+        except Exception:  # a missed wake-up only delays a watcher until its fallback poll
+            log.warning("task wake-up not published", exc_info=True)
+
+
+def task_key(task_id: str) -> str:
+    """The wake-up key of a task's state changes."""
+    return "task:" + task_id
+
+
+class TaskWakes:
+    """Publishes a wake-up for every task a committed transaction moved, so WatchTask does not poll.
+
+    ``router.dispatch.sql_tasks.transition`` notes the task id on the connection. The ids move
+    to a committed set on the engine's ``commit`` event (dropped on ``rollback``)
+    and are published when the connection goes back to the pool: the ``commit``
+    event fires *before* the database commits, and a watcher woken then would
+    read the old state and sleep until its fallback timer. On an autocommit
+    connection each statement commits by itself and the closing "rollback"
+    counts as the commit.
+    """
+
+    def __init__(self, engine: AsyncEngine, wake: WakeHub, changed_key: str):
+        self.wake = wake
+        self.changed_key = changed_key
+        self.committed_key = changed_key + ":committed"
+        self._pending: set[asyncio.Task[None]] = set()
+        event.listen(engine.sync_engine, "commit", self._on_commit)
+        event.listen(engine.sync_engine, "rollback", self._on_rollback)
+        event.listen(engine.sync_engine.pool, "checkin", self._on_checkin)
+
+    def _on_commit(self, conn: Connection) -> None:
+        if conn.invalidated:
+            return
+        ids = conn.info.pop(self.changed_key, None)
+        if ids:
+            conn.info.setdefault(self.committed_key, set()).update(ids)
+
+    def _on_rollback(self, conn: Connection) -> None:
+        if conn.invalidated:
+            # The connection was lost (a database restart): touching ``info`` now would raise
+            # PendingRollbackError from inside the rollback and hide the real error. Its
+            # record's ids are dropped at checkin.
+            return
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            # Each statement committed on its own; the "rollback" at close undoes nothing.
+            self._on_commit(conn)
+            return
+        conn.info.pop(self.changed_key, None)
+
+    def _on_checkin(self, dbapi_connection: Any, record: Any) -> None:
+        if record is None:
+            return
+        ids = record.info.pop(self.committed_key, None)
+        record.info.pop(self.changed_key, None)
+        if not ids:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self.wake.publish_many(task_key(i) for i in ids))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
