@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.installed
 # pip's options for every install from a lock: nothing unpinned, nothing unhashed.
 LOCKED := --quiet --disable-pip-version-check --require-hashes
 
-.PHONY: help venv run test collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
+.PHONY: help venv run test test-fast collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
 	@echo "make test     - lint, stale-stub and proto checks, then every test"
+	@echo "make test-fast - unit and integration tests on two workers: the edit loop (about 2.5 minutes)"
 	@echo "make protos   - regenerate gen/ from protos/"
 	@echo "make lint     - ruff and mypy --strict on hand-written code"
 	@echo "make vectors  - regenerate vectors/envelope/ from tools/gen_envelope_vectors.py"
@@ -159,6 +160,11 @@ bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll ben
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
+
+# The edit loop: unit and integration tests, no lint, on two workers (each with its own embedded
+# PostgreSQL and Redis: tests/conftest.py), test by test as workers come free.
+test-fast: $(STAMP) system-deps
+	$(BIN)/pytest tests/unit tests/integration -n 2 --dist worksteal
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

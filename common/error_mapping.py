@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from redis import exceptions as redis_exc
-from sqlalchemy import exc as sa_exc
 
 from common import errors
 
@@ -72,14 +71,26 @@ def _infrastructure(error: BaseException) -> errors.VersusError | None:
 
     A database restart or network blip is not a bug in the request: callers should back
     off and retry, and they can tell which dependency failed from the code.
+
+    The drivers' exception modules are looked up, not imported: an error of theirs exists only
+    once they are loaded, and a command-line call that never touches a database skips their
+    import (a quarter of a second).
     """
-    if isinstance(error, sa_exc.DBAPIError) and (
-        error.connection_invalidated or isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
+    sa_exc: Any = sys.modules.get("sqlalchemy.exc")
+    redis_exc: Any = sys.modules.get("redis.exceptions")
+    if (
+        sa_exc is not None
+        and isinstance(error, sa_exc.DBAPIError)
+        and (
+            error.connection_invalidated or isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError)
+        )
     ):
         return errors.Unavailable("the database is unavailable; retry shortly", code="database_unavailable")
-    if isinstance(error, sa_exc.TimeoutError):  # no pooled connection came free in time
+    if sa_exc is not None and isinstance(
+        error, sa_exc.TimeoutError
+    ):  # no pooled connection came free in time
         return errors.Unavailable("the database is overloaded; retry shortly", code="database_unavailable")
-    if isinstance(error, redis_exc.ConnectionError | redis_exc.TimeoutError):
+    if redis_exc is not None and isinstance(error, redis_exc.ConnectionError | redis_exc.TimeoutError):
         return errors.Unavailable("Redis is unavailable; retry shortly", code="redis_unavailable")
     return None
 
