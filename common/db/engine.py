@@ -9,6 +9,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from common.db.dropped import discard_dropped_at_checkout
 from common.errors import StartupError, Unavailable
 from common.telemetry.redaction import redact_url
 
@@ -51,17 +52,20 @@ def create_async(
     (``pg_stat_activity``, server logs, ``pg_stat_statements``).
 
     With ``pre_ping`` every checkout first verifies its connection (one round trip). Without
-    it, the first statement on a connection the server dropped fails, and SQLAlchemy then
-    discards every pooled connection older than that failure, so a database restart costs
-    each process one failed operation instead of one round trip per transaction forever.
+    it, a checkout only looks at the connection's socket for the close a server that ended the
+    session sent (common/db/dropped.py, no round trip), so after a database restart the
+    operations in flight at that moment fail and later ones get new connections.
     """
-    return create_async_engine(
+    engine = create_async_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name},
     )
+    if not pre_ping:
+        discard_dropped_at_checkout(engine)
+    return engine
 
 
 def create_sync(url: str, *, pool_size: int = 5, application_name: str = "versus-cp-admin") -> Engine:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import secrets
 import shlex
 import signal
 import subprocess
@@ -50,13 +51,12 @@ class Collector:
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     def enroll(self, site_id: str = "", issued: dict[str, Any] | None = None) -> str:
-        """Enroll into ``site_id``, or into a new site of its own; with ``issued`` (the output of
-        `tokens issue --json` into ``site_id``, perhaps from a while ago), by its enroll command."""
+        """Enroll into ``site_id``, or into a new site of its own (a name no other test's site has:
+        control planes may be shared); with ``issued`` (the output of `tokens issue --json` into
+        ``site_id``, perhaps from a while ago), by its enroll command."""
+        name = f"site-{self.state.name}-{secrets.token_hex(3)}"
         self.site_id = (
-            site_id
-            or cli_json(["sites", "create", f"site-{self.state.name}", "--tenant", "acme"], self.cp.env)[
-                "site"
-            ]["site_id"]
+            site_id or cli_json(["sites", "create", name, "--tenant", "acme"], self.cp.env)["site"]["site_id"]
         )
         issued = issued or cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)
         argv = [*shlex.split(issued["enroll_command"])[1:], "--state-dir", str(self.state)]

@@ -106,6 +106,15 @@ class ControlPlane:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_mark(self) -> int:
+        """Where the log ends now: ``log_since`` of it is what the processes wrote after."""
+        return self.log_path.stat().st_size
+
+    def log_since(self, mark: int) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(mark)
+            return log.read().decode(errors="replace")
+
     @property
     def state_dir(self) -> Path:
         return Path(self.env["VERSUS_STATE_DIR"])

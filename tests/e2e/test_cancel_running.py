@@ -5,7 +5,7 @@ files and the task's own history, in seconds where the driver would have taken a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,8 @@ PROMPT_S = 15
 
 
 @pytest.fixture
-def fleet(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> Iterator[tuple[Collector, Platform]]:
-    cp = start_control_plane()
+def fleet(shared_control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[Collector, Platform]]:
+    cp = shared_control_plane
     c = Collector(cp, tmp_path / "c", tmp_path / "c.log", devices=tmp_path / "devices")
     c.enroll()
     c.start()

@@ -6,7 +6,6 @@ import base64
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ from tests.support.devices import HttpsDevice, SshDevice
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
-    cp = start_control_plane()
+def test_ssh_and_http_drivers(shared_control_plane: ControlPlane, tmp_path: Path) -> None:
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     ssh_device = SshDevice()
@@ -98,9 +97,9 @@ def test_ssh_and_http_drivers(start_control_plane: Callable[..., ControlPlane], 
 
 
 def test_ssh_logs_in_with_a_credential_relayed_in_vault_mode_b(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     ssh_device = SshDevice()

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,10 +19,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture
-def fleet(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> Iterator[tuple[Collector, Platform]]:
-    cp = start_control_plane()
+def fleet(shared_control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[Collector, Platform]]:
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     platform = Platform(cp)

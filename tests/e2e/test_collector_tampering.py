@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,9 @@ def _run_through(cp: ControlPlane, tmp_path: Path, rewrite: Rewrite) -> tuple[Co
     platform = Platform(cp)
     collector.start()
     try:
-        task_id = platform.submit(collector.site_id, "echo", "read", "dev-1", {"x": 1}, "tamper-1")
+        # Its own idempotency key: the module's tests share a control plane (and the tenant).
+        key = f"tamper-{tmp_path.name}"
+        task_id = platform.submit(collector.site_id, "echo", "read", "dev-1", {"x": 1}, key)
         task = platform.wait_state(task_id, {"failed", "success"})
         assert proxy.rewritten >= 1
         return collector, task.history[-1].reason
@@ -47,10 +48,8 @@ def _run_through(cp: ControlPlane, tmp_path: Path, rewrite: Rewrite) -> tuple[Co
         proxy.close()
 
 
-def test_altered_envelope_is_refused_and_reported(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> None:
-    cp = start_control_plane()
+def test_altered_envelope_is_refused_and_reported(shared_control_plane: ControlPlane, tmp_path: Path) -> None:
+    cp = shared_control_plane
     collector, reason = _run_through(cp, tmp_path, _alter_target)
     assert reason == "envelope_refused:bad_signature"  # the platform sees why
     assert "envelope refused" in collector.log()
@@ -59,9 +58,9 @@ def test_altered_envelope_is_refused_and_reported(
 
 
 def test_envelope_for_another_collector_is_refused_as_an_attack(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     key = KeyStore(cp.state_dir, KeyPurpose.DISPATCH).load().current
 
     def readdress(envelope: bytes) -> bytes:

@@ -8,7 +8,6 @@ import shlex
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,9 @@ def _enroll_args(command: str, state: Path) -> list[str]:
 
 
 def test_operator_issues_a_token_and_a_collector_enrolls(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     env = cp.env
     site = _cli_json(["sites", "create", "lab-mgmt", "--tenant", "acme"], env)["site"]
     site_id = site["site_id"]
@@ -83,10 +82,8 @@ def test_operator_issues_a_token_and_a_collector_enrolls(
     assert plaintext.removeprefix("vst_") not in cp.log()
 
 
-def test_manual_approval_and_a_wrong_pin(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> None:
-    cp = start_control_plane()
+def test_manual_approval_and_a_wrong_pin(shared_control_plane: ControlPlane, tmp_path: Path) -> None:
+    cp = shared_control_plane
     env = cp.env
     site_id = _cli_json(["sites", "create", "dmz", "--tenant", "acme"], env)["site"]["site_id"]
     issued = _cli_json(["tokens", "issue", "--site", site_id, "--manual-approval", "--max-uses", "2"], env)
@@ -117,8 +114,8 @@ def test_manual_approval_and_a_wrong_pin(
     )
 
 
-def test_cli_reports_refusals_in_one_line(start_control_plane: Callable[..., ControlPlane]) -> None:
-    cp = start_control_plane()
+def test_cli_reports_refusals_in_one_line(shared_control_plane: ControlPlane) -> None:
+    cp = shared_control_plane
     site_id = _cli_json(["sites", "create", "core", "--tenant", "acme"], cp.env)["site"]["site_id"]
     too_long = run_cli(["tokens", "issue", "--site", site_id, "--ttl", str(2 * 86400)], cp.env)
     assert too_long.returncode == 2  # bad argument

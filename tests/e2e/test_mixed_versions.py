@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,9 @@ def _old_collector_tree(into: Path) -> Path:
 
 @pytest.fixture
 def mixed(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> Iterator[tuple[ControlPlane, Collector, Collector, Platform]]:
-    cp = start_control_plane()
+    cp = shared_control_plane
     old_tree = _old_collector_tree(tmp_path / "protocol-1")
     # The old tree first on the path, and not the working directory (PYTHONSAFEPATH): `python -m
     # collector` is then the old collector, whole, with the same installed dependencies.

@@ -49,8 +49,8 @@ def _ssh_command(collector: Collector, device: SshDevice, tmp_path: Path, remote
             f"{device.username}@device-behind-the-collector", remote]  # fmt: skip
 
 
-def test_openssh_through_a_tunnel(start_control_plane: Callable[..., ControlPlane], tmp_path: Path) -> None:
-    cp = start_control_plane()
+def test_openssh_through_a_tunnel(shared_control_plane: ControlPlane, tmp_path: Path) -> None:
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     device = SshDevice()
@@ -89,12 +89,13 @@ def _connections_to(address: str, port: int) -> int:
 
 
 def test_every_ssh_session_closes_its_device_connection(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """OpenSSH's ssh exits and kills its ProxyCommand: the collector's connection to the device
     (Debian's sshd, in a network namespace of its own) must end too, and with it the sshd session,
     which on real gear holds one of its few VTY lines. A normal open/close logs no error."""
-    cp = start_control_plane()
+    cp = shared_control_plane
+    mark = cp.log_mark()
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     with netns.host() as where, netns.openssh_server(where, tmp_path / "sshd") as device:
@@ -117,7 +118,7 @@ def test_every_ssh_session_closes_its_device_connection(
                     f"session {n} left its device connection open"
                 )
                 assert device.sessions() == 0, f"session {n} left its sshd session running"
-            logged = cp.log() + collector.log()
+            logged = cp.log_since(mark) + collector.log()
             assert "Traceback" not in logged
             assert "[error" not in logged and '"level": "error"' not in logged
         finally:
@@ -125,13 +126,13 @@ def test_every_ssh_session_closes_its_device_connection(
 
 
 def test_an_unreachable_target_is_reported_at_once(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """The collector knows at once that nothing listens there; the platform must not wait for a
     dial-back timeout (30 s). Afterwards no session record is left in Redis."""
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
-    collector.enroll()
+    collector_id = collector.enroll()
     try:
         collector.start()
         _wait_live(collector)
@@ -146,7 +147,9 @@ def test_an_unreachable_target_is_reported_at_once(
         assert time.monotonic() - started < 10
         client = redis.Redis.from_url(f"unix://{cp.state_dir / 'redis' / 'redis.sock'}")
         try:
-            assert list(client.scan_iter(match="versus:tunnel:*")) == []
+            # This collector's sessions (the control plane is shared with the module's other tests).
+            records = [client.get(key) for key in client.scan_iter(match="versus:tunnel:*")]
+            assert [r for r in records if r and json.loads(r)["collector_id"] == collector_id] == []
         finally:
             client.close()
     finally:
@@ -154,9 +157,9 @@ def test_an_unreachable_target_is_reported_at_once(
 
 
 def test_tunnel_without_a_live_collector_fails_clearly(
-    start_control_plane: Callable[..., ControlPlane],
+    shared_control_plane: ControlPlane,
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
 
     def tunnel(site: str, tenant: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -221,10 +224,8 @@ def _ended_with(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, byt
     return code, stderr
 
 
-def test_64_mib_round_trip_byte_exact(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> None:
-    cp = start_control_plane()
+def test_64_mib_round_trip_byte_exact(shared_control_plane: ControlPlane, tmp_path: Path) -> None:
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     echo = EchoDevice()
@@ -246,9 +247,9 @@ def test_64_mib_round_trip_byte_exact(
 
 
 def test_killing_the_collector_closes_the_tunnel_with_a_reason(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     echo = EchoDevice()
@@ -266,9 +267,9 @@ def test_killing_the_collector_closes_the_tunnel_with_a_reason(
 
 
 def test_an_http_tunnel_carries_the_collectors_local_credential(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     device = HttpsDevice(tmp_path / "device")
