@@ -75,12 +75,14 @@ async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
         await workload.settle(channel, config.deadline + 3 * SWEEP_S)
     # Let post-commit counter updates land, then compare Redis with PostgreSQL.
     await asyncio.sleep(2.0)
+    # A service must outlive every fault: one that died is named, with its last words.
+    died = [why for why in (proc.exited() for proc in stack.services.values()) if why]
     _, spans, in_flight = checker.database_facts(stack.postgres.url)
     facts = checker.task_facts(stack.postgres.url)
     names = {cid: proc.name for cid, proc in stack.by_collector_id.items()}
     clock = checker.Clock(started_wall, started_mono)
     applied = checker.applications(stack.devices)
-    violations = checker.check_facts(workload.tasks, facts, applied, injector.windows, clock, names)
+    violations = died + checker.check_facts(workload.tasks, facts, applied, injector.windows, clock, names)
     violations += checker.writer_order(stack.devices)
     violations += checker.overlaps(spans)
     with stack.redis_client() as client:

@@ -84,6 +84,16 @@ class Proc:
                 self.proc.wait(10)
         self._reap()
 
+    def exited(self) -> str:
+        """Why this process is not running when it should be ('' while it runs): its exit status
+        and the last line it wrote."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        lines = (
+            self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.exists() else []
+        )
+        return f"{self.name} exited with status {self.proc.returncode}: {lines[-1][:300] if lines else ''}"
+
     def _reap(self) -> None:
         if self._log is not None:
             self._log.close()

@@ -55,7 +55,7 @@ def check_backends(database_url: str, redis_url: str) -> None:
     if not migrate.is_current(database_url):
         raise StartupError(
             f"database {db_engine.describe(database_url)} is not at the latest schema "
-            f"({migrate.head_revision()}); run `versus-cp migrate`"
+            f"({migrate.HEAD_REVISION}); run `versus-cp migrate`"
         )
 
 

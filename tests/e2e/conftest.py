@@ -5,19 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ControlPlane, service_env
+from tests.e2e.harness import ControlPlane, control_plane_for, service_env
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shared_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One `versus-cp up` for the tests of a module that ask for it (about 11 CPU-seconds and
-    5 s saved per test). Tests sharing it keep to their own sites, collectors and devices, leave
-    its settings and processes alone, and read only what they caused (``ControlPlane.log_since``)."""
-    root = tmp_path_factory.mktemp("shared-control-plane")
-    plane = ControlPlane(service_env(root / "state"), root / "up.log").start()
-    yield plane
-    if plane.proc.poll() is None:
-        plane.stop()
+    """One `versus-cp up` for every test (of this worker) that asks for it, instead of one each:
+    a control plane costs about 11 CPU-seconds and 5 s to start. Tests sharing it keep to their
+    own sites, collectors, devices and idempotency keys, count nothing fleet-wide, leave its
+    settings, processes and backends alone, and read only the log they caused
+    (``ControlPlane.log_since``). A module whose tests need more isolation among themselves than
+    from the rest makes its own (``control_plane_for``)."""
+    yield from control_plane_for(tmp_path_factory, "shared-control-plane")
 
 
 @pytest.fixture

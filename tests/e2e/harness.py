@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import pytest
 
 from common.embedded.process import free_ports
 
@@ -171,3 +173,12 @@ def wait_gone(processes: list[psutil.Process], timeout: float = 30) -> list[psut
     """Processes still running after ``timeout`` (zombies count as gone)."""
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def control_plane_for(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[ControlPlane]:
+    """A `versus-cp up` for a broader fixture scope than one test (stopped at its end)."""
+    root = tmp_path_factory.mktemp(name)
+    plane = ControlPlane(service_env(root / "state"), root / "up.log").start()
+    yield plane
+    if plane.proc.poll() is None:
+        plane.stop()

@@ -17,17 +17,33 @@ import httpx
 import pytest
 
 from tests.e2e.collector_harness import Collector, cli_json, wait_for
-from tests.e2e.harness import ControlPlane
+from tests.e2e.harness import ControlPlane, control_plane_for
 
 pytestmark = pytest.mark.timeout(240)
 COOKIE = "__Host-versus-console"
 
 
+@pytest.fixture(scope="module")
+def console_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The module's control plane: its pages list the fleet, so only this module's collectors."""
+    yield from control_plane_for(tmp_path_factory, "console-control-plane")
+
+
 @pytest.fixture
-def fleet(
+def fleet(console_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlane, str]]:
+    """A live collector of its own, on the module's control plane."""
+    yield from _fleet(console_plane, tmp_path)
+
+
+@pytest.fixture
+def fleet_alone(
     start_control_plane: Callable[..., ControlPlane], tmp_path: Path
 ) -> Iterator[tuple[ControlPlane, str]]:
-    cp = start_control_plane()
+    """A live collector on a control plane of its own (the test counts the whole fleet)."""
+    yield from _fleet(start_control_plane(), tmp_path)
+
+
+def _fleet(cp: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlane, str]]:
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     collector.start()
@@ -236,9 +252,9 @@ def _csrf(client: httpx.Client) -> str:
 
 
 def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
-    fleet: tuple[ControlPlane, str], tmp_path: Path
+    fleet_alone: tuple[ControlPlane, str], tmp_path: Path
 ) -> None:
-    cp, _ = fleet
+    cp, _ = fleet_alone
     idle = Collector(cp, tmp_path / "idle", tmp_path / "idle.log").enroll()  # enrolled, never started
     artifact = b"#!/usr/bin/env python3\n# not a real collector: the router signs any bytes it is sent\n" * 50
     with _console(cp) as client:

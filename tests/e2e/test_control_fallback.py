@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,9 @@ def _final(platform: Platform, task_id: str) -> str:
 
 
 def test_dropped_control_socket_falls_back_without_losing_or_repeating_work(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     # Route the collector through a proxy the test can cut (TLS passes through untouched).

@@ -23,7 +23,7 @@ import redis
 
 from common.error_mapping import GRPC_CODE_METADATA_KEY
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
-from tests.e2e.harness import ControlPlane, service_env
+from tests.e2e.harness import ControlPlane, control_plane_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,12 +44,8 @@ def _state_name(task: object) -> str:
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """One control plane for the module (each test brings its own site and collectors): starting
-    one per test cost more than the tests themselves."""
-    root = tmp_path_factory.mktemp("control-plane")
-    plane = ControlPlane(service_env(root / "state"), root / "up.log").start()
-    yield plane
-    if plane.proc.poll() is None:
-        plane.stop()
+    one per test cost more than the tests themselves. Not the shared one: a test here flushes Redis."""
+    yield from control_plane_for(tmp_path_factory, "control-plane")
 
 
 def _collector(

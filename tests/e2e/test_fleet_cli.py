@@ -19,17 +19,27 @@ from tests.e2e.harness import ControlPlane, run_cli
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture
-def running(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> Iterator[tuple[Collector, str]]:
-    cp = start_control_plane()
+def _running(cp: ControlPlane, tmp_path: Path) -> Iterator[tuple[Collector, str]]:
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     collector.start()
     wait_for(lambda: _show(cp, collector_id)["session"].get("state") == "SESSION_STATE_ACTIVE")
     yield collector, collector_id
     collector.stop()
+
+
+@pytest.fixture
+def running(shared_control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[Collector, str]]:
+    """A live collector of its own, on the module's control plane."""
+    yield from _running(shared_control_plane, tmp_path)
+
+
+@pytest.fixture
+def running_alone(
+    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+) -> Iterator[tuple[Collector, str]]:
+    """A live collector on a control plane of its own (the test lists the whole fleet, then stops it)."""
+    yield from _running(start_control_plane(), tmp_path)
 
 
 def _show(cp: ControlPlane, collector_id: str) -> Any:
@@ -138,10 +148,12 @@ def test_a_second_process_with_the_same_identity_replaces_the_first(running: tup
         second.stop()
 
 
-def test_operator_commands_find_the_running_up_without_port_variables(running: tuple[Collector, str]) -> None:
+def test_operator_commands_find_the_running_up_without_port_variables(
+    running_alone: tuple[Collector, str],
+) -> None:
     """`up` runs on ports of its own (set through variables); an operator shell that only knows the
     state directory still reaches it, and explicit settings still win."""
-    collector, collector_id = running
+    collector, collector_id = running_alone
     cp = collector.cp
     bare = {k: v for k, v in cp.env.items() if not k.startswith(("VERSUS_ROUTER_", "VERSUS_ENROLLMENT_"))}
     listed = cli_json(["collectors", "list"], bare)["collectors"]

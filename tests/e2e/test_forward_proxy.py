@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_a_collector_enrolls_and_works_through_squid(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     gateway_port = cp.port("gateway")
     with ForwardProxy(tmp_path / "squid") as proxy:
         through = {"HTTPS_PROXY": proxy.url, "https_proxy": proxy.url, "NO_PROXY": "", "no_proxy": ""}

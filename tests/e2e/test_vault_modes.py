@@ -170,9 +170,9 @@ def test_ssh_logs_in_to_openssh_with_a_credential_from_each_vault_mode(
 
 
 def test_a_tampered_sealed_file_stops_the_collector_with_its_code_and_leaks_nothing(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     password = "pw-" + secrets.token_hex(8)

@@ -34,6 +34,9 @@ def _tables(url: str) -> set[str]:
 
 def test_migrations_match_declared_models(empty_database_url: str) -> None:
     assert migrate.current_revision(empty_database_url) is None
+    assert not migrate.is_current(empty_database_url)
+    migrate.upgrade(empty_database_url, "0018")
+    assert not migrate.is_current(empty_database_url)  # one migration behind
     migrate.upgrade(empty_database_url)
     assert migrate.is_current(empty_database_url)
     assert _diff(empty_database_url) == []

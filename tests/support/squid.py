@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -55,8 +56,13 @@ class ForwardProxy:
     def __enter__(self) -> ForwardProxy:
         binary = shutil.which("squid") or "/usr/sbin/squid"
         self.root.mkdir(parents=True, exist_ok=True)
-        # squid started as root drops to its own user, which must be able to write its logs here.
+        # squid started as root drops to its own user, which must be able to write its logs here
+        # and to reach this directory (pytest makes its temporary directories 0700).
         os.chmod(self.root, 0o777)  # noqa: S103 - a throwaway test directory
+        for parent in self.root.parents:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                parent.chmod(mode | stat.S_IXOTH)
         (self.root / "squid.conf").write_text(CONFIG.format(port=self.port, root=self.root))
         out = open(self.root / "squid.out", "wb")
         self.proc = subprocess.Popen(
