@@ -51,28 +51,34 @@ lock-check: $(STAMP)
 run: $(STAMP)
 	$(BIN)/versus-cp up
 
-# End-to-end tests mostly wait on real processes, so two workers share the two cores well
-# (each picks ports from its own range: tests/conftest.py). Three were tried: no faster (the
-# longest test files set the pace) and the fast suite beside them slowed by a quarter.
+# The end-to-end tests run on $(E2E_WORKERS) pytest-xdist workers, test by test as workers come free
+# (--dist worksteal; each worker picks ports from its own range: tests/conftest.py). Most share
+# one control plane per worker (tests/e2e/conftest.py), so a test's cost is its own work.
 E2E_WORKERS ?= 2
 # Schemathesis gives every generated test the same node id, which xdist cannot tell apart (all
-# but one would silently not run): the fuzz test runs in the serial process instead. So does the
-# locked-install test (a minute of pip, no control plane): the serial process finishes ten
-# minutes before the end-to-end workers, which set the pace.
-SERIAL_E2E := tests/e2e/test_fuzz_gateway.py tests/e2e/test_locked_install.py
+# but one would silently not run): the fuzz test runs in a process of its own.
+SERIAL_E2E := tests/e2e/test_fuzz_gateway.py
 
-# Unit and integration tests run beside the end-to-end suite, each pytest in its own temporary
-# directory (under /tmp: embedded servers' socket paths stay short), so neither prunes the
-# other's; the first suite's output is printed once both finished.
-test: check system-deps mitm-deps axe-deps
+# Four processes at once, each pytest in its own temporary directory (under /tmp: embedded
+# servers' socket paths stay short) so none prunes another's: the static checks, unit and
+# integration tests on two workers, the fuzz test, and the end-to-end suite, which is the longest
+# and prints as it goes; the others' output follows once all have finished. The checks and the
+# shorter suites fill the cores the end-to-end workers leave idle while they wait on processes.
+# Any failure fails the target. Where the time goes: docs/development.md.
+test: system-deps mitm-deps axe-deps $(STAMP)
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
-	$(BIN)/pytest tests/unit tests/integration $(SERIAL_E2E) --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
+	$(MAKE) --no-print-directory check > $$tmp/check.log 2>&1 & check=$$!; \
+	$(BIN)/pytest tests/unit tests/integration -n 2 --dist worksteal --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
-	$(BIN)/pytest tests/e2e $(addprefix --ignore=,$(SERIAL_E2E)) -n $(E2E_WORKERS) --dist loadfile --basetemp=$$tmp/e2e; e2e=$$?; \
-	wait $$fast; fast=$$?; \
+	$(BIN)/pytest $(SERIAL_E2E) --basetemp=$$tmp/serial > $$tmp/serial.log 2>&1 & serial=$$!; \
+	$(BIN)/pytest tests/e2e $(addprefix --ignore=,$(SERIAL_E2E)) -n $(E2E_WORKERS) --dist worksteal --basetemp=$$tmp/e2e; \
+	e2e=$$?; \
+	wait $$check; check=$$?; wait $$fast; fast=$$?; wait $$serial; serial=$$?; \
+	echo "--- make check ---"; cat $$tmp/check.log; \
 	echo "--- tests/unit and tests/integration ---"; cat $$tmp/fast.log; \
+	echo "--- $(SERIAL_E2E) ---"; cat $$tmp/serial.log; \
 	rm -rf $$tmp; \
-	exit $$(( fast || e2e ))
+	exit $$(( check || fast || serial || e2e ))
 
 check: lock-check lint proto-lint protos-check licenses-core
 

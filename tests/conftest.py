@@ -25,6 +25,7 @@ from common.db.migrate import upgrade
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.process import use_port_range
 from common.embedded.redis import DATABASES, EmbeddedRedis
+from tests.support.ports import claim_range
 from tests.support.urls import with_database, with_redis_db
 
 # Property tests explore the same examples on every run, so a green main stays green;
@@ -38,18 +39,15 @@ ROOT = Path(__file__).resolve().parent
 pytest_plugins = ["tests.support.logs"]
 
 
-# Parallel workers (pytest-xdist) pick ports from ranges of their own below the kernel's
-# ephemeral range (32768 and up by default), so no two processes are handed the same port.
-WORKER_PORTS_START, WORKER_PORTS_EACH = 20000, 1500
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit():
-        low = WORKER_PORTS_START + int(worker[2:]) * WORKER_PORTS_EACH
+    # Parallel workers (pytest-xdist) pick ports from ranges of their own below the kernel's
+    # ephemeral range (32768 and up by default), so no two processes are handed the same port;
+    # each claims a range no other worker of any pytest session holds (tests/support/ports.py).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
         ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-        if low + WORKER_PORTS_EACH <= ephemeral_low:
-            use_port_range(low, low + WORKER_PORTS_EACH - 1)
+        claimed = claim_range(ephemeral_low)
+        if claimed is not None:
+            use_port_range(*claimed)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -29,6 +29,7 @@ HEAD_REVISION = "0019"
 
 def alembic_config(url: str | None = None) -> Config:
     from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     if url is not None:

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, expect, sync_playwright
 
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
-from tests.e2e.harness import ControlPlane
+from tests.e2e.harness import ControlPlane, control_plane_for
 
 pytestmark = pytest.mark.timeout(240)
 CHROMIUM = "/usr/bin/chromium"
@@ -40,6 +40,13 @@ def browser() -> Iterator[Browser]:
         launched = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         yield launched
         launched.close()
+
+
+@pytest.fixture(scope="module")
+def browser_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The module's control plane: its pages list the fleet, so only this module's collectors
+    (and the screenshots in docs/console/ show only what these tests made)."""
+    yield from control_plane_for(tmp_path_factory, "browser-control-plane")
 
 
 AXE = Path(__file__).resolve().parents[2] / "tools" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
@@ -80,9 +87,9 @@ def _sign_in(page: Page, base: str, token: str) -> None:
 
 
 def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+    browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
-    cp = start_control_plane()
+    cp = browser_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     collector.start()
@@ -152,9 +159,9 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
 
 
 def test_pages_read_with_javascript_disabled(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+    browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
-    cp = start_control_plane()
+    cp = browser_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
@@ -170,9 +177,9 @@ def test_pages_read_with_javascript_disabled(
 
 
 def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+    browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
-    cp = start_control_plane()
+    cp = browser_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     collector.start()
@@ -238,9 +245,9 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
 
 
 def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with_the_shown_command(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+    browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
-    cp = start_control_plane()
+    cp = browser_plane
     site_id = cli_json(["sites", "create", "rack-7", "--tenant", "acme"], cp.env)["site"]["site_id"]
     shots = _shots(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
@@ -336,9 +343,9 @@ class _OtherSite:
 
 
 def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path, browser: Browser
+    browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
-    cp = start_control_plane()
+    cp = browser_plane
     collector_id = Collector(cp, tmp_path / "collector", tmp_path / "collector.log").enroll()
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
     other = _OtherSite(f"{base}/collectors/{collector_id}/drain")
