@@ -53,8 +53,9 @@ run: $(STAMP)
 
 # The end-to-end tests run on $(E2E_WORKERS) pytest-xdist workers, test by test as workers come free
 # (--dist worksteal; each worker picks ports from its own range: tests/conftest.py). Most share
-# one control plane per worker (tests/e2e/conftest.py), so a test's cost is its own work.
-E2E_WORKERS ?= 2
+# one control plane per worker (tests/e2e/conftest.py), so a test's cost is its own work. Three
+# workers: with two, the cores idled a third of the time while both waited out long tests.
+E2E_WORKERS ?= 3
 # Schemathesis gives every generated test the same node id, which xdist cannot tell apart (all
 # but one would silently not run): the fuzz test runs in a process of its own.
 SERIAL_E2E := tests/e2e/test_fuzz_gateway.py

@@ -181,7 +181,7 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
 ) -> None:
     cp = browser_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
-    collector.enroll()
+    collector_id = collector.enroll()
     collector.start()
     platform = Platform(cp)
     shots = _shots(tmp_path)
@@ -212,7 +212,8 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
 
         page.reload()
         _accessible(page, "collectors")
-        page.get_by_role("link", name=re.compile("^col-")).first.click()
+        # Its own collector: the module's other tests have theirs (one revoked) on the same list.
+        page.get_by_role("link", name=collector_id).click()
         _accessible(page, "collector")
         page.get_by_role("link", name="Drain").click()
         _accessible(page, "confirm")
