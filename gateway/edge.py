@@ -282,6 +282,8 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             self.handshake_complete = True
 
     def handle_ping(self) -> None:
+        if self._cut:
+            return  # parsed with the pings that got the peer cut off: the close answers them
         now = time.monotonic()
         self._ping_tokens = min(PING_BURST, self._ping_tokens + (now - self._ping_at) * PING_RATE_PER_S)
         self._ping_at = now
@@ -313,8 +315,15 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             self.conn.send_close(code, reason)
             self.transport.write(b"".join(self.conn.data_to_send()))
         self.queue.put_nowait({"type": "websocket.disconnect", "code": code})
-        self.transport.close()
-        self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
+        # Closed as uvicorn closes for an application: the closing frame sent, the peer's bytes
+        # still read (and dropped, data_received) until it ends the connection or the grace
+        # ends. Closing the transport here stopped reading; a peer that kept sending then left
+        # unread bytes in this side's socket, the kernel answered the close with a reset, and a
+        # reset throws away what it still held for the peer: the closing frame (seen under load).
+        self.close_sent = True  # uvicorn writes nothing more, nor closes when the handler returns
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+        self.close_timer = self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
 
 
 def limit_tls_handshake(seconds: float = TLS_HANDSHAKE_TIMEOUT_S) -> None:

@@ -270,11 +270,15 @@ async def test_an_early_answer_is_delivered_and_the_unread_body_bounded(stack: S
     writer.close()
 
 
+@pytest.mark.parametrize("after_cut_s", [0.0, 1.0])
 async def test_a_peer_that_pings_without_reading_is_cut_with_4408_and_its_output_bounded(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, after_cut_s: float
 ) -> None:
     # The reported case: pings sent flat out by a peer that never reads. The ping rate limit is
-    # lifted here so that only the bound on unread output acts (4429 is tested above).
+    # lifted here so that only the bound on unread output acts (4429 is tested above). With
+    # after_cut_s the peer goes on sending after the cut: the gateway must go on reading (and
+    # dropping) it, or its close meets unread bytes, becomes a reset, and the closing frame it
+    # still held for the peer is lost (seen with every core busy).
     monkeypatch.setattr(edge, "PING_BURST", 10**9)
     bound = 256 * 1024
     monkeypatch.setattr(edge, "MAX_WS_WRITE_BUFFER_BYTES", bound)
@@ -295,7 +299,7 @@ async def test_a_peer_that_pings_without_reading_is_cut_with_4408_and_its_output
     await asyncio.get_running_loop().sock_connect(sock, _address(stack))
     reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
     try:
-        await _flood_unread(stack, c, reader, writer, bound, buffered)
+        await _flood_unread(stack, c, reader, writer, bound, buffered, after_cut_s)
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
@@ -304,7 +308,7 @@ async def test_a_peer_that_pings_without_reading_is_cut_with_4408_and_its_output
 
 async def _flood_unread(
     stack: Stack, c: gw.Collector, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bound: int,
-    buffered: list[int],
+    buffered: list[int], after_cut_s: float = 0.0,
 ) -> None:  # fmt: skip
     path = gw.API + "/control"
     client = ClientProtocol(parse_uri(stack.url.replace("http://", "ws://") + path))
@@ -333,6 +337,12 @@ async def _flood_unread(
                 if cut._value.get() > before:
                     break
     assert cut._value.get() == before + 1
+    # A peer that goes on sending for a while (it did not read, so it does not know yet).
+    ends = asyncio.get_running_loop().time() + after_cut_s
+    while asyncio.get_running_loop().time() < ends:
+        writer.write(ping * 800)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(writer.drain(), 0.1)
     # Now read: the pongs the gateway had buffered, then its closing frame.
     pongs = 0
     while client.close_rcvd is None:
