@@ -162,8 +162,10 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     asyncio.run(main())
     if agents and agents[0].fatal:
         raise CollectorError(agents[0].fatal)
-    if agents and agents[0].restart_requested:
+    if agents and agents[0].restart_requested and not agents[0].stopping.is_set():
         # Same arguments, fresh process image: new session id, settings re-read from the state dir.
+        # Not when a stop signal came while the restart drained: that stop is the operator's last
+        # word (`stopping` is set only by SIGTERM/SIGINT), and a new image would lose it.
         sys.stdout.flush()
         sys.stderr.flush()
         os.execv(sys.executable, [sys.executable, "-m", "collector", *argv])  # noqa: S606 - fixed argv

@@ -49,8 +49,13 @@ def _call(settings: Settings, method: str, request: Any) -> Any:
     )
 
 
+def json_dict(message: Any) -> Any:
+    """``message`` as ``--json`` prints it: proto field names, fields at their defaults left out."""
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
 def _json(message: Any) -> None:
-    print(json.dumps(MessageToDict(message, preserving_proto_field_name=True), indent=2))
+    print(json.dumps(json_dict(message), indent=2))
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,14 +13,19 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from common.grpc.pb_struct import integral
 
 
-def print_json(message: Message) -> None:
+def json_dict(message: Message) -> Any:
     """The protobuf JSON mapping with proto field names, every field (zeros and empty values too),
     enums by their full names (``TOKEN_STATUS_ACTIVE``); whole numbers from ``Struct`` values
     (audit details) as integers, not ``1.0``."""
     as_dict = MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    print(json.dumps(integral(as_dict), indent=2))
+    return integral(as_dict)
+
+
+def print_json(message: Message) -> None:
+    """``message`` as :func:`json_dict` maps it, indented, on stdout."""
+    print(json.dumps(json_dict(message), indent=2))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

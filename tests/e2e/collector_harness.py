@@ -55,10 +55,8 @@ class Collector:
         control planes may be shared); with ``issued`` (the output of `tokens issue --json` into
         ``site_id``, perhaps from a while ago), by its enroll command."""
         name = f"site-{self.state.name}-{secrets.token_hex(3)}"
-        self.site_id = (
-            site_id or cli_json(["sites", "create", name, "--tenant", "acme"], self.cp.env)["site"]["site_id"]
-        )
-        issued = issued or cli_json(["tokens", "issue", "--site", self.site_id], self.cp.env)
+        self.site_id = site_id or self.cp.api.create_site(name)["site"]["site_id"]
+        issued = issued or self.cp.api.issue_token(self.site_id)
         argv = [*shlex.split(issued["enroll_command"])[1:], "--state-dir", str(self.state)]
         done = subprocess.run(
             [*self.command, *argv],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from common.embedded.process import free_ports
+from tests.e2e.operator_api import OperatorApi
 
 BANNER = "Versus control plane is up."
 
@@ -83,6 +83,7 @@ class ControlPlane:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen[bytes] = field(init=False)
+    _api: OperatorApi | None = field(default=None, init=False, repr=False)
 
     def start(self, timeout: float = 90) -> ControlPlane:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in wait()
@@ -132,19 +133,22 @@ class ControlPlane:
     def ca_file(self) -> Path:
         return self.state_dir / "tls" / "gateway-ca.pem"
 
+    @property
+    def api(self) -> OperatorApi:
+        """The operator's gRPC API as this control plane's admin, in this process (for set-up and
+        polling; a test of the CLI runs ``run_cli``)."""
+        if self._api is None:
+            self._api = OperatorApi(
+                f"127.0.0.1:{self.port('enrollment')}", f"127.0.0.1:{self.port('router')}", self.admin_token
+            )
+        return self._api
+
     def mint_token(self, role: str, name: str | None = None, tenants: tuple[str, ...] = ()) -> str:
-        """A new API token with ``role``, created through `versus-cp access create` with the admin token.
+        """A new API token with ``role`` (as `versus-cp access create` makes one, with the admin token).
 
         A platform token acts for ``tenants``, or for every tenant when none are named.
         """
-        scope: list[str] = []
-        if role == "platform":
-            scope = [f"--tenant={t}" for t in tenants] or ["--all-tenants"]
-        done = run_cli(
-            ["access", "create", name or f"e2e-{role}", "--role", role, *scope, "--json"], self.env
-        )
-        assert done.returncode == 0, done.stderr
-        return str(json.loads(done.stdout)["plaintext"])
+        return self.api.create_api_token(name or f"e2e-{role}", role, tenants)
 
     @property
     def admin_token(self) -> str:
@@ -162,6 +166,9 @@ class ControlPlane:
         finally:
             if not self._log.closed:
                 self._log.close()
+            if self._api is not None:
+                self._api.close()
+                self._api = None
 
     def stop(self) -> int:
         if self.proc.poll() is None:

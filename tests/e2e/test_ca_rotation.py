@@ -13,7 +13,7 @@ import pytest
 from cryptography import x509
 
 from common.trust import pki
-from tests.e2e.collector_harness import Collector, Tasks, cli_json, wait_for
+from tests.e2e.collector_harness import Collector, Tasks, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 
 
@@ -42,7 +42,7 @@ def test_the_collector_ca_and_the_gateway_ca_rotate_with_overlap_while_tasks_flo
     away = Collector(cp, tmp_path / "away", tmp_path / "away.log")
     ids = {online.enroll(), away.enroll()}
     # An enroll command printed before the rotation pins the gateway CA of that time.
-    early = cli_json(["tokens", "issue", "--site", online.site_id], cp.env)
+    early = cp.api.issue_token(online.site_id)
     online.start()
     away.start()
     task = Tasks(cp, "ca")

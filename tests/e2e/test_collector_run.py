@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.collector_harness import Collector, Platform, wait_for
-from tests.e2e.harness import ControlPlane
+from tests.e2e.harness import ControlPlane, run_cli
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -85,3 +86,24 @@ def test_sigkill_mid_task_never_applies_twice(
     assert task.state == platform.wait_state(task_id, {final}).state
     if op_class != "read":
         assert collector.device(target) == [f"k-{operation}"]  # applied exactly once
+
+
+def test_a_stop_while_a_restart_drains_ends_the_process(
+    fleet: tuple[Collector, Platform], tmp_path: Path
+) -> None:
+    """A collector restarting to apply an operator's change (here vault mode B) first drains its work;
+    SIGTERM during that drain is a stop, so the process exits instead of starting itself again (under
+    systemd, `systemctl stop` would otherwise find it running until the unit's kill timeout)."""
+    collector, platform = fleet
+    collector_id = json.loads((collector.state / "identity.json").read_text())["collector_id"]
+    collector.start()
+    slow = platform.submit(collector.site_id, "echo", "read", "dev-1", {"sleep": 4}, f"drain-{tmp_path.name}")
+    platform.wait_state(slow, {"dispatched", "running"})
+    switched = run_cli(["collectors", "vault-mode", collector_id, "B"], collector.cp.env)
+    assert switched.returncode == 0, switched.stderr
+    wait_for(lambda: "draining" in collector.log(), timeout=30)  # restarting, the slow task in flight
+    collector.signal(signal.SIGTERM)
+    assert collector.proc is not None
+    assert collector.proc.wait(30) == 0, collector.log()
+    assert collector.log().count("collector started") == 1, collector.log()
+    assert platform.wait_state(slow, {"success"}, timeout=5)

@@ -48,7 +48,7 @@ def _fleet(cp: ControlPlane, tmp_path: Path) -> Iterator[tuple[ControlPlane, str
     collector_id = collector.enroll()
     collector.start()
     try:
-        wait_for(lambda: cli_json(["collectors", "show", collector_id], cp.env)["collector"].get(
+        wait_for(lambda: cp.api.collector(collector_id).get(
             "session_state") == "SESSION_STATE_ACTIVE", timeout=60)  # fmt: skip
         yield cp, collector_id
     finally:
@@ -78,7 +78,7 @@ def _sign_in(client: httpx.Client, cp: ControlPlane, token: str) -> str:
 
 def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[ControlPlane, str]) -> None:
     cp, collector_id = fleet
-    shown = cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+    shown = cp.api.collector(collector_id)
     with _console(cp) as client:
         assert client.get("/collectors").headers["location"] == "/signin"  # not signed in
         refused = client.post("/signin", data={"token": "vsk_not-a-token"}, headers=_origin(cp))
@@ -123,14 +123,14 @@ def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[Contr
         assert forged.status_code == 403 and "cross_site_request" in forged.text
         no_token = client.post(f"/collectors/{collector_id}/drain", data={}, headers=_origin(cp))
         assert no_token.status_code == 403 and "csrf_invalid" in no_token.text
-        assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+        assert not cp.api.collector(collector_id).get("drained")
 
         drained = client.post(
             f"/collectors/{collector_id}/drain", data={"csrf": csrf.group(1)}, headers=_origin(cp)
         )
         assert drained.status_code == 303
         assert "Drained:" in client.get(drained.headers["location"]).text
-        assert cli_json(["collectors", "show", collector_id], cp.env)["collector"]["drained"] is True
+        assert cp.api.collector(collector_id)["drained"] is True
         probe = client.post(
             f"/collectors/{collector_id}/probe", data={"csrf": csrf.group(1)}, headers=_origin(cp)
         )
@@ -161,7 +161,7 @@ def test_a_viewer_sees_no_action_and_the_services_refuse_one_anyway(fleet: tuple
         # Posting anyway: the router's RBAC refuses it, whatever the console showed.
         refused = client.post(f"/collectors/{collector_id}/drain", data={"csrf": csrf}, headers=_origin(cp))
         assert refused.status_code == 403 and "permission_denied" in refused.text
-    assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+    assert not cp.api.collector(collector_id).get("drained")
     platform = cp.mint_token("platform", "e2e-platform")
     with _console(cp) as client:
         answer = client.post("/signin", data={"token": platform}, headers=_origin(cp))
@@ -172,15 +172,15 @@ def test_an_operator_approves_denies_and_switches_a_vault_mode(
     fleet: tuple[ControlPlane, str], tmp_path: Path
 ) -> None:
     cp, collector_id = fleet
-    site_id = cli_json(["sites", "create", "site-approvals", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    site_id = cp.api.create_site("site-approvals")["site"]["site_id"]
     waiting = []
     for name in ("one", "two"):
-        issued = cli_json(["tokens", "issue", "--site", site_id, "--manual-approval"], cp.env)
+        issued = cp.api.issue_token(site_id, manual_approval=True)
         waiting.append(Collector(cp, tmp_path / name, tmp_path / f"{name}.log").enroll(site_id, issued))
     approved, denied = waiting
 
     def status(cid: str) -> str:
-        return str(cli_json(["collectors", "show", cid], cp.env)["collector"]["status"])
+        return str(cp.api.collector(cid)["status"])
 
     with _console(cp) as client:
         csrf = _sign_in(client, cp, cp.admin_token)
@@ -207,7 +207,7 @@ def test_an_operator_approves_denies_and_switches_a_vault_mode(
             headers=_origin(cp),
         )
         assert switched.status_code == 303, switched.text
-        shown = cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+        shown = cp.api.collector(collector_id)
         assert shown["vault_mode"] == "VAULT_MODE_CLOUD_RELAYED"
         bad = client.post(
             f"/collectors/{collector_id}/vault", data={"csrf": csrf, "mode": "nope"}, headers=_origin(cp)
@@ -216,9 +216,7 @@ def test_an_operator_approves_denies_and_switches_a_vault_mode(
         forged = client.post(f"/collectors/{collector_id}/vault", data={"csrf": "x", "mode": "local"},
                              headers=_origin(cp))  # fmt: skip
         assert forged.status_code == 403
-        assert cli_json(["collectors", "show", collector_id], cp.env)["collector"]["vault_mode"] == (
-            "VAULT_MODE_CLOUD_RELAYED"
-        )
+        assert cp.api.collector(collector_id)["vault_mode"] == ("VAULT_MODE_CLOUD_RELAYED")
 
 
 def test_a_live_page_hears_of_a_change_and_only_a_signed_in_one(fleet: tuple[ControlPlane, str]) -> None:
@@ -311,13 +309,13 @@ def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
         assert f"/collectors/{idle}/confirm/apply_update" in client.get(f"/collectors/{idle}").text
         applied = client.post(f"/collectors/{idle}/apply_update", data={"csrf": csrf}, headers=_origin(cp))
         assert applied.status_code == 303, applied.text
-        shown = cli_json(["collectors", "show", idle], cp.env)["collector"]["update"]
+        shown = cp.api.collector(idle)["update"]
         assert shown["approved_version"] == "9.9.1"
         detail = client.get(f"/collectors/{idle}").text
         assert f"/collectors/{idle}/confirm/cancel_update" in detail and "confirm/apply_update" not in detail
         cancelled = client.post(f"/collectors/{idle}/cancel_update", data={"csrf": csrf}, headers=_origin(cp))
         assert cancelled.status_code == 303, cancelled.text
-        assert cli_json(["collectors", "show", idle], cp.env)["collector"]["update"]["approved_version"] == ""
+        assert cp.api.collector(idle)["update"]["approved_version"] == ""
 
         yanked = client.post(
             "/releases/9.9.1/yank", data={"csrf": csrf, "reason": "bad build"}, headers=_origin(cp)

@@ -104,9 +104,9 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
 
     context.on("console", watch)
     try:
-        wait_for(lambda: cli_json(["collectors", "show", collector_id], cp.env)["collector"].get(
+        wait_for(lambda: cp.api.collector(collector_id).get(
             "session_state") == "SESSION_STATE_ACTIVE", timeout=60)  # fmt: skip
-        hostname = cli_json(["collectors", "show", collector_id], cp.env)["collector"]["hostname"]
+        hostname = cp.api.collector(collector_id)["hostname"]
         page = context.new_page()
         page.goto(f"{base}/signin")
         page.screenshot(path=shots / "signin.png")
@@ -127,12 +127,12 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
         page.screenshot(path=shots / "confirm-drain.png")
         page.get_by_role("button", name=f"Drain {collector_id}").click()
         expect(page.get_by_role("status")).to_contain_text("Drained")
-        assert cli_json(["collectors", "show", collector_id], cp.env)["collector"]["drained"] is True
+        assert cp.api.collector(collector_id)["drained"] is True
 
         page.get_by_role("link", name="Undrain").click()
         page.get_by_role("button", name=f"Undrain {collector_id}").click()
         expect(page.get_by_role("status")).to_contain_text("Undrained")
-        assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+        assert not cp.api.collector(collector_id).get("drained")
 
         # Live: another operator drains it from the CLI; the open page shows it without a reload.
         page.evaluate("window.__notReloaded = true")
@@ -249,7 +249,7 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
     browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
     cp = browser_plane
-    site_id = cli_json(["sites", "create", "rack-7", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    site_id = cp.api.create_site("rack-7")["site"]["site_id"]
     shots = _shots(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
     context = _context(browser, bypass_csp=True)
@@ -366,7 +366,7 @@ def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
         expect(page.get_by_role("link", name="Drain")).to_be_visible()  # an admin could drain it
         page.goto(other.url)  # the other site's form submits itself at once
         expect(page.get_by_text("cross_site_request")).to_be_visible()
-        assert not cli_json(["collectors", "show", collector_id], cp.env)["collector"].get("drained")
+        assert not cp.api.collector(collector_id).get("drained")
     finally:
         context.close()
         other.close()

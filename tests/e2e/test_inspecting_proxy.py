@@ -106,7 +106,7 @@ def test_an_inspecting_proxy_can_neither_replay_nor_alter_anything(
     assert {(d["state"], d["task_state"], d["error_code"]) for d in dispatches} == {
         ("TASK_STATE_SUCCESS", "TASK_STATE_SUCCESS", "")
     }, dispatches
-    shown = cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+    shown = cp.api.collector(collector_id)
     assert shown["vault_mode"] == "VAULT_MODE_CLOUD_RELAYED"
     audit = cli_json(["audit", "list", "--action", "report.bad_signature"], cp.env)
     assert audit.get("events", []) == []

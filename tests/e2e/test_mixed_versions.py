@@ -22,7 +22,7 @@ from collector.request_auth import SignRequests
 from collector.state import StatePaths, load_key
 from common import protocol
 from router.dispatch.placement import _rendezvous
-from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
+from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
@@ -70,7 +70,7 @@ def mixed(
 
 
 def _shown(cp: ControlPlane, collector_id: str) -> Any:
-    return cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+    return cp.api.collector(collector_id)
 
 
 def test_an_old_collector_runs_beside_a_new_one_and_only_the_new_one_says_goodbye(

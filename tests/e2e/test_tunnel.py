@@ -20,7 +20,7 @@ import redis
 
 from common.config.state_dir import write_private
 from common.embedded.process import free_port
-from tests.e2e.collector_harness import Collector, cli_json
+from tests.e2e.collector_harness import Collector
 from tests.e2e.harness import ControlPlane
 from tests.support import netns
 from tests.support.devices import EchoDevice, HttpsDevice, SshDevice
@@ -171,7 +171,7 @@ def test_tunnel_without_a_live_collector_fails_clearly(
     done = tunnel("site-none", "acme")
     assert done.returncode == 4  # not found
     assert done.stderr.strip() == "versus-cp: error: tenant 'acme' has no site 'site-none' (site_not_found)"
-    site = cli_json(["sites", "create", "empty", "--tenant", "acme"], cp.env)["site"]["site_id"]
+    site = cp.api.create_site("empty")["site"]["site_id"]
     assert tunnel(site, "nope").returncode == 4  # another tenant's site looks like no site
     done = tunnel(site, "acme")
     assert done.returncode == 5  # refused in the current state

@@ -20,7 +20,7 @@ import pytest
 
 from common.embedded.postgres import BIN_DIR
 from common.trust import b64url
-from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
+from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane
 from tests.support import netns
 from tests.support.mitm import InterceptingProxy
@@ -62,7 +62,7 @@ def _on_host(c: Collector, *args: str, stdin: str = "") -> None:
 
 
 def _session_mode(cp: ControlPlane, collector_id: str) -> str:
-    shown = cli_json(["collectors", "show", collector_id], cp.env)["collector"]
+    shown = cp.api.collector(collector_id)
     return str(shown.get("session", {}).get("vault_mode", ""))
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tests.e2e.collector_harness import Collector, cli_json
+from tests.e2e.collector_harness import Collector
 from tests.e2e.harness import ControlPlane, run_cli
 from tools.collector_dist import build, build_pex
 
@@ -53,7 +53,7 @@ def publish(cp: ControlPlane, artifact: Path, version: str, *extra: str) -> dict
 
 def update_view(cp: ControlPlane, collector_id: str) -> dict[str, Any]:
     """The collector's Agent Version card as `collectors show --json` gives it."""
-    return dict(cli_json(["collectors", "show", collector_id], cp.env)["collector"]["update"])
+    return dict(cp.api.collector(collector_id)["update"])
 
 
 @dataclass
