@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # pip's options for every install from a lock: nothing unpinned, nothing unhashed.
 LOCKED := --quiet --disable-pip-version-check --require-hashes
 
-.PHONY: help venv run test test-fast collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
+.PHONY: help venv run test test-deps test-fast collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -65,8 +65,10 @@ SERIAL_E2E := tests/e2e/test_fuzz_gateway.py
 # integration tests on two workers, the fuzz test, and the end-to-end suite, which is the longest
 # and prints as it goes; the others' output follows once all have finished. The checks and the
 # shorter suites fill the cores the end-to-end workers leave idle while they wait on processes.
-# Any failure fails the target. Where the time goes: docs/development.md.
-test: system-deps mitm-deps axe-deps $(STAMP)
+# Any failure fails the target. Where the time goes: docs/development.md. What the tests need
+# is made first, side by side: the environments install one package at a time, each on one core.
+test:
+	@$(MAKE) --no-print-directory -j3 test-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
 	$(MAKE) --no-print-directory check > $$tmp/check.log 2>&1 & check=$$!; \
 	$(BIN)/pytest tests/unit tests/integration -n 2 --dist worksteal --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
@@ -80,6 +82,8 @@ test: system-deps mitm-deps axe-deps $(STAMP)
 	echo "--- $(SERIAL_E2E) ---"; cat $$tmp/serial.log; \
 	rm -rf $$tmp; \
 	exit $$(( check || fast || serial || e2e ))
+
+test-deps: system-deps mitm-deps axe-deps $(STAMP)
 
 check: lock-check lint proto-lint protos-check licenses-core
 

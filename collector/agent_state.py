@@ -12,13 +12,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.client import GatewayClient, ssl_context
 from collector.credentials import Credentials, LocalCredentials, no_credentials
 from collector.drivers import registry
 from collector.drivers.base import Driver, DriverContext
-from collector.external_vault import SECRET_FILE, ExternalVault, VaultError, VaultSettings
 from collector.journal import Journal
 from collector.key_sets import PinnedKeys
 from collector.renewal import Renewer
@@ -26,8 +25,12 @@ from collector.running import RunningTasks
 from collector.signed_config import ConfigStore, OfferCheck
 from collector.state import StatePaths, load_key, read_json
 from collector.trust import TrustStore
+from collector.vault_settings import SECRET_FILE, VaultError, VaultSettings
 from common.envelope.verify import ServerClock
 from common.telemetry.logs import get_logger
+
+if TYPE_CHECKING:
+    from collector.external_vault import ExternalVault
 from common.trust.signed_doc import DocumentError
 
 
@@ -145,6 +148,9 @@ class AgentState:
         if self.vault_mode == "external":
             try:
                 settings = VaultSettings.from_config(self.vault)
+                # Imported here: the Vault client (hvac, requests) is for mode C alone.
+                from collector.external_vault import ExternalVault
+
                 self.external = ExternalVault(settings, options.state_dir, key, self.collector_id)
             except VaultError as exc:
                 log.error("vault mode external without a usable integration", code=exc.code)

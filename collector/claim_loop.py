@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from collector.agent_state import agent_version, backoff, log
 from collector.execution import Execution
-from collector.external_vault import settings_key
 from collector.gateway_errors import GatewayRefused, GatewayUnavailable
 from collector.state import SUPERVISED_ENV, read_json, write_json
 from collector.tunnel import carry, dial_back_path
+from collector.vault_settings import settings_key
 from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock
 from common.trust.signed_doc import DocumentError

@@ -11,10 +11,10 @@ from typing import Any
 
 from collector.agent_state import log
 from collector.drivers.base import Outcome, Supplied, Task, WindowClosed
-from collector.external_vault import VaultError
 from collector.journal import AlreadyReceived, Result, task_key
 from collector.output import TaskOutput, UploadFailed
 from collector.reporting import Reporting
+from collector.vault_settings import VaultError
 from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.verify import VerifyContext, verify

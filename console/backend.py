@@ -20,8 +20,8 @@ from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 from common import error_mapping
 from common.errors import InvalidArgument, Unavailable, VersusError
 from common.grpc.client import aio_plain_channel
+from common.grpc.headers import AUTHORIZATION_HEADER
 from common.grpc.pb_struct import integral
-from common.grpc.server import AUTHORIZATION_HEADER
 from console.queue_views import (
     OUTCOMES,
     RESOLUTIONS,

@@ -20,13 +20,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
-
-from common.telemetry.logs import get_logger
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-log = get_logger("versus.watched_file")
+
+def _log() -> Any:
+    """The logger, imported when a file changes: the operator CLI reads its token through this
+    module once and exits, and importing structlog would be a fifth of its start-up."""
+    from common.telemetry.logs import get_logger
+
+    return get_logger("versus.watched_file")
 
 
 class FileRefused(ValueError):
@@ -87,7 +91,7 @@ class WatchedFile(Generic[T]):
         except FileNotFoundError:
             with self._lock:
                 if self._stamp is not None:
-                    log.info("watched file removed", path=str(self.path))
+                    _log().info("watched file removed", path=str(self.path))
                 self._stamp, self._value, self._loaded = None, self._missing, True
                 return self._value
         stamp = _stamp(st)
@@ -102,7 +106,7 @@ class WatchedFile(Generic[T]):
                 if not self._loaded:
                     raise
                 if stamp != self._stamp:
-                    log.error(
+                    _log().error(
                         "watched file changed but cannot be used; keeping the last good content",
                         path=str(self.path),
                         error=str(exc)[:200],
@@ -110,7 +114,7 @@ class WatchedFile(Generic[T]):
                 self._stamp = stamp  # log once per change, not once per read
                 return self._value
             if self._loaded:
-                log.info("watched file reloaded", path=str(self.path))
+                _log().info("watched file reloaded", path=str(self.path))
                 self.reloads += 1
             self._stamp, self._value, self._loaded = stamp, value, True
             return value

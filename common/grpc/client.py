@@ -19,7 +19,7 @@ import grpc
 from common import error_mapping
 from common.config.targets import grpc_target
 from common.errors import Unavailable, VersusError
-from common.grpc.server import AUTHORIZATION_HEADER
+from common.grpc.headers import AUTHORIZATION_HEADER
 
 T = TypeVar("T")
 

@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from common import error_mapping
 from common.access import rbac
 from common.errors import StartupError, Unauthenticated, VersusError
+from common.grpc.headers import AUTHORIZATION_HEADER
 from common.telemetry.logs import (
     REQUEST_ID_HEADER,
     bind_request_id,
@@ -60,8 +61,6 @@ log = get_logger("versus.grpc")
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 S = TypeVar("S")
-
-AUTHORIZATION_HEADER = "authorization"
 
 # How long a stop waits, after grpc.aio has cancelled the calls still running, for their handlers
 # to unwind (return database connections to their pool, close streams) before it gives up.

@@ -14,8 +14,6 @@ import signal
 from collections.abc import Sequence
 
 from common.config.settings import Settings
-from common.db import engine as db_engine
-from common.db import migrate
 from common.errors import ConfigError, StartupError, Unavailable
 from common.grpc.server import Authenticator, GrpcServer, ServiceRegistration
 from common.redis.client import check_reachable as redis_reachable
@@ -47,6 +45,11 @@ def require_backends(settings: Settings, service: str) -> tuple[str, str]:
 
 def check_backends(database_url: str, redis_url: str) -> None:
     """Fail fast with one clear line when a backend is unreachable or unmigrated."""
+    # Here, not at the top: the console runs on this module too and never opens PostgreSQL, and
+    # SQLAlchemy with psycopg is a quarter of a CPU-second of imports.
+    from common.db import engine as db_engine
+    from common.db import migrate
+
     try:
         db_engine.check_reachable(database_url)
         redis_reachable(redis_url)

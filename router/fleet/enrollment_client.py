@@ -17,7 +17,8 @@ from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
 from common.grpc.client import aio_plain_channel, call_mapped
-from common.grpc.server import AUTHORIZATION_HEADER, MAX_MESSAGE_BYTES
+from common.grpc.headers import AUTHORIZATION_HEADER
+from common.grpc.server import MAX_MESSAGE_BYTES
 from common.telemetry.logs import REQUEST_ID_HEADER
 
 CALL_TIMEOUT_S = 10.0

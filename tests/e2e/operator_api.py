@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from versus.access.v1 import access_pb2, access_pb2_grpc
+from versus.credential.v1 import credential_pb2, credential_pb2_grpc
 from versus.enrollment.v1 import enrollment_pb2, enrollment_pb2_grpc
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 
@@ -23,16 +24,16 @@ from versus_cp.output import json_dict
 
 
 class OperatorApi:
-    """One control plane's enrollment, fleet and access services, as its admin."""
+    """One control plane's enrollment, fleet, access and credential services, as its admin."""
 
     def __init__(self, enrollment_address: str, router_address: str, admin_token: str) -> None:
-        self._channels = [
-            sync_channel(enrollment_address, admin_token),
-            sync_channel(router_address, admin_token),
-        ]
-        self._enrollment = enrollment_pb2_grpc.EnrollmentServiceStub(self._channels[0])
-        self._fleet = fleet_pb2_grpc.FleetServiceStub(self._channels[1])
-        self._access = access_pb2_grpc.AccessServiceStub(self._channels[1])
+        enrollment = sync_channel(enrollment_address, admin_token)
+        router = sync_channel(router_address, admin_token)
+        self._channels = (enrollment, router)
+        self._enrollment = enrollment_pb2_grpc.EnrollmentServiceStub(enrollment)
+        self._fleet = fleet_pb2_grpc.FleetServiceStub(router)
+        self._access = access_pb2_grpc.AccessServiceStub(router)
+        self._credentials = credential_pb2_grpc.CredentialServiceStub(router)
 
     def create_site(self, name: str, tenant: str = "acme") -> dict[str, Any]:
         """`sites create NAME --tenant TENANT --json`."""
@@ -46,11 +47,9 @@ class OperatorApi:
     ) -> dict[str, Any]:
         """`tokens issue --site SITE_ID [--manual-approval] [--max-uses N] --json` (the service's
         defaults otherwise, as the CLI's are)."""
+        manual, auto = enrollment_pb2.APPROVAL_MODE_MANUAL, enrollment_pb2.APPROVAL_MODE_AUTO
         request = enrollment_pb2.IssueEnrollmentTokenRequest(
-            site_id=site_id,
-            approval_mode=enrollment_pb2.APPROVAL_MODE_MANUAL
-            if manual_approval
-            else enrollment_pb2.APPROVAL_MODE_AUTO,
+            site_id=site_id, approval_mode=manual if manual_approval else auto
         )
         if max_uses is not None:
             request.max_uses = max_uses
@@ -69,6 +68,11 @@ class OperatorApi:
         """The ``collector`` of `collectors show COLLECTOR_ID --json`."""
         reply = self._fleet.GetCollector(fleet_pb2.GetCollectorRequest(collector_id=collector_id), timeout=10)
         return dict(json_dict(reply)["collector"])
+
+    def revocation(self, revocation_id: str) -> dict[str, Any]:
+        """`credentials show REVOCATION_ID --json`."""
+        request = credential_pb2.GetRevocationRequest(revocation_id=revocation_id)
+        return dict(json_dict(self._credentials.GetRevocation(request, timeout=10)))
 
     def close(self) -> None:
         for channel in self._channels:

@@ -11,14 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from versus.router.v1 import task_pb2
 
-from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
+from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,9 +28,9 @@ DEVICE = "dev-cred"
 
 @pytest.fixture
 def fleet(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> Iterator[tuple[ControlPlane, Collector, Platform]]:
-    cp = start_control_plane()
+    cp = shared_control_plane
     c = Collector(cp, tmp_path / "c", tmp_path / "c.log", devices=tmp_path / "devices")
     c.enroll()
     creds = c.state / "credentials.json"
@@ -58,7 +58,7 @@ def _revoke(cp: ControlPlane, *extra: str) -> Any:
 
 
 def _show(cp: ControlPlane, revocation_id: str) -> Any:
-    return cli_json(["credentials", "show", revocation_id], cp.env)["revocation"]
+    return cp.api.revocation(revocation_id)["revocation"]
 
 
 def test_a_revoke_is_acked_scrubbed_and_a_kill_stops_the_task(

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from collector.external_vault import SECRET_FILE, ExternalVault, VaultError, VaultSettings, settings_key
+from collector.external_vault import ExternalVault
+from collector.vault_settings import SECRET_FILE, VaultError, VaultSettings, settings_key
 from common.trust import pki
 from router.credentials.vault_secrets import for_collector
 from tests.support.openbao import OpenBao, openbao

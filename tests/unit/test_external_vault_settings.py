@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from collector.drivers.base import DriverError, Supplied, Task
-from collector.external_vault import VaultError, VaultSettings, secret_path
+from collector.vault_settings import VaultError, VaultSettings, secret_path
 
 
 def test_a_device_path_is_prefix_provider_and_target_ref() -> None:
