@@ -187,7 +187,8 @@ class AgentState:
     async def _sleep(self, seconds: float, why: str) -> None:
         log.warning("gateway unavailable; backing off", seconds=round(seconds, 2), reason=why)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self.stopping.wait()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

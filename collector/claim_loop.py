@@ -61,7 +61,8 @@ class ClaimLoop(Execution):
                 # heartbeat, so a claim that asks for nothing (capacity 0) still goes out each interval.
                 self.slot_freed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._freed_or_stopping(), self.claim_wait_s)
+                    async with asyncio.timeout(self.claim_wait_s):
+                        await self._freed_or_stopping()
                 if self.stopping.is_set():
                     return
                 if any(v > 0 for v in self._free().values()):

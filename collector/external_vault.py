@@ -242,7 +242,8 @@ class ExternalVault:
             except VaultError as exc:
                 log.error("vault session not renewed", code=exc.code, reason=str(exc))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopping.wait(), min(delay, 3600.0))
+                async with asyncio.timeout(min(delay, 3600.0)):
+                    await stopping.wait()
 
     async def _refresh(self) -> None:
         async with self._login_lock:

@@ -65,7 +65,7 @@ class RunningTasks:
     ) -> Outcome:
         """Run one driver call to its outcome: its own, a timeout's (unknown), an error's (failed),
         or a stop's (:func:`stopped_outcome`). :class:`WindowClosed` is raised, as before."""
-        runner = asyncio.ensure_future(asyncio.wait_for(execution, timeout_s))
+        runner = asyncio.ensure_future(_within(execution, timeout_s))
         self._running[task.task_id] = (task, runner)
         try:
             await asyncio.wait([runner])
@@ -137,3 +137,10 @@ def _force(task: Task, runner: asyncio.Task[Outcome]) -> None:
         log.warning("driver did not stop in time; stopping it by force", task_id=task.task_id)
         task.stop.forced = True
         runner.cancel()
+
+
+async def _within(execution: Coroutine[Any, Any, Outcome], timeout_s: float) -> Outcome:
+    """``execution``'s outcome, or TimeoutError after ``timeout_s`` (asyncio.timeout: Python 3.11's
+    wait_for can lose a cancel that lands as the awaited call finishes)."""
+    async with asyncio.timeout(timeout_s):
+        return await execution

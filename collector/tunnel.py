@@ -94,9 +94,8 @@ async def carry(
             await _carry_injected(injector, session_id, ws)
         return
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(str(offer["host"]), int(offer["port"])), CONNECT_TIMEOUT_S
-        )
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(str(offer["host"]), int(offer["port"]))
     except (OSError, TimeoutError) as exc:
         log.warning("tunnel target unreachable", session_id=session_id, reason=str(exc) or type(exc).__name__)
         # Say so at once: the platform would otherwise wait for a dial-back that never comes.

@@ -125,7 +125,8 @@ class ErrorBody(BaseModel):
 
 async def _probe(name: str, check: Awaitable[object]) -> tuple[str, str]:
     try:
-        await asyncio.wait_for(check, READINESS_TIMEOUT_S)
+        async with asyncio.timeout(READINESS_TIMEOUT_S):
+            await check
         return name, "ok"
     except TimeoutError:
         return name, f"timed out after {READINESS_TIMEOUT_S:.0f}s"

@@ -129,7 +129,8 @@ async def keep_updates_fresh(
         except Exception:
             log.exception("refreshing the update repository failed; retrying next interval")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval_s)
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
 
 
 async def sweep_forever(
@@ -155,7 +156,8 @@ async def sweep_forever(
         except Exception:
             log.exception("sweep failed; retrying next interval")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval_s)
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
 
 
 async def stop_sweeper(sweeper: asyncio.Task[None], stop: asyncio.Event, grace_s: float) -> None:

@@ -314,7 +314,8 @@ class Follower:
                 except Exception:  # PostgreSQL away, a bad row: keep serving what this host has
                     log.warning("following the shared key material failed; retrying", exc_info=True)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval_s)
+                    async with asyncio.timeout(interval_s):
+                        await stop.wait()
         finally:
             self.engine.dispose()
 

@@ -173,8 +173,11 @@ class KeyedFanout(Fanout):
                     await self._pubsub.subscribe(self.prefix + key)
                 except Exception:  # the connection broke: the listen loop resubscribes
                     log.debug("subscribe failed; the listen loop resubscribes", key=key)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when a cancel
+        # lands in the turn the confirmation arrives, and the cancel is lost.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(confirmed), SUBSCRIBE_WAIT_S)
+            async with asyncio.timeout(SUBSCRIBE_WAIT_S):
+                await asyncio.shield(confirmed)
 
     def _on_reply(self, message: dict[str, Any]) -> None:
         kind = message.get("type")

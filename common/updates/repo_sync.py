@@ -164,4 +164,5 @@ class SharedDirectory:
             except Exception:
                 log.warning("following the update repository failed; retrying", exc_info=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()

@@ -214,7 +214,8 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
                 if State(task["state"]) in TERMINAL:
                     return
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), WATCH_FALLBACK_S)
+                    async with asyncio.timeout(WATCH_FALLBACK_S):
+                        await changed.wait()
 
     async def ReadOutput(
         self, request: pb.ReadOutputRequest, context: Context

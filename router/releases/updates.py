@@ -122,7 +122,8 @@ class Updates:
             except Exception:
                 log.exception("recomputing update targets failed; retrying next interval")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+                async with asyncio.timeout(interval_s):
+                    await stop.wait()
 
     # --- administrator actions -----------------------------------------------------------------
     async def apply(self, collector_id: str, version: str, actor: str) -> str:

@@ -228,7 +228,8 @@ class TunnelServicer(tunnel_pb2_grpc.TunnelServiceServicer):
         reader: asyncio.Task[None] | None = None
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.paired.wait(), OFFER_WAIT_S)
+                async with asyncio.timeout(OFFER_WAIT_S):
+                    await session.paired.wait()
             if not session.paired.is_set():
                 yield pb.OpenTunnelResponse(closed=pb.TunnelClosed(reason="collector_did_not_connect"))
                 return

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from common.embedded.process import free_ports
 from common.redis.fanout import UNSUBSCRIBE_EVERY_S, KeyedFanout
 
 pytestmark = pytest.mark.timeout(30)
@@ -83,3 +84,31 @@ async def test_listeners_are_subscribed_again_after_the_connection_is_cut(
             await asyncio.sleep(0.05)
         await client.publish(PREFIX + "col-4", b"back")
         await asyncio.wait_for(woken.wait(), 5)
+
+
+async def test_a_listener_cancelled_as_its_subscription_is_confirmed_ends_cancelled() -> None:
+    """A cancel that lands in the same turn of the loop as the subscription's confirmation cancels
+    the listener. Python 3.11's ``asyncio.wait_for`` returned the confirmation instead and lost the
+    cancel: the router's candidate-change follower then went on listening, and a shutdown waited
+    on it forever (a teardown of tests/integration/test_router_pipeline.py under load)."""
+    # Redis away (nothing listens on the port): subscriptions wait for confirmations the listen
+    # loop would deliver, which this test delivers itself, in the turn it cancels.
+    hub = KeyedFanout(aioredis.Redis(port=free_ports(1)[0]), prefix=PREFIX)
+    hub.start()
+    listened = asyncio.Event()
+
+    async def listen() -> None:
+        async with hub.listening("race"):
+            listened.set()
+            await asyncio.sleep(3600)
+
+    try:
+        listener = asyncio.create_task(listen())
+        await asyncio.sleep(0.1)  # entered, waiting for the confirmation
+        hub._on_reply({"type": "subscribe", "channel": PREFIX + "race"})
+        listener.cancel()
+        await asyncio.wait({listener}, timeout=2)
+        assert listener.cancelled() and not listened.is_set()
+    finally:
+        await hub.stop()
+        await hub.redis.aclose()

@@ -1,5 +1,6 @@
-"""The tree stays one a newcomer can find their way in: modules of a readable size, and the
-layout table of docs/architecture.md naming exactly the packages that exist."""
+"""The tree stays one a newcomer can find their way in: modules of a readable size, the layout
+table of docs/architecture.md naming exactly the packages that exist; and one asyncio pitfall
+kept out of the product code."""
 
 from __future__ import annotations
 
@@ -54,3 +55,17 @@ def test_the_layout_table_lists_every_package() -> None:
 def test_every_folder_the_layout_table_names_exists() -> None:
     missing = {row for row in _layout_rows() if not (ROOT / row.split("<", 1)[0]).is_dir()}
     assert missing == set()
+
+
+# Services, the collector and the chaos tools; not tests, benchmarks or tools run once.
+PRODUCT = ("common/", "router/", "gateway/", "enrollment/", "console/", "collector/", "versus_cp/", "chaos/")
+
+
+def test_no_product_code_bounds_a_wait_with_wait_for() -> None:
+    # Python 3.11's asyncio.wait_for returns the awaited result when a cancel lands in the turn it
+    # completes, and the cancel is lost: a router's shutdown once waited forever on a listener
+    # that went on listening (tests/integration/test_keyed_fanout.py). asyncio.timeout does not.
+    using = [
+        p for p in _tracked("*.py") if p.startswith(PRODUCT) and "asyncio.wait_for(" in (ROOT / p).read_text()
+    ]
+    assert using == []
