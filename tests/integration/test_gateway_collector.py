@@ -101,6 +101,9 @@ class Stack:
     clock: OffsetClock
     # The gateway app, for tests that tune its state (e.g. the periodic standing check).
     app: Any
+    # One client for the test's requests: built once (its TLS context costs ~50 ms of CPU), so a
+    # timed request measures the gateway rather than the client's construction.
+    http: httpx.AsyncClient
 
     async def post(
         self, path: str, body: Any = None, who: Collector | dict[str, str] | None = None, **kw: Any
@@ -112,8 +115,7 @@ class Stack:
                 body = with_report_signature(who.key, who.collector_id, body)  # as the reference collector
         elif who is not None:
             kw["headers"] = who
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as client:
-            return await client.post(API + path, json=body, **kw)
+        return await self.http.post(API + path, json=body, **kw)
 
     async def enroll(self, name: str) -> Collector:
         issued = await self.service.issue_token(
@@ -213,6 +215,7 @@ async def running_stack(database_url: str, redis_url: str, tmp_path: Any) -> Asy
     site = await service.create_site("gw-site", "tenant-g", "manual", None)
     platform_token = await mint(router.engine, Role.PLATFORM)
     channel = aio_channel(grpc_server.address, platform_token)
+    http = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30)
     yield Stack(
         f"http://127.0.0.1:{port}",
         service,
@@ -224,7 +227,9 @@ async def running_stack(database_url: str, redis_url: str, tmp_path: Any) -> Asy
         router,
         clock,
         app,
+        http,
     )
+    await http.aclose()
     await channel.close(None)
     server.should_exit = True
     await task
@@ -335,7 +340,10 @@ async def test_empty_claim_holds_then_204_and_wakes_for_new_work(stack: Stack) -
     assert empty.status_code == 204
     assert empty.headers["X-Versus-Claim-Hold"] == "3"
     assert empty.headers["X-Versus-Server-Time"].endswith("Z")
-    assert HOLD_S - 0.2 <= held < HOLD_S + 1.5
+    # Held for the configured 3 s, not the 25 s default. The upper margin is wide because the test
+    # process serves both ends (gateway, router and client on one event loop): on a starved
+    # machine (make test beside a CPU hog) the same 3.09 s hold measured 4.8 s here.
+    assert HOLD_S - 0.2 <= held < 2 * HOLD_S
     waiting = asyncio.create_task(stack.post("/claim", {}, c))
     await asyncio.sleep(0.5)
     submitted_at = time.monotonic()
