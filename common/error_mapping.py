@@ -95,6 +95,34 @@ def _infrastructure(error: BaseException) -> errors.VersusError | None:
     return None
 
 
+_DETAIL_LIMIT = 160
+
+
+def dependency_detail(error: BaseException) -> str:
+    """What a failed dependency said, short and safe to log: the driver's class, the SQLSTATE when
+    PostgreSQL sent one, and the first line of the driver's message.
+
+    SQLAlchemy's own text is not used: it appends the statement and its parameters, which may
+    carry token hashes or sealed material. The driver's first line is the server's primary
+    message ("terminating connection due to administrator command", "sorry, too many clients
+    already") or the client's ("connection refused"), which names hosts and users but never a
+    password.
+    """
+    sa_exc: Any = sys.modules.get("sqlalchemy.exc")
+    cause: BaseException = error
+    if sa_exc is not None and isinstance(error, sa_exc.DBAPIError) and error.orig is not None:
+        cause = error.orig
+    elif sa_exc is not None and isinstance(error, sa_exc.TimeoutError):
+        return "TimeoutError: no pooled connection came free in time"
+    text = str(cause).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > _DETAIL_LIMIT:
+        first = first[: _DETAIL_LIMIT - 1] + "\u2026"
+    sqlstate = getattr(cause, "sqlstate", None)
+    where = f"{type(cause).__name__} {sqlstate}" if sqlstate else type(cause).__name__
+    return f"{where}: {first}" if first else where
+
+
 def status_for(error: BaseException) -> TransportStatus:
     """Transport status for any exception; anything unexpected is an internal error."""
     error = _infrastructure(error) or error

@@ -202,7 +202,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
         if status == 500:
             log.exception("unhandled error")
         else:
-            log.warning("dependency unavailable", error=type(exc).__name__)
+            log.warning(
+                "dependency unavailable",
+                error=type(exc).__name__,
+                detail=error_mapping.dependency_detail(exc),
+            )
         return error_response(error_mapping.public_error(exc), status)
 
     # Dependency errors are registered by class so Starlette answers them inside the middleware

@@ -197,7 +197,11 @@ async def admit_socket(ws: WebSocket, store: GatewayStore) -> tuple[BearerClaims
             if error_mapping.status_for(exc).http_status == 500:
                 log.exception("socket admission failed")
             else:
-                log.warning("socket refused: dependency unavailable", error=type(exc).__name__)
+                log.warning(
+                    "socket refused: dependency unavailable",
+                    error=type(exc).__name__,
+                    detail=error_mapping.dependency_detail(exc),
+                )
             await deny(ws, public)
             return None
     return admitted

@@ -320,7 +320,13 @@ async def _abort_for(
         if code == grpc.StatusCode.INTERNAL:
             log.exception("unhandled error in rpc", service=service, method=method)
         elif not isinstance(exc, VersusError):
-            log.warning("dependency unavailable", service=service, method=method, error=type(exc).__name__)
+            log.warning(
+                "dependency unavailable",
+                service=service,
+                method=method,
+                error=type(exc).__name__,
+                detail=error_mapping.dependency_detail(exc),
+            )
         context.set_trailing_metadata(error_mapping.trailing_metadata(public))
         await context.abort(code, public.message)
 

@@ -90,3 +90,22 @@ def test_a_database_bug_stays_internal() -> None:
     )
     assert error_mapping.status_for(integrity).http_status == 500
     assert error_mapping.public_error(integrity).code == "internal"
+
+
+def test_a_dependency_failure_is_described_by_its_driver_never_by_the_statement() -> None:
+    class DriverError(Exception):
+        sqlstate = "57P01"
+
+    wrapped = sa_exc.OperationalError(
+        "SELECT token_hash FROM tokens WHERE token_hash = %(h)s",
+        {"h": "d2f1-secret-hash"},
+        DriverError("terminating connection due to administrator command\nSSL SYSCALL error: EOF"),
+    )
+    detail = error_mapping.dependency_detail(wrapped)
+    assert detail == "DriverError 57P01: terminating connection due to administrator command"
+    assert "secret" not in detail and "SELECT" not in detail
+    assert error_mapping.dependency_detail(redis_exc.ConnectionError("x" * 400)).startswith(
+        "ConnectionError: xxx"
+    )
+    assert len(error_mapping.dependency_detail(redis_exc.ConnectionError("x" * 400))) < 200
+    assert error_mapping.dependency_detail(sa_exc.TimeoutError()).startswith("TimeoutError")
