@@ -122,6 +122,7 @@ class Workload:
         )  # fmt: skip
         # Retried with the same idempotency key while the control plane is unavailable.
         for _ in range(20):
+            sent = time.monotonic()
             try:
                 reply = await stub.SubmitTask(request, timeout=10)
             except grpc.aio.AioRpcError as exc:
@@ -129,7 +130,8 @@ class Workload:
                 if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                     item.refused = code or exc.code().name
                     return
-                self.errors.append((time.monotonic(), f"SubmitTask {exc.code().name} {code}"))
+                failed = f"SubmitTask {exc.code().name} {code}" + _why(exc, sent)
+                self.errors.append((time.monotonic(), failed))
                 await asyncio.sleep(1.0)
                 continue
             item.task_id = reply.task.task_id
@@ -155,6 +157,13 @@ class Workload:
             open_items = still
             if open_items:
                 await asyncio.sleep(1.0)
+
+
+def _why(exc: grpc.aio.AioRpcError, sent: float) -> str:
+    """How long the failed call took and what gRPC said, to read a violation by ("Socket closed",
+    "failed to connect to all addresses", a deadline)."""
+    details = (exc.details() or "").splitlines()
+    return f" [after {time.monotonic() - sent:.1f}s: {details[0][:120] if details else '-'}]"
 
 
 def _versus_code(exc: grpc.aio.AioRpcError) -> str:

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import grpc
 from versus.enrollment.v1 import enrollment_pb2_grpc
 from versus.router.v1 import collector_bridge_pb2_grpc
 
+from common.errors import Unavailable
 from common.grpc.client import Token, aio_channel, call_mapped
-from common.telemetry.logs import REQUEST_ID_HEADER
+from common.telemetry.logs import REQUEST_ID_HEADER, get_logger
+
+log = get_logger("versus.gateway.clients")
 
 # Every internal call gets a deadline; a wedged service must not hold a collector request forever.
 CALL_TIMEOUT_S = 10.0
@@ -39,4 +43,23 @@ async def call(
 ) -> T:
     """Invoke a unary RPC; a failure comes back as the domain error the service raised."""
     metadata = ((REQUEST_ID_HEADER, request_id),) if request_id else None
-    return await call_mapped(method, request, timeout_s=timeout_s, metadata=metadata)
+    try:
+        return await call_mapped(method, request, timeout_s=timeout_s, metadata=metadata)
+    except Unavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, grpc.aio.AioRpcError):
+            # The collector sees 503 backend_unavailable; the operator sees which call and why.
+            details = (cause.details() or "").splitlines()
+            log.warning(
+                "internal service unavailable",
+                method=_method_name(method),
+                error=cause.code().name,
+                detail=details[0][:200] if details else "",
+            )
+        raise
+
+
+def _method_name(method: object) -> str:
+    """The RPC's name (``/versus.router.v1.CollectorBridgeService/Claim``) for a log line."""
+    name = getattr(method, "_method", b"")
+    return name.decode(errors="replace") if isinstance(name, bytes) else str(name)

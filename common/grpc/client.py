@@ -174,9 +174,11 @@ async def call_mapped(
     except grpc.aio.AioRpcError as exc:
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            # Chained, not hidden: the caller's log says what gRPC saw (refused, reset, deadline);
+            # the caller's answer carries only the stable code.
             raise Unavailable(
                 "an internal service is unavailable; retry later", code="backend_unavailable"
-            ) from None
+            ) from exc
         # grpc.aio returns its own Metadata type, iterable as (key, value) pairs.
         metadata_pairs: Any = exc.trailing_metadata() or ()
         pairs = {k: v for k, v in metadata_pairs if isinstance(v, str)}
