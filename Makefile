@@ -3,11 +3,15 @@
 # checked against their SHA-256 (--require-hashes), whatever day it runs.
 
 PYTHON ?= python3
+export PYTHON
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# pip's options for every install from a lock: nothing unpinned, nothing unhashed.
-LOCKED := --quiet --disable-pip-version-check --require-hashes
+# A new environment holding exactly one lock, nothing unpinned, nothing unhashed (uv, itself from
+# locks/installer.txt): INSTALL_LOCK <venv> <lock>.
+INSTALL_LOCK := tools/install_lock.sh
+# This checkout, editable and without dependencies (they are the lock's), into environment $(1).
+INSTALL_PROJECT = UV_NO_CONFIG=1 $(1)/bin/uv pip install --quiet --python $(1)/bin/python --no-deps --no-build-isolation -e .
 
 .PHONY: help venv run test test-deps test-fast collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
@@ -32,11 +36,9 @@ venv: $(STAMP)
 
 # A new environment each time the lock changes (an install over the old one would keep what the
 # lock dropped). The project itself goes in editable, without its dependencies: they are the lock's.
-$(STAMP): locks/dev.txt pyproject.toml
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install $(LOCKED) -r locks/dev.txt
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+$(STAMP): locks/dev.txt locks/installer.txt pyproject.toml
+	$(INSTALL_LOCK) $(VENV) locks/dev.txt
+	$(call INSTALL_PROJECT,$(VENV))
 	@touch $(STAMP)
 
 lock: $(STAMP)
@@ -115,10 +117,8 @@ $(AXE_DIR)/node_modules/.installed: $(AXE_DIR)/package-lock.json
 	npm ci --prefix $(AXE_DIR) --no-audit --no-fund --silent
 	@touch $@
 
-$(MITM_VENV)/.installed: locks/mitmproxy.txt
-	rm -rf $(MITM_VENV)
-	$(PYTHON) -m venv $(MITM_VENV)
-	$(MITM_VENV)/bin/python -m pip install $(LOCKED) -r locks/mitmproxy.txt
+$(MITM_VENV)/.installed: locks/mitmproxy.txt locks/installer.txt
+	$(INSTALL_LOCK) $(MITM_VENV) locks/mitmproxy.txt
 	@touch $@
 
 system-deps:
@@ -158,11 +158,9 @@ BENCH_VENV  := .venv-bench
 BENCH_BIN   := $(BENCH_VENV)/bin
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-$(BENCH_STAMP): locks/bench.txt pyproject.toml
-	rm -rf $(BENCH_VENV)
-	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_BIN)/python -m pip install $(LOCKED) -r locks/bench.txt
-	$(BENCH_BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+$(BENCH_STAMP): locks/bench.txt locks/installer.txt pyproject.toml
+	$(INSTALL_LOCK) $(BENCH_VENV) locks/bench.txt
+	$(call INSTALL_PROJECT,$(BENCH_VENV))
 	@touch $(BENCH_STAMP)
 
 bench-deps: $(BENCH_STAMP)
@@ -221,10 +219,8 @@ bench-console: $(BENCH_STAMP) system-deps
 
 salt-deps: $(SALT_VENV)/.installed
 
-$(SALT_VENV)/.installed: locks/salt.txt
-	rm -rf $(SALT_VENV)
-	$(PYTHON) -m venv $(SALT_VENV)
-	$(SALT_VENV)/bin/python -m pip install $(LOCKED) -r locks/salt.txt
+$(SALT_VENV)/.installed: locks/salt.txt locks/installer.txt
+	$(INSTALL_LOCK) $(SALT_VENV) locks/salt.txt
 	touch $@
 
 bench-salt: $(STAMP) salt-deps

@@ -50,6 +50,7 @@ ENVIRONMENTS = {
     "bench": ".venv-bench",
     "mitmproxy": ".venv-mitm",
     "salt": ".venv-salt",
+    "installer": ".venv",  # uv: in every environment, and in the dev lock at the same version
 }
 MAKE_TARGET = {
     ".venv": "venv",

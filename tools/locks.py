@@ -7,10 +7,11 @@ Each lock in ``locks/`` is resolved by ``uv pip compile`` from its inputs (a
 ``pyproject.toml`` and its extras, or a ``.in`` file) with ``--generate-hashes``
 and ``--universal`` (one file for every Linux architecture and Python 3.11+ a
 collector or control plane may run on; a package needed on one only carries an
-environment marker). Installs go through pip with ``--require-hashes``: pip refuses
-any file whose SHA-256 the lock does not list, and any dependency the lock does not
-pin, so a fresh clone gets exactly the locked files on any day
-(docs/development.md).
+environment marker). Installs require hashes (``--require-hashes``): the installer
+refuses any file whose SHA-256 the lock does not list, and any dependency the lock
+does not pin, so a fresh clone gets exactly the locked files on any day
+(docs/development.md). ``make`` installs with uv (tools/install_lock.sh), itself
+installed by pip from the ``installer`` lock; production hosts use plain pip.
 
 Locks that describe parts of one environment agree with each other: the collector
 and the development lock are resolved under the control plane's lock as a
@@ -83,6 +84,8 @@ LOCKS: tuple[Lock, ...] = (
          purpose="benchmarks and their peers, .venv-bench"),
     Lock("mitmproxy", ("locks/mitmproxy.in",), purpose="the TLS-inspecting proxy of the tests, .venv-mitm"),
     Lock("salt", ("locks/salt.in",), purpose="SaltStack, the benchmarks' peer, .venv-salt"),
+    Lock("installer", ("locks/installer.in",), constraints=("dev",),
+         purpose="uv, which installs every lock into its environment (tools/install_lock.sh)"),
 )  # fmt: skip
 BY_NAME = {lock.name: lock for lock in LOCKS}
 

@@ -1,7 +1,8 @@
 """Installs from the lock are reproducible (issue 26): a clean virtual environment installed from
 locks/dev.txt today is byte-for-byte the environment these tests run in (installed from the same
 lock by `make venv`, on another day on a developer's machine or minutes ago in CI), and holds
-exactly the locked set."""
+exactly the locked set. Both are made by the one script every make target installs with
+(tools/install_lock.sh)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def _is_project_file(relative: str) -> bool:
 
 def _digest(path: Path, venv: Path) -> str:
     """A file's SHA-256, with the environment's absolute path written as VENV: the console scripts
-    pip writes into bin/ start with it (their shebang), and so do the activate scripts. A RECORD
-    lists those scripts' hashes, so its lines for bin/ are left out: the scripts themselves are
-    compared. Everything else is compared exactly as installed."""
+    the installer writes into bin/ start with it (their shebang), and so do the activate scripts.
+    A RECORD lists those scripts' hashes, so its lines for bin/ are left out: the scripts
+    themselves are compared. Everything else is compared exactly as installed."""
     data = path.read_bytes().replace(str(venv.resolve()).encode(), b"VENV")
     if path.name == "RECORD" and path.parent.name.endswith(".dist-info"):
         data = b"\n".join(line for line in data.splitlines() if not line.startswith(b"../../../bin/"))
@@ -40,9 +41,9 @@ def _digest(path: Path, venv: Path) -> str:
 
 
 def inventory(venv: Path) -> dict[str, str]:
-    """Every file pip installed into ``venv`` (site-packages and bin/), by path, with its digest.
-    Bytecode caches are left out: pip compiles them at install time and CPython stamps each with
-    its source file's modification time, the moment of the install."""
+    """Every file installed into ``venv`` (site-packages and bin/), by path, with its digest.
+    Bytecode caches are left out: CPython stamps each with its source file's modification time,
+    the moment of the install, and writes them when a module is first imported."""
     files: dict[str, str] = {}
     site = site_packages(venv)
     for path in site.rglob("*"):
@@ -74,11 +75,9 @@ def test_a_clean_install_from_the_lock_is_this_environment_byte_for_byte(tmp_pat
     fresh = tmp_path / "another-clone" / ".venv"
     # From the interpreter this environment was made from, as `make venv` does.
     base = Path(sys.base_prefix) / "bin" / "python3"
-    subprocess.run([str(base), "-m", "venv", str(fresh)], check=True, timeout=120)
     subprocess.run(
-        [str(fresh / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--require-hashes", "--requirement", str(ROOT / "locks" / "dev.txt")],
-        check=True, env=clean_env(), cwd=tmp_path, timeout=800,
+        [str(ROOT / "tools" / "install_lock.sh"), str(fresh), str(ROOT / "locks" / "dev.txt")],
+        check=True, env={**clean_env(), "PYTHON": str(base)}, cwd=tmp_path, timeout=800,
     )  # fmt: skip
 
     # Exactly the locked set: every pin that applies here, at its version, and nothing else.
