@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis import Redis
 
 from collector.drivers.stub import DEVICE_DIR_ENV
@@ -100,6 +102,16 @@ class Proc:
             self._log = None
 
 
+def _serving(port: str) -> bool:
+    """The gRPC server on ``port`` answers its overall health check SERVING."""
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 @dataclass
 class ChaosStack:
     root: Path
@@ -166,24 +178,24 @@ class ChaosStack:
         return result
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """Until the platform API answers (the router is up) and the gateway's readiness passes."""
+        """Until every service serves: the router's and the enrollment service's gRPC health checks
+        answer SERVING and the gateway's readiness passes. A restart fault ends here, so this must
+        see the restarted service itself: it once asked `versus-cp sites list` (the enrollment
+        service) and the gateway, never the router, and under load a router still importing 5-8 s
+        later made its refusals look like errors outside any fault (chaos smoke, CPU hog)."""
         deadline = time.monotonic() + timeout
         gateway = f"https://127.0.0.1:{self.env['VERSUS_GATEWAY_PORT']}/readyz"
-        ca = self.state_dir / "tls" / "gateway-ca.pem"
-        while time.monotonic() < deadline:
-            done = subprocess.run(
-                [sys.executable, "-m", "versus_cp", "sites", "list", "--json"],
-                env=self.env, capture_output=True, timeout=30, check=False,
-            )  # fmt: skip
-            try:
-                ready = httpx.get(
-                    gateway, verify=ssl.create_default_context(cafile=ca), timeout=2
-                ).status_code
-            except (httpx.HTTPError, OSError):
-                ready = 0
-            if done.returncode == 0 and ready == 200:
-                return
-            time.sleep(0.5)
+        context = ssl.create_default_context(cafile=self.state_dir / "tls" / "gateway-ca.pem")
+        grpc_ports = (self.env["VERSUS_ROUTER_PORT"], self.env["VERSUS_ENROLLMENT_PORT"])
+        with httpx.Client(verify=context, timeout=2) as client:
+            while time.monotonic() < deadline:
+                try:
+                    ready = client.get(gateway).status_code == 200
+                except (httpx.HTTPError, OSError):
+                    ready = False
+                if ready and all(_serving(port) for port in grpc_ports):
+                    return
+                time.sleep(0.25)
         raise RuntimeError("control plane not ready")
 
     def _enroll(self, count: int) -> None:
