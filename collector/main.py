@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--health-window", type=float, default=120.0, dest="health_window_s",
                    help="seconds a new version has to reach the control plane")  # fmt: skip
     v.add_argument("--check-interval", type=float, default=5.0, dest="check_interval_s")
+    # Defaults in collector/supervisor (not imported here: the collector's start stays light).
+    v.add_argument("--update-timeout", type=float, dest="update_timeout_s",
+                   help="seconds one upgrade attempt may take in all (1800)")  # fmt: skip
+    v.add_argument("--bootstrap-timeout", type=float, dest="bootstrap_timeout_s",
+                   help="seconds the first walk of the repository's roots may take (300)")  # fmt: skip
+    v.add_argument("--download-retry", type=float, dest="download_retry_s",
+                   help="seconds before a broken download is tried again; doubles (60)")  # fmt: skip
     v.add_argument("run_args", nargs="*", help="extra arguments for `run` (after --)")
     c = sub.add_parser(
         "credentials", help="Set, remove and list the sealed device credentials (vault mode A)."
@@ -104,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options of `supervise` whose defaults are collector/supervisor's own.
+SUPERVISOR_BOUNDS = ("update_timeout_s", "bootstrap_timeout_s", "download_retry_s")
+
+
 def _supervise(args: argparse.Namespace) -> int:
     from collector.supervisor.loop import Options, Supervisor
 
@@ -117,6 +128,7 @@ def _supervise(args: argparse.Namespace) -> int:
         state_dir=state, install_dir=args.install_dir or state / "versions", manifest_url=args.manifest_url,
         update_pubkey=args.update_pubkey, health_window_s=args.health_window_s,
         check_interval_s=args.check_interval_s, run_args=list(args.run_args),
+        **{name: getattr(args, name) for name in SUPERVISOR_BOUNDS if getattr(args, name) is not None},
     )  # fmt: skip
     return Supervisor(options).run()
 

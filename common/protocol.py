@@ -48,6 +48,14 @@ FEATURE_FLOORS: dict[str, int] = {
     "credential_revoke": 5,
     "relayed_credentials": 6,
 }
+# Upgrade failures after which the same release is worth trying again soon: what broke was the way
+# to it (a cut or stalled download, an attempt out of time or interrupted), not the release. A
+# supervisor's report names its code first (update_status.detail = "code: words"); the supervisor
+# retries these with backoff (collector/supervisor/failures.py) and the control plane keeps
+# targeting the release (router/releases/update_policy.py). Any other failure stops both.
+RETRYABLE_UPDATE_FAILURES = frozenset(
+    {"update_download_failed", "update_timeout", "update_bootstrap_timeout", "update_interrupted"}
+)
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)
 MIN_PROTOCOL_VERSION = 1

@@ -12,6 +12,12 @@ rollback of any role's version, expired metadata, a snapshot that does not
 match, and a target whose length or hash differs; the fetcher bounds every
 download in time (collector/update_fetcher.py).
 
+Bounds on the whole, not only per file: the root walk reads at most
+:data:`MAX_ROOT_VERSIONS` versions within ``bootstrap_timeout_s``, and one attempt
+(walk, refresh and download) ends within ``timeout_s``; every document the walk
+reads must be a root document before anything of it is used (a signed targets
+document served as ``1.root.json`` is refused with ``update_root_invalid``).
+
 The signed config names the target's name, version, length and SHA-256; the
 TUF targets metadata must agree on all four, so neither the gateway nor a stale
 config can swap one release for another.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +40,14 @@ from tuf.api.metadata import Metadata, Root
 from tuf.ngclient import Updater
 from tuf.ngclient.fetcher import FetcherInterface
 
-from collector.update_fetcher import GatewayFetcher
+from collector.update_fetcher import Cancel, GatewayFetcher
 from common.trust.keys import PublicKey
 
 MAX_ROOT_BYTES = 512_000
 MAX_ROOT_VERSIONS = 1024
+# One update attempt, whole (supervise --update-timeout), and its first root walk (--bootstrap-timeout).
+ATTEMPT_TIMEOUT_S = 1800.0
+BOOTSTRAP_TIMEOUT_S = 300.0
 
 
 class UpdateError(Exception):
@@ -108,6 +118,10 @@ class ReleaseFetcher:
         pinned: Mapping[str, PublicKey],
         anchor: str,
         fetcher: FetcherInterface | None = None,
+        *,
+        timeout_s: float = ATTEMPT_TIMEOUT_S,
+        bootstrap_timeout_s: float = BOOTSTRAP_TIMEOUT_S,
+        cancelled: Cancel | None = None,
     ):
         if not metadata_url.endswith("/metadata/"):
             raise UpdateError("manifest_url_invalid", "--manifest-url must end in /updates/metadata/")
@@ -115,27 +129,56 @@ class ReleaseFetcher:
         self.metadata_url = metadata_url
         self.targets_url = metadata_url[: -len("metadata/")] + "targets/"
         self.download_dir = download_dir
-        self.fetcher = fetcher or GatewayFetcher(context, key, collector_id)
+        self.cancelled = cancelled or Cancel()
+        self.fetcher = fetcher or GatewayFetcher(context, key, collector_id, cancelled=self.cancelled)
         self.pinned = pinned
         self.anchor = anchor
+        self.timeout_s = timeout_s
+        self.bootstrap_timeout_s = bootstrap_timeout_s
 
     def close(self) -> None:
         if isinstance(self.fetcher, GatewayFetcher):
             self.fetcher.close()
 
-    def _bootstrap(self) -> bytes | None:
+    def _limit(self, not_after: float) -> None:
+        """Every later request of this attempt ends by ``not_after`` (time.monotonic())."""
+        if isinstance(self.fetcher, GatewayFetcher):
+            self.fetcher.not_after = not_after
+
+    def _check_time(self, not_after: float, code: str, what: str) -> None:
+        if self.cancelled.is_set():
+            raise UpdateError("update_cancelled", "the update attempt was cancelled")
+        if time.monotonic() >= not_after:
+            raise UpdateError(code, what)
+
+    def _bootstrap(self, attempt_ends: float) -> bytes | None:
         """The trusted root for a first run; None when ngclient already keeps one."""
         if (self.metadata_dir / "root.json").exists():
             return None
+        walk_ends = min(attempt_ends, time.monotonic() + self.bootstrap_timeout_s)
+        self._limit(walk_ends)
         best: bytes | None = None
         for version in range(1, MAX_ROOT_VERSIONS + 1):
+            self._check_time(
+                walk_ends, "update_bootstrap_timeout",
+                f"the root walk read {version - 1} versions in its {self.bootstrap_timeout_s:.0f} s",
+            )  # fmt: skip
             try:
                 raw = self.fetcher.download_bytes(f"{self.metadata_url}{version}.root.json", MAX_ROOT_BYTES)
             except exceptions.DownloadHTTPError as exc:
                 if exc.status_code == 404:
                     break
                 raise
-            root = Metadata[Root].from_bytes(raw)
+            except exceptions.SlowRetrievalError:
+                self._check_time(walk_ends, "update_bootstrap_timeout", "the root walk ran out of time")
+                raise
+            document = Metadata.from_bytes(raw)
+            if not isinstance(document.signed, Root):
+                raise UpdateError(
+                    "update_root_invalid",
+                    f"version {version} of the root is a {type(document.signed).__name__.lower()} document",
+                )
+            root: Metadata[Root] = document  # a root: checked just above
             if root.signed.version == version and _root_keys_pinned(root, self.pinned):
                 best = raw
         if best is None:
@@ -153,10 +196,13 @@ class ReleaseFetcher:
         """Download and verify ``target``; returns the verified file. Raises :class:`UpdateError`."""
         self.metadata_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.download_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        attempt_ends = time.monotonic() + self.timeout_s
         try:
+            bootstrap = self._bootstrap(attempt_ends)
+            self._limit(attempt_ends)
             updater = Updater(
                 str(self.metadata_dir), self.metadata_url, str(self.download_dir), self.targets_url,
-                fetcher=self.fetcher, bootstrap=self._bootstrap(),
+                fetcher=self.fetcher, bootstrap=bootstrap,
             )  # fmt: skip
             updater.refresh()
             info = updater.get_targetinfo(target.name)
@@ -178,4 +224,7 @@ class ReleaseFetcher:
         except exceptions.RepositoryError as exc:
             raise UpdateError("update_metadata_refused", f"{type(exc).__name__}: {exc}") from None
         except exceptions.DownloadError as exc:
+            self._check_time(
+                attempt_ends, "update_timeout", f"the attempt ran out of its {self.timeout_s:.0f} s"
+            )
             raise UpdateError("update_download_failed", f"{type(exc).__name__}: {exc}") from None

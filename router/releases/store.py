@@ -121,6 +121,7 @@ async def policy_rows(
             collector_updates.c.target_version,
             collector_updates.c.state,
             collector_updates.c.state_version,
+            collector_updates.c.detail,
         )
         .join(sites, sites.c.site_id == collectors.c.site_id)
         .outerjoin(collector_capabilities, collector_capabilities.c.collector_id == collectors.c.collector_id)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from common.errors import InvalidArgument
+from common.protocol import RETRYABLE_UPDATE_FAILURES
 
 POLICIES = ("manual", "auto", "pinned")
 CHANNELS = ("stable", "beta")
@@ -59,6 +60,8 @@ class CollectorFacts:
     # The supervisor's last report: state ('', 'updating', 'updated', 'rolled_back', 'failed') and version.
     state: str = ""
     state_version: str | None = None
+    # Its detail, which starts with the failure's stable code ("update_download_failed: ...").
+    state_detail: str = ""
 
 
 def parse_version(text: str) -> Version:
@@ -92,7 +95,12 @@ def latest(releases: Iterable[ReleaseFacts], channel: str) -> ReleaseFacts | Non
 
 
 def _failed(facts: CollectorFacts, version: str) -> bool:
-    return facts.state in ("rolled_back", "failed") and facts.state_version == version
+    """The collector reported ``version`` failed, for a reason that retrying the same release would
+    not fix; a broken download (RETRYABLE_UPDATE_FAILURES) keeps the target, and the supervisor
+    tries again with backoff (docs/upgrades.md)."""
+    if facts.state not in ("rolled_back", "failed") or facts.state_version != version:
+        return False
+    return facts.state_detail.split(":", 1)[0].strip() not in RETRYABLE_UPDATE_FAILURES
 
 
 def target(

@@ -72,6 +72,7 @@ def collector_facts(row: Mapping[str, Any] | RowMapping) -> CollectorFacts:
         running_version=row["running"] or "",
         state=row["state"] or "",
         state_version=row["state_version"],
+        state_detail=row.get("detail") or "",
     )
 
 

@@ -75,6 +75,21 @@ def test_a_version_that_failed_is_not_targeted_again_until_something_changes() -
     assert target(facts("manual", approved_version="1.1.0", **failed), RELEASES, NOW, SOAK) == "1.1.0"
 
 
+def test_a_broken_download_keeps_the_target_and_shows_failed() -> None:
+    """The way to the release broke, not the release: every policy keeps targeting it (the
+    supervisor retries with backoff) while the card says it failed; any other code stops it."""
+    broken = {"state": "failed", "state_version": "1.1.0", "state_detail": "update_download_failed: cut"}
+    refused = {**broken, "state_detail": "release_does_not_start: `--version` exited 1"}
+    assert target(facts("auto", **broken), RELEASES, NOW, SOAK) == "1.1.0"
+    assert target(facts("pinned", pinned_version="1.1.0", **broken), RELEASES, NOW, SOAK) == "1.1.0"
+    assert target(facts("auto", **refused), RELEASES, NOW, SOAK) is None
+    assert target(facts("pinned", pinned_version="1.1.0", **refused), RELEASES, NOW, SOAK) is None
+    for code in ("update_timeout", "update_bootstrap_timeout", "update_interrupted"):
+        retryable = {**broken, "state_detail": f"{code}: words"}
+        assert target(facts("auto", **retryable), RELEASES, NOW, SOAK) == "1.1.0", code
+    assert badge(facts("auto", **broken), "1.1.0", "1.1.0") is Badge.FAILED
+
+
 def test_badges() -> None:
     assert badge(facts("manual", ""), "1.1.0", None) is Badge.UNKNOWN
     assert badge(facts("manual", "1.1.0"), "1.1.0", None) is Badge.UP_TO_DATE
