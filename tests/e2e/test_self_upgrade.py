@@ -19,7 +19,15 @@ from versus.router.v1 import task_pb2
 from collector import __version__ as VERSION_A
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane
-from tests.e2e.upgrade_harness import Supervised, build_release, publish, update_view
+from tests.e2e.upgrade_harness import (
+    ReplicaGateway,
+    Supervised,
+    build_release,
+    metadata_url,
+    publish,
+    update_view,
+)
+from tests.support.tcp_proxy import CuttableProxy
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,6 +53,9 @@ def test_manual_approve_cancel_install_and_roll_back(
     supervised = Supervised(collector)
     supervised.start()
     platform = Platform(cp)
+    ca = Path(cp.env["VERSUS_STATE_DIR"]) / "tls" / "gateway-ca.pem"
+    replica: ReplicaGateway | None = None
+    link: CuttableProxy | None = None
     try:
         wait_for(lambda: update_view(cp, cid).get("running_version") == VERSION_A, timeout=60)
         publish(cp, artifact_b, VERSION_B)
@@ -60,14 +71,36 @@ def test_manual_approve_cancel_install_and_roll_back(
         assert applied["collector"]["update"]["badge"] == "UPDATE_BADGE_UPDATING"
         cancelled = cli_json(["collectors", "update", "cancel", cid], cp.env)
         assert not cancelled["collector"]["update"].get("target_version")
+        # From here the supervisor reaches the update repository through a second gateway, over a
+        # slow link, so that gateway can be killed in the middle of the artifact (issue 45).
+        replica = ReplicaGateway(cp, tmp_path / "replica-gateway.log")
+        replica.start(ca)
+        size = artifact_b.stat().st_size
+        link = CuttableProxy(replica.port, rate=max(256_000.0, size / 8))
+        supervised.manifest_url = metadata_url(f"https://127.0.0.1:{link.port}")
+        supervised.extra = ("--download-retry", "2")
         supervised.start()
         wait_for(lambda: collector.runtime().get("last_claim_at", 0) > time.time() - 3, timeout=60)
         time.sleep(5)  # several supervisor checks
         assert supervised.status() == {} and collector.runtime()["agent_version"] == VERSION_A
         _task_succeeds(platform, collector, "before")
 
-        # Approved: B is downloaded through TUF, staged, started and kept; work goes on.
+        # Approved: the gateway serving the download is SIGKILLed mid-artifact. The supervisor reports
+        # update_download_failed and keeps the collector working; the card says the update failed.
         cli_json(["collectors", "update", "apply", cid], cp.env)  # the latest: B
+        wait_for(lambda: link.relayed > size // 4, timeout=120)
+        replica.kill()
+        wait_for(
+            lambda: supervised.status().get("detail", "").startswith("update_download_failed"), timeout=60
+        )
+        assert supervised.status()["state"] == "failed" and supervised.proc is not None
+        assert supervised.proc.poll() is None, "the supervisor died with the download"
+        _task_succeeds(platform, collector, "download-broken")
+        wait_for(lambda: update_view(cp, cid).get("badge") == "UPDATE_BADGE_FAILED", timeout=30)
+        assert "update_download_failed" in update_view(cp, cid)["detail"]
+
+        # The gateway is back: a later attempt installs B through TUF; it is started and kept.
+        replica.start(ca)
         wait_for(lambda: supervised.status().get("state") == "updated", timeout=180)
         assert collector.runtime()["agent_version"] == VERSION_B
         wait_for(lambda: update_view(cp, cid).get("badge") == "UPDATE_BADGE_UP_TO_DATE", timeout=30)
@@ -93,3 +126,7 @@ def test_manual_approve_cancel_install_and_roll_back(
     finally:
         platform.close()
         supervised.stop()
+        if replica is not None:
+            replica.kill()
+        if link is not None:
+            link.close()

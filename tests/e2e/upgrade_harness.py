@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import platform
 import signal
+import ssl
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tests.e2e.collector_harness import Collector
+import httpx
+import psutil
+
+from common.embedded.process import free_port
+from common.runtime.service import PARENT_PID_ENV
+from tests.e2e.collector_harness import Collector, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 from tools.collector_dist import build, build_pex
 
@@ -39,6 +45,11 @@ def build_release(out: Path, version: str, *, broken: bool = False) -> Path:
     return build_pex(wheel, out / version)
 
 
+def metadata_url(gateway_url: str) -> str:
+    """The update repository's metadata URL on the gateway at ``gateway_url``."""
+    return gateway_url.rstrip("/") + "/api/collector/v1/updates/metadata/"
+
+
 def publish(cp: ControlPlane, artifact: Path, version: str, *extra: str) -> dict[str, Any]:
     """Publish ``artifact``; its SBOM too when one was built beside it (else ``--no-sbom``)."""
     has_sbom = artifact.with_name(artifact.name.removesuffix(".pex") + ".cdx.json").exists()
@@ -63,6 +74,9 @@ class Supervised:
     collector: Collector
     health_window_s: float = 25.0
     check_interval_s: float = 1.0
+    # Where the update repository is reached (default: the collector's gateway), and more options.
+    manifest_url: str | None = None
+    extra: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -74,13 +88,15 @@ class Supervised:
         c = self.collector
         identity = json.loads((c.state / "identity.json").read_text())
         release_kid = json.loads((c.state / "keys.json").read_text())["release"][0]["kid"]
+        manifest = (
+            self.manifest_url or identity["gateway_url"].rstrip("/") + "/api/collector/v1/updates/metadata/"
+        )
         self._log = open(c.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "supervise", "--state-dir", str(c.state),
-             "--manifest-url", identity["gateway_url"].rstrip("/") + "/api/collector/v1/updates/metadata/",
-             "--update-pubkey", release_kid, "--health-window", str(self.health_window_s),
-             "--check-interval", str(self.check_interval_s),
-             "--", "--claim-wait", "2", "--grace", "5", "--max-backoff", "1"],
+             "--manifest-url", manifest, "--update-pubkey", release_kid,
+             "--health-window", str(self.health_window_s), "--check-interval", str(self.check_interval_s),
+             *self.extra, "--", "--claim-wait", "2", "--grace", "5", "--max-backoff", "1"],
             env=c._env(), stdout=self._log, stderr=self._log,
         )  # fmt: skip
 
@@ -98,3 +114,42 @@ class Supervised:
     def status(self) -> dict[str, Any]:
         path = self.collector.state / "update-status.json"
         return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
+class ReplicaGateway:
+    """A second gateway of ``cp``, as a scaled-out deployment runs one: the same command, state and
+    backends as the one `versus-cp up` started (its environment, read from /proc), on its own
+    port; killable and restartable alone."""
+
+    def __init__(self, cp: ControlPlane, log: Path):
+        [gateway] = [p for p in psutil.Process(cp.proc.pid).children() if "gateway" in p.cmdline()]
+        # Without `up`'s pid to watch: this one is the test's, not the supervisor's.
+        env = {k: v for k, v in gateway.environ().items() if k != PARENT_PID_ENV}
+        self.env = {**env, "VERSUS_GATEWAY_PORT": str(free_port())}
+        self.argv = gateway.cmdline()
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.env["VERSUS_GATEWAY_PORT"])
+
+    def start(self, ca: Path) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=out)
+        url = f"https://127.0.0.1:{self.port}/readyz"
+        context = ssl.create_default_context(cafile=str(ca))
+
+        def ready() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-2000:]
+            try:
+                return httpx.get(url, verify=context, timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=60)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)

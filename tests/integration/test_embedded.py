@@ -81,3 +81,33 @@ def test_redis_over_tcp_requires_the_generated_password(tmp_path: Path) -> None:
         with pytest.raises(redis.AuthenticationError):
             anonymous.ping()
         anonymous.close()
+
+
+def test_postgres_tools_run_as_the_server_user_without_python_in_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """initdb and the other tools switch users through setpriv, as the server itself does: CPython
+    cannot vfork a child it must switch users in, so it forks, and a process with live gRPC pollers
+    (a test worker, the chaos runner) ran gRPC's at-fork handlers in that child - an initdb failed
+    with gRPC's 'epoll_wait error: Bad file descriptor' as its last words (a make test run)."""
+    import subprocess
+
+    from common.embedded import process
+
+    calls: list[tuple[list[str], dict[str, object]]] = []
+    real_run = subprocess.run
+
+    def recording_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        calls.append((list(cmd), kwargs))
+        return real_run(cmd, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(subprocess, "run", recording_run)
+    server = EmbeddedPostgres(tmp_path / "pg").start()
+    try:
+        assert calls, "initdb ran"
+        for cmd, kwargs in calls:
+            assert not {"user", "group", "extra_groups", "preexec_fn"} & set(kwargs), (cmd, kwargs)
+            if server._uid_gid() is not None:
+                assert process.SETPRIV is not None and cmd[0] == process.SETPRIV, cmd
+    finally:
+        server.stop()

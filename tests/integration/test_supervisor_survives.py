@@ -26,6 +26,7 @@ import pytest
 
 from collector.signed_config import ConfigStore
 from collector.state import StatePaths
+from common.config.state_dir import write_private
 from common.embedded.process import free_port
 from common.trust import signed_doc
 from common.trust.keys import KeyPurpose, KeySet, trusted
@@ -45,7 +46,7 @@ def _state(tmp_path: Path, repo: Repo) -> Path:
     state.mkdir(mode=0o700)
     paths = StatePaths(state)
     now = int(time.time())
-    paths.key.write_bytes(private_pem(p256()))
+    write_private(paths.key, private_pem(p256()))  # the collector refuses a key others can read
     paths.ca_bundle.write_bytes(repo.ca_file.read_bytes())
     # A gateway that never answers: the supervised collector keeps retrying it.
     paths.identity.write_text(json.dumps({

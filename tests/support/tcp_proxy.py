@@ -14,8 +14,12 @@ from common.embedded.process import free_port
 
 
 class CuttableProxy:
-    def __init__(self, upstream_port: int) -> None:
+    """``rate``: at most this many bytes a second from the upstream to each client (a slow link)."""
+
+    def __init__(self, upstream_port: int, rate: float | None = None) -> None:
         self.upstream_port = upstream_port
+        self.rate = rate
+        self.relayed = 0  # bytes from the upstream to clients
         self.port = free_port()
         self.accepted = 0
         self._writers: set[asyncio.StreamWriter] = set()
@@ -36,15 +40,20 @@ class CuttableProxy:
             return
         pair = {client_w, upstream_w}
         self._writers |= pair
-        await asyncio.gather(self._copy(client_r, upstream_w), self._copy(upstream_r, client_w))
+        await asyncio.gather(self._copy(client_r, upstream_w), self._copy(upstream_r, client_w, down=True))
         self._writers -= pair
 
-    @staticmethod
-    async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _copy(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, down: bool = False
+    ) -> None:
         with contextlib.suppress(OSError, RuntimeError):
-            while data := await reader.read(65536):
+            while data := await reader.read(16384 if down and self.rate else 65536):
                 writer.write(data)
                 await writer.drain()
+                if down:
+                    self.relayed += len(data)
+                    if self.rate:
+                        await asyncio.sleep(len(data) / self.rate)
         writer.close()
 
     async def _abort_all(self) -> int:

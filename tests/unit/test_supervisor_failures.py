@@ -52,5 +52,6 @@ def test_the_memory_survives_a_restart_and_stays_small(tmp_path: Path) -> None:
 
 
 def test_the_code_is_the_first_word_of_the_detail() -> None:
-    assert failures.code_of("update_download_failed: /x: RemoteProtocolError: cut") == "update_download_failed"
+    detail = "update_download_failed: /x: RemoteProtocolError: cut"
+    assert failures.code_of(detail) == "update_download_failed"
     assert failures.code_of("no code here") == "no code here"
