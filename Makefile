@@ -105,7 +105,8 @@ console-screenshots: system-deps axe-deps $(STAMP)
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
 # start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a
 # collector is tested behind) and Chromium (the console's browser tests, driven by Playwright).
-# Installed once, as root, with apt.
+# Installed once, as root, with apt. "Installed" means dpkg's status says so: a package removed
+# but not purged is still known to `dpkg -s`, which succeeds for it.
 SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
@@ -131,7 +132,8 @@ $(MITM_VENV)/.installed: locks/mitmproxy.txt locks/installer.txt
 	@touch $@
 
 system-deps:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages: $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
