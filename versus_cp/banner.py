@@ -48,6 +48,13 @@ def render_banner(
         f"  redis       {rd}",
         f"  state       {state}",
     ]
+    if postgres or redis:
+        # What another gateway or router beside this one needs (docs/configuration.md); also in
+        # endpoints.json. Socket URLs: no secret in them.
+        lines.append("  attach      " + " ".join(
+            [*([f"DATABASE_URL='{postgres.url}'"] if postgres else []),
+             *([f"REDIS_URL='{redis.url}'"] if redis else [])]
+        ))  # fmt: skip
     if tls is not None and tls.ca_file is not None:
         lines.append(f"  gateway CA  {tls.ca_file}  pin {tls.ca_pin()}")
     if access is not None and access.admin_token is not None:

@@ -4,6 +4,12 @@
 stops. An operator command that was not told where the router and enrollment service are
 (no ``VERSUS_ROUTER_PORT``/``_HOST``/``_TARGET`` nor the enrollment equivalents) uses the
 addresses of the `up` running on the same state directory. Explicit settings always win.
+
+It also names the URLs of the embedded PostgreSQL and Redis (``database_url``, ``redis_url``;
+null for a server of the operator's own, whose URL the operator already has and which may hold a
+password), so another gateway or router can run beside `up` against the same backends
+(docs/configuration.md). They are Unix-socket URLs with no secret in them: the sockets' directory
+is the server user's, mode 0700.
 """
 
 from __future__ import annotations
@@ -19,14 +25,19 @@ _ROUTER_FIELDS = {"router_host", "router_port", "router_target"}
 _ENROLLMENT_FIELDS = {"enrollment_host", "enrollment_port", "enrollment_target"}
 
 
-def write(settings: Settings, state: Path) -> Path:
-    """Record this `up`'s addresses (called once its services are ready)."""
+def write(
+    settings: Settings, state: Path, database_url: str | None = None, redis_url: str | None = None
+) -> Path:
+    """Record this `up`'s addresses (called once its services are ready); ``database_url`` and
+    ``redis_url`` only for embedded servers."""
     path = state / FILE_NAME
     record = {
         "pid": os.getpid(),
         "router": settings.router_address,
         "enrollment": settings.enrollment_address,
         "gateway_url": settings.gateway_url,
+        "database_url": database_url,
+        "redis_url": redis_url,
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")

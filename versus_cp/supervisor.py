@@ -156,7 +156,9 @@ class Supervisor:
             file=sys.stderr,
             flush=True,
         )
-        endpoints.write(self.settings, state)
+        # The embedded servers' URLs, for another gateway or router beside this `up`.
+        embedded_db = database_url if self.postgres is not None else None
+        endpoints.write(self.settings, state, embedded_db, redis_url if self.redis is not None else None)
         try:
             return await self._wait_for_exit(stop)
         finally:

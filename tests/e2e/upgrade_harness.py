@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
-import psutil
 
 from common.embedded.process import free_port
-from common.runtime.service import PARENT_PID_ENV
 from tests.e2e.collector_harness import Collector, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 from tools.collector_dist import build, build_pex
@@ -117,16 +115,17 @@ class Supervised:
 
 
 class ReplicaGateway:
-    """A second gateway of ``cp``, as a scaled-out deployment runs one: the same command, state and
-    backends as the one `versus-cp up` started (its environment, read from /proc), on its own
-    port; killable and restartable alone."""
+    """A second gateway beside `versus-cp up`, as docs/configuration.md shows an operator: the
+    same state directory and settings, its own port, and the embedded PostgreSQL's and Redis's
+    URLs from the running `up`'s endpoints.json. Killable and restartable alone."""
 
     def __init__(self, cp: ControlPlane, log: Path):
-        [gateway] = [p for p in psutil.Process(cp.proc.pid).children() if "gateway" in p.cmdline()]
-        # Without `up`'s pid to watch: this one is the test's, not the supervisor's.
-        env = {k: v for k, v in gateway.environ().items() if k != PARENT_PID_ENV}
-        self.env = {**env, "VERSUS_GATEWAY_PORT": str(free_port())}
-        self.argv = gateway.cmdline()
+        published = json.loads((cp.state_dir / "endpoints.json").read_text())
+        self.env = {
+            **cp.env, "DATABASE_URL": published["database_url"], "REDIS_URL": published["redis_url"],
+            "VERSUS_GATEWAY_PORT": str(free_port()),
+        }  # fmt: skip
+        self.argv = [sys.executable, "-m", "versus_cp", "gateway"]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
