@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import math
 import os
 import sys
 import time
@@ -40,6 +41,18 @@ class _RefuseToken(argparse.Action):
             "enrollment tokens are not taken on the command line, where ps and shell history show them: "
             "use --token-file - and paste it, or --token-file PATH"
         )
+
+
+def _seconds(text: str) -> float:
+    """A duration option: a finite number of seconds above zero (a zero or negative bound would
+    end every attempt at once; argparse turns the refusal into a usage error, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds above 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,15 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--update-pubkey", help="a release key id or public key the update repository's root must hold"
     )
-    v.add_argument("--health-window", type=float, default=120.0, dest="health_window_s",
+    v.add_argument("--health-window", type=_seconds, default=120.0, dest="health_window_s",
                    help="seconds a new version has to reach the control plane")  # fmt: skip
-    v.add_argument("--check-interval", type=float, default=5.0, dest="check_interval_s")
+    v.add_argument("--check-interval", type=_seconds, default=5.0, dest="check_interval_s")
     # Defaults in collector/supervisor (not imported here: the collector's start stays light).
-    v.add_argument("--update-timeout", type=float, dest="update_timeout_s",
+    v.add_argument("--update-timeout", type=_seconds, dest="update_timeout_s",
                    help="seconds one upgrade attempt may take in all (1800)")  # fmt: skip
-    v.add_argument("--bootstrap-timeout", type=float, dest="bootstrap_timeout_s",
+    v.add_argument("--bootstrap-timeout", type=_seconds, dest="bootstrap_timeout_s",
                    help="seconds the first walk of the repository's roots may take (300)")  # fmt: skip
-    v.add_argument("--download-retry", type=float, dest="download_retry_s",
+    v.add_argument("--download-retry", type=_seconds, dest="download_retry_s",
                    help="seconds before a broken download is tried again; doubles (60)")  # fmt: skip
     v.add_argument("run_args", nargs="*", help="extra arguments for `run` (after --)")
     c = sub.add_parser(

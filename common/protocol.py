@@ -56,6 +56,18 @@ FEATURE_FLOORS: dict[str, int] = {
 RETRYABLE_UPDATE_FAILURES = frozenset(
     {"update_download_failed", "update_timeout", "update_bootstrap_timeout", "update_interrupted"}
 )
+
+
+def update_failure_code(detail: str) -> str:
+    """The stable code an upgrade report's detail starts with (``code: words``)."""
+    return detail.split(":", 1)[0].strip()
+
+
+def retryable_update_failure(detail: str) -> bool:
+    """Whether the report's failure is one the same release is worth trying again after."""
+    return update_failure_code(detail) in RETRYABLE_UPDATE_FAILURES
+
+
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)
 MIN_PROTOCOL_VERSION = 1

@@ -76,11 +76,6 @@ def recorded(
     return {f.version: f for f in newest}
 
 
-def code_of(detail: str) -> str:
-    """The stable code a report's detail starts with (``code: words``)."""
-    return detail.split(":", 1)[0].strip()
-
-
 def load(path: Path) -> dict[str, Failure]:
     """The remembered failures; an unreadable file is treated as none (it is rewritten on the next)."""
     try:

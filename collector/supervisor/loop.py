@@ -45,6 +45,7 @@ from collector.supervisor.fetch import (
 )
 from collector.supervisor.layout import BUNDLED, Layout
 from collector.update_fetcher import Cancel
+from common.protocol import update_failure_code
 from common.telemetry.logs import get_logger
 from common.trust.keys import KeyPurpose
 from common.trust.signed_doc import DocumentError
@@ -239,7 +240,9 @@ class Supervisor:
             self.child = self._start(previous)
 
     def _failed(self, version: str, detail: str, state: str) -> None:
-        self.failed = failures.recorded(self.failed, version, failures.code_of(detail), detail, time.time())
+        self.failed = failures.recorded(
+            self.failed, version, update_failure_code(detail), detail, time.time()
+        )
         try:
             failures.save(self.failures_path, self.failed)
         except OSError as exc:  # the report below still goes out; the memory is this process's only

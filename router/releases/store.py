@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.db.schema import collector_capabilities, collector_updates, collectors, releases, sites
 from common.errors import Conflict, NotFound
-from common.protocol import RETRYABLE_UPDATE_FAILURES
+from common.protocol import retryable_update_failure
 
 # Every column but the SBOM document itself (up to 1 MiB a row): read only when asked for.
 FACTS = tuple(c for c in releases.c if c.name != "sbom")
@@ -176,9 +176,8 @@ async def record_state(
     values: dict[str, Any] = {"state": state, "state_version": version, "detail": detail, "state_at": at}
     # A failed approval is used up: the collector is not sent back to it until approved again. Not
     # when only the download broke: the supervisor tries again with backoff (docs/upgrades.md).
-    retryable = detail.split(":", 1)[0].strip() in RETRYABLE_UPDATE_FAILURES
     approved = before is not None and before["approved_version"] == version
-    if state in ("rolled_back", "failed") and approved and not retryable:
+    if state in ("rolled_back", "failed") and approved and not retryable_update_failure(detail):
         values.update(approved_version=None, approved_by=None, approved_at=None)
     await upsert_update(conn, collector_id, values)
     return before

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from common.errors import InvalidArgument
-from common.protocol import RETRYABLE_UPDATE_FAILURES
+from common.protocol import retryable_update_failure
 
 POLICIES = ("manual", "auto", "pinned")
 CHANNELS = ("stable", "beta")
@@ -100,7 +100,7 @@ def _failed(facts: CollectorFacts, version: str) -> bool:
     tries again with backoff (docs/upgrades.md)."""
     if facts.state not in ("rolled_back", "failed") or facts.state_version != version:
         return False
-    return facts.state_detail.split(":", 1)[0].strip() not in RETRYABLE_UPDATE_FAILURES
+    return not retryable_update_failure(facts.state_detail)
 
 
 def target(

@@ -40,3 +40,21 @@ def test_a_token_on_the_command_line_is_not_accepted(capsys: pytest.CaptureFixtu
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--token-file" in err and "vst_secret" not in err  # the secret is not echoed either
+
+
+@pytest.mark.parametrize(
+    "flag", ["--update-timeout", "--bootstrap-timeout", "--download-retry", "--check-interval"]
+)
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_supervisor_bound_must_be_seconds_above_zero(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(["supervise", f"{flag}={value}"])
+    assert refused.value.code == 2
+    assert "seconds" in capsys.readouterr().err
+
+
+def test_supervisor_bounds_are_taken_as_given_or_left_to_the_supervisor() -> None:
+    args = build_parser().parse_args(["supervise", "--update-timeout", "90", "--download-retry", "2.5"])
+    assert (args.update_timeout_s, args.download_retry_s, args.bootstrap_timeout_s) == (90.0, 2.5, None)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from collector.supervisor import failures
 from collector.supervisor.failures import Failure, RetryPolicy
+from common.protocol import retryable_update_failure, update_failure_code
 
 POLICY = RetryPolicy(download_retry_s=60.0, retry_failed_after_s=3600.0)
 
@@ -51,7 +52,8 @@ def test_the_memory_survives_a_restart_and_stays_small(tmp_path: Path) -> None:
     assert failures.load(path) == {}  # unreadable: nothing remembered, rewritten on the next failure
 
 
-def test_the_code_is_the_first_word_of_the_detail() -> None:
+def test_the_code_is_the_first_word_of_the_detail_and_decides_a_retry() -> None:
     detail = "update_download_failed: /x: RemoteProtocolError: cut"
-    assert failures.code_of(detail) == "update_download_failed"
-    assert failures.code_of("no code here") == "no code here"
+    assert update_failure_code(detail) == "update_download_failed" and retryable_update_failure(detail)
+    assert update_failure_code("no code here") == "no code here"
+    assert not retryable_update_failure("release_does_not_start: update_download_failed: quoted")
