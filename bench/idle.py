@@ -1,15 +1,18 @@
 """Idle fleet: memory and CPU of one gateway holding many idle collectors, on HTTPS and on WSS.
 
-    python -m bench.idle [--fleet 1000,10000] [--window 30] [--transports https,wss] [--runs 3] [--json FILE]
+    python -m bench.idle [--fleet 1000,10000] [--window 30] [--transports https,wss] [--runs 3]
+                         [--parking on|off|on,off] [--json FILE]
 
 ``--fleet`` simulated collectors (bench/stack.py) each hold a claim at all
 times, re-claiming when the 25 s hold ends, over HTTPS long-poll or over the
 WSS control socket. Once all are connected, the gateway's resident memory
 (RSS) and CPU over ``--window`` seconds are read from /proc, beside an idle
-gateway's. The router's CPU is reported too: every claim is a heartbeat it
-records. Identities are inserted straight into PostgreSQL with fresh P-256
-keys (the enrollment path has its own benchmark); every request still carries
-a freshly signed ES256 bearer token.
+gateway's. The router's CPU is reported too. With ``--parking on,off`` each
+point is measured twice in the same run: with idle claims parked in the gateway
+(the default, docs/gateway.md "Where a claim waits") and with every claim sent
+to the router, as before. Identities are inserted straight into PostgreSQL with
+fresh P-256 keys (the enrollment path has its own benchmark); every request
+still carries a freshly signed ES256 bearer token.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def _cpu(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, Any]:
+async def hold(stack: Stack, count: int, wss: bool, window: float, parking: bool = True) -> dict[str, Any]:
     fleet = await make_fleet(stack, count, f"{'w' if wss else 'h'}{count}")
     stop = asyncio.Event()
     online: set[str] = set()
@@ -166,6 +169,7 @@ async def hold(stack: Stack, count: int, wss: bool, window: float) -> dict[str, 
     result = {
         "collectors": count,
         "transport": "wss" if wss else "https",
+        "parking": parking,
         "gateway_rss_mib": gateway.memory_info().rss / 2**20,
         "gateway_rss_idle_mib": idle_rss / 2**20,
         "gateway_cpu_pct": (_cpu(gateway) - g0) / elapsed * 100,
@@ -207,6 +211,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--transports", default="https,wss", help="https, wss or both")
     parser.add_argument("--runs", type=int, default=3, help="runs per point; the table shows medians")
+    parser.add_argument("--parking", default="on", help="on, off or on,off: claims parked in the gateway")
     parser.add_argument("--json", dest="json_path", default="bench/results/idle.json")
     args = parser.parse_args()
     sizes = [int(n) for n in args.fleet.split(",")]
@@ -214,22 +219,25 @@ def main() -> None:
     results = []
     for count in sizes:
         for wss in [t == "wss" for t in args.transports.split(",")]:
-            runs = []
-            for _ in range(args.runs):
-                # A fresh control plane per run: memory is measured from a clean gateway.
-                with running_stack() as stack:
-                    runs.append(asyncio.run(hold(stack, count, wss, args.window)))
-                    print(json.dumps(runs[-1]), flush=True)
-            results.append(median_of(runs))
+            for parking in [p == "on" for p in args.parking.split(",")]:
+                runs = []
+                for _ in range(args.runs):
+                    # A fresh control plane per run: memory is measured from a clean gateway.
+                    env = {"VERSUS_GATEWAY_PARK_CLAIMS": "true" if parking else "false"}
+                    with running_stack(**env) as stack:
+                        runs.append(asyncio.run(hold(stack, count, wss, args.window, parking)))
+                        print(json.dumps(runs[-1]), flush=True)
+                results.append(median_of(runs))
     save_report(args.json_path, pinning, args, results)
     print(
-        "| Collectors | Transport | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU "
+        "| Collectors | Transport | Parking | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU "
         "| Ramp | Handshake retries | Drops in window |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['collectors']} | {r['transport']} | {r['gateway_rss_mib']:.0f} MiB "
+            f"| {r['collectors']} | {r['transport']} | {'on' if r['parking'] else 'off'} "
+            f"| {r['gateway_rss_mib']:.0f} MiB "
             f"| {r['gateway_rss_idle_mib']:.0f} MiB "
             f"| {r['gateway_cpu_pct']:.0f} % | {r['router_cpu_pct']:.0f} % "
             f"| {r['ramp_s']:.0f} s | {r['connect_retries']} | {r['drops_during_window']} |"

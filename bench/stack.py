@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import ssl
 import tempfile
@@ -38,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
+from common import protocol
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
 from common.envelope.verify import VerifyContext, verify
@@ -183,6 +185,10 @@ def _csr(key: ec.EllipticCurvePrivateKey, cn: str) -> str:
     return csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
+# What a simulated collector says it runs.
+SIM_AGENT_VERSION = "0.0.0-bench"
+
+
 @dataclass
 class SimCollector:
     """One simulated collector speaking the real protocol (see the module docstring)."""
@@ -196,6 +202,9 @@ class SimCollector:
     ws: Any = None
     seq: int = 0
     claim_no: int = 0
+    slots: int = 8  # free slots it claims with: its published max_concurrency (nothing is held)
+    # A new one per simulated process start, as the reference collector picks at start.
+    session_id: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     # 5xx answers seen (the gateway sheds load when the router cannot answer within its deadline).
     overloaded: int = 0
     _frames: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
@@ -235,17 +244,28 @@ class SimCollector:
         }
         reply = await self._http().post(API + "/capabilities", json=body)
         reply.raise_for_status()
+        self.slots = max_concurrency
 
     def _claim_body(self, wait_s: float, max_tasks: int = 1) -> dict[str, Any]:
-        # Numbered claims, as the real collector sends: a claim abandoned by the client (the
-        # benchmark cancels loops between runs) may still be handed a task, and the next claim
-        # tells the router it never arrived. Tasks are reported before the next claim, so none is held.
+        # What the reference collector's claim says (collector/claim_loop.py), so the gateway and the
+        # router do for a simulated collector what they do for a real one: numbered claims (a claim
+        # abandoned by the client may still be handed a task, and the next claim tells the router it
+        # never arrived), its session, vault mode, config version, free slots, agent version, a
+        # resume on its first claim, and the protocol range it speaks. Tasks are reported before
+        # the next claim, so none is held. (Key versions are left out: these identities were not
+        # enrolled, so they hold none; the collector then says none either.)
         self.claim_no += 1
         body: dict[str, Any] = {
+            "session_id": self.session_id,
+            "vault_mode": "local",
+            "config_version": 0,
             "claim_seq": self.claim_no,
             "held_task_ids": [],
+            "capacity": {"stub": self.slots},
+            "agent_version": SIM_AGENT_VERSION,
             "wait_s": wait_s,
-            "session_id": self.collector_id,
+            "resume": self.claim_no == 1,
+            "protocol": {"min": protocol.MIN_PROTOCOL_VERSION, "max": protocol.PROTOCOL_VERSION},
         }
         if max_tasks > 1:
             body["max_tasks"] = max_tasks
@@ -342,7 +362,10 @@ class SimCollector:
         future: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._frames[frame_id] = future
         auth = frame_token(self.key, self.collector_id, kind, body)
-        await self.ws.send(json.dumps({"v": 1, "id": frame_id, "type": kind, "auth": auth, "body": body}))
+        # Claims in the newest version (their answer settles it; protocol.md), reports in version 1.
+        version = protocol.PROTOCOL_VERSION if kind == "claim" else 1
+        frame = {"v": version, "id": frame_id, "type": kind, "auth": auth, "body": body}
+        await self.ws.send(json.dumps(frame))
         return await future
 
     async def claim_ws(self, wait_s: float) -> bytes | None:

@@ -49,6 +49,7 @@ from gateway.auth import AdmissionGate
 from gateway.body import BODY_DEADLINE_S
 from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
+from gateway.parking.hub import ClaimParking
 from gateway.revocations import RevocationFeed
 from gateway.standing import sweeping
 from gateway.store import GatewayStore
@@ -81,6 +82,9 @@ class GatewayConfig:
     revocation_check_s: float = 60.0
     # API token (role service) presented to the router and the enrollment service.
     service_token: Token = field(default="", repr=False)
+    # Idle claims wait in the gateway instead of the router (gateway/parking/). Off: every claim
+    # goes to the router, as before parking (benchmarks compare the two in one run).
+    park_claims: bool = True
 
 
 @dataclass
@@ -156,6 +160,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.revocation_check_s = config.revocation_check_s
         app.state.revocations = RevocationFeed(app.state.connections.redis)
         app.state.revocations.start()
+        app.state.parking = ClaimParking(app.state.connections.redis)
+        if config.park_claims:
+            app.state.parking.start()
         app.state.admissions = AdmissionGate()
         app.state.trust_bundle = config.trust_bundle
         app.state.updates_dir = config.updates_dir
@@ -165,6 +172,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 yield
         finally:
             await app.state.revocations.stop()
+            await app.state.parking.stop()
             await app.state.backends.close()
             await app.state.connections.close()
 

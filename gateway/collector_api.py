@@ -17,12 +17,8 @@ from __future__ import annotations
 import asyncio
 import binascii
 import contextlib
-import datetime as dt
 import json
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from google.protobuf.duration_pb2 import Duration
@@ -33,19 +29,19 @@ from common import protocol
 from common.errors import InvalidArgument
 from gateway.auth import authenticate, check_body
 from gateway.body import read_json_body
-from gateway.clients import CALL_TIMEOUT_S, call
+from gateway.claims import claim_op
+from gateway.clients import call
 from gateway.collector_bodies import (
     ByeBody,
     CapabilitiesBody,
     CapabilitiesOut,
-    ClaimBody,
     ReportBody,
     ReportOut,
     RevokedBody,
-    UpdateStatusBody,
 )
+from gateway.control_call import ControlCall, ControlReply
 from gateway.enroll_api import parse_body
-from gateway.metrics import CLAIM_OUTCOMES, CLAIMS_HELD, REPORT_OUTCOMES
+from gateway.metrics import REPORT_OUTCOMES
 
 router = APIRouter(prefix="/api/collector/v1", tags=["collector"])
 
@@ -63,11 +59,6 @@ _OUTCOMES = {
     "refused": bpb.REPORT_OUTCOME_REFUSED,
     "cancelled": bpb.REPORT_OUTCOME_CANCELLED,
 }
-_VERDICTS = {
-    bpb.HELD_VERDICT_CONTINUE: "continue",
-    bpb.HELD_VERDICT_CANCEL: "cancel",
-    bpb.HELD_VERDICT_TERMINATE: "terminate",
-}
 _OP_CLASSES = {
     "read": task_pb2.OP_CLASS_READ,
     "mutate_reconcilable": task_pb2.OP_CLASS_MUTATE_RECONCILABLE,
@@ -75,159 +66,11 @@ _OP_CLASSES = {
 }
 
 
-def _update_status(body: UpdateStatusBody | None) -> bpb.UpdateStatus | None:
-    if body is None:
-        return None
-    return bpb.UpdateStatus(state=body.state, version=body.version, detail=body.detail, at=body.at)
-
-
 _TASK_DOC = (
     "A task: dispatch_id, envelope (the signed wire JSON, docs/envelope.md), server_time, server_time_ms, "
     "held_ms, hold_s and offers (tunnel offers, each with its signed document); or offers alone; or config "
     "(a newer signed collector config, docs/day2.md) and no task"
 )
-
-
-def _server_time() -> tuple[str, int]:
-    now = dt.datetime.now(dt.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), int(now.timestamp() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class ControlCall:
-    """One collector message as either transport hands it to its operation."""
-
-    state: Any  # the gateway app's state: backends, settings
-    collector_id: str  # from the verified bearer token, never from the body
-    raw: bytes  # the body, exactly the bytes the token is bound to
-    request_id: str | None
-    transport: str = "https"  # "https" or "wss"
-    version: int = 1  # the protocol version the message is written in (docs/protocol.md)
-
-
-@dataclass(frozen=True, slots=True)
-class ControlReply:
-    """One answer on the control channel, the same over per-call HTTPS and over the WebSocket."""
-
-    status: int
-    payload: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-async def claim_op(msg: ControlCall) -> ControlReply:
-    """Refresh liveness and wait (up to the hold) for a dispatch leased to this collector."""
-    started = time.monotonic()
-    body = parse_body(ClaimBody, msg.raw)
-    # The version the collector writes its next messages in: the highest both sides speak.
-    settled = protocol.negotiate(body.offer())
-    if any(len(t) > 128 for t in body.held_task_ids):
-        raise InvalidArgument("held_task_ids entries are at most 128 characters", code="invalid_body")
-    max_hold: float = msg.state.claim_hold_s
-    hold = max_hold if body.wait_s is None else min(body.wait_s, max_hold)
-    seconds = int(hold)
-    CLAIMS_HELD.inc()
-    try:
-        reply = await call(
-            msg.state.backends.bridge.Claim,
-            bpb.ClaimRequest(
-                collector_id=msg.collector_id,
-                free_slots={k: max(v, 0) for k, v in body.capacity.items()},
-                draining=body.draining,
-                agent_version=body.agent_version,
-                wait=Duration(seconds=seconds, nanos=int((hold - seconds) * 1e9)),
-                claim_seq=body.claim_seq,
-                held_task_ids=body.held_task_ids,
-                session_id=body.session_id,
-                transport=msg.transport,
-                vault_mode=body.vault_mode,
-                config_version=body.config_version,
-                key_versions={str(k): v for k, v in body.key_versions.items()},
-                max_dispatches=body.max_tasks,
-                update_status=_update_status(body.update_status),
-                protocol_version=settled,
-                resume=body.resume,
-            ),
-            msg.request_id,
-            timeout_s=hold + CALL_TIMEOUT_S,
-        )
-    finally:
-        CLAIMS_HELD.dec()
-    stamp, stamp_ms = _server_time()
-    # How long the claim was held here: the collector subtracts it from its round trip, so a
-    # long-poll still gives it a precise clock offset (common/envelope/fence.py RoundTrip).
-    held_ms = int((time.monotonic() - started) * 1000)
-    # Offers and config are signed documents (common/trust/signed_doc.py): passed on, never trusted here.
-    offers = [
-        {"type": o.type, "session_id": o.session_id, "host": o.host, "port": o.port,
-         "signed": json.loads(o.signed_json)}
-        for o in reply.offers
-    ]  # fmt: skip
-    # Instead of work: key set rotation steps the collector is behind on (it walks them first), a
-    # newer signed config it applies, or a newer signed trust bundle (docs/day2.md).
-    # Protocol 3: what to do with tasks the collector holds (docs/protocol.md, cancel and resume);
-    # protocol 5: credentials to take back from them.
-    verdicts: dict[str, Any] = {}
-    if reply.verdicts:
-        verdicts = {
-            "verdicts": {d: _VERDICTS[v] for d, v in sorted(reply.verdicts.items()) if v in _VERDICTS},
-            "cancel_grace_s": reply.cancel_grace_seconds,
-        }
-    if reply.credentials_json:
-        # Vault mode B: signed documents, passed on as they are (the collector verifies them).
-        verdicts["credentials"] = {d: json.loads(doc) for d, doc in sorted(reply.credentials_json.items())}
-    if reply.revokes:
-        verdicts["revokes"] = [
-            {"revocation_id": r.revocation_id, "credential_ref": r.credential_ref, "action": r.action,
-             "dispatch_ids": list(r.dispatch_ids)}
-            for r in reply.revokes
-        ]  # fmt: skip
-    answers = (("key_sets", reply.key_sets_json), ("config", reply.config_json), ("trust", reply.trust_json))
-    for name, document in answers:
-        if document:
-            CLAIM_OUTCOMES.labels(name).inc()
-            body_out = {
-                "server_time": stamp, "server_time_ms": stamp_ms, "held_ms": held_ms, "protocol": settled,
-                "offers": [], **verdicts, name: json.loads(document),
-            }  # fmt: skip
-            return ControlReply(200, json.dumps(body_out, separators=(",", ":")).encode())
-    if not reply.HasField("envelope") and not offers and not verdicts:
-        CLAIM_OUTCOMES.labels("empty").inc()
-        return ControlReply(
-            204,
-            headers={
-                "X-Versus-Server-Time": stamp,
-                "X-Versus-Server-Time-Ms": str(stamp_ms),
-                "X-Versus-Held-Ms": str(held_ms),
-                "X-Versus-Claim-Hold": f"{max_hold:g}",
-                protocol.HEADER: str(settled),
-            },
-        )
-    CLAIM_OUTCOMES.labels("task" if reply.HasField("envelope") else "offers" if offers else "verdicts").inc()
-    fields: dict[str, Any] = {
-        "server_time": stamp,
-        "server_time_ms": stamp_ms,
-        "held_ms": held_ms,
-        "hold_s": max_hold,
-        "protocol": settled,
-        "offers": offers,
-        **verdicts,
-    }
-    if not reply.HasField("envelope"):
-        return ControlReply(200, json.dumps(fields, separators=(",", ":")).encode())
-    # Envelopes are embedded byte for byte: the gateway never re-serialises signed material.
-    head = json.dumps({"dispatch_id": reply.dispatch_id, **fields}, separators=(",", ":"))
-    payload = head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json
-    if reply.more:
-        items = (
-            b'{"dispatch_id":'
-            + json.dumps(m.dispatch_id).encode()
-            + b',"envelope":'
-            + m.envelope.envelope_json
-            + b"}"
-            for m in reply.more
-        )
-        payload += b',"more":[' + b",".join(items) + b"]"
-    return ControlReply(200, payload + b"}")
 
 
 async def report_op(msg: ControlCall) -> ControlReply:

@@ -50,7 +50,8 @@ from common.trust import collector_jwt
 from common.trust.collector_jwt import BearerError
 from gateway import replay
 from gateway.auth import admit_socket, close_socket
-from gateway.collector_api import OPERATIONS, ControlCall, ControlReply
+from gateway.collector_api import OPERATIONS
+from gateway.control_call import ControlCall, ControlReply
 from gateway.metrics import AUTH_FAILURES, CONTROL_SOCKETS
 from gateway.standing import lapsed_standing, standing_lapsed
 from gateway.store import CollectorAuthRecord

@@ -25,3 +25,15 @@ EDGE_REFUSALS = Counter(
     "Connections refused or cut at the edge before the app saw them (gateway/edge.py), by code.",
     ["code"],
 )
+CLAIMS_PARKED = Counter(
+    "versus_gateway_claims_parked_total",
+    "Claims that waited in the gateway without a router call (gateway/parking/).",
+)
+CLAIMS_FORWARDED = Counter(
+    "versus_gateway_claims_forwarded_total",
+    "Claims taken to the router, by why (gateway/parking/decide.py Forward).",
+    ["reason"],
+)
+PARKING_WATCHES = Gauge(
+    "versus_gateway_parking_watches", "Collectors whose wake-ups this gateway is subscribed to."
+)

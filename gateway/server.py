@@ -153,6 +153,7 @@ async def serve(settings: Settings) -> None:
             enrollment_address=settings.enrollment_address,
             router_address=settings.router_address,
             claim_hold_s=settings.claim_hold_s,
+            park_claims=settings.gateway_park_claims,
             trust_bundle=bundles.get,
             updates_dir=state / "updates",
             service_token=token_files.service_token(settings),

@@ -146,6 +146,11 @@ class Settings(BaseSettings):
     claim_hold_s: float = Field(
         default=25.0, gt=0, le=55, description="Longest the gateway holds a claim waiting for work (seconds)."
     )
+    gateway_park_claims: bool = Field(
+        default=True,
+        description="Idle claims wait in the gateway, not the router (docs/gateway.md, 'Where a claim "
+        "waits'); false sends every claim to the router, as before parking (for comparisons).",
+    )
     collector_cert_lifetime_s: int = Field(
         default=90 * 24 * 3600,
         ge=10,

@@ -179,6 +179,21 @@ class KeyedFanout(Fanout):
             async with asyncio.timeout(SUBSCRIBE_WAIT_S):
                 await asyncio.shield(confirmed)
 
+    def subscribed_now(self, key: str) -> asyncio.Future[None] | None:
+        """The confirmation of ``key``'s subscription on the current connection, when it came.
+
+        A waiter that keeps it may compare it later: another object (or None) means the
+        connection was replaced since, and messages of the gap may have been missed."""
+        confirmed = self._confirmed.get(key)
+        if self._pubsub is None or confirmed is None or not confirmed.done() or confirmed.cancelled():
+            return None
+        return confirmed
+
+    def connection_lost(self) -> None:
+        """Called when the subscription's connection broke: messages may have been missed from
+        here until it is re-established. Nothing to do for waiters that fall back to their own
+        timeouts; a subclass whose waiters must not miss one wakes them here."""
+
     def _on_reply(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
         if kind == "message":
@@ -212,6 +227,7 @@ class KeyedFanout(Fanout):
                 except Exception:  # Redis went away: waiters fall back to their timeouts
                     log.warning("subscription lost; retrying", prefix=self.prefix, exc_info=True)
                 self._pubsub = None
+                self.connection_lost()
                 await asyncio.sleep(1.0)
         finally:
             self._pubsub = None

@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from common.redis.fanout import text
+from common.redis.keys import LIVE, SESSION, SESSION_TTL_S, WORK_NOTE
 from common.telemetry.logs import get_logger
 from router.core.fleet_state import DEAD_AFTER_S
-from router.core.wakes import WORK_NOTE
 
 LIVENESS_WINDOW_S = int(DEAD_AFTER_S)  # a collector silent this long is dead: no more placement
-_LIVE = "versus:live"
-_SESSION = "versus:session:"
-# Session details outlive the liveness window long enough for operators to see a dead session.
-SESSION_TTL_S = 24 * 3600
+_LIVE = LIVE
+_SESSION = SESSION
 # Session ids a newer session of the same collector replaced; their claims are refused.
 _SUPERSEDED = "versus:superseded:"
 _INFLIGHT = "versus:inflight:"

@@ -14,38 +14,13 @@ from sqlalchemy import Connection, event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common.redis.fanout import KeyedFanout
+from common.redis.keys import CANDIDATES_CHANGED, WAKE, WORK, WORK_NOTE, WORK_NOTE_MS, WORK_TEXT
 from common.telemetry.logs import get_logger
 
 log = get_logger("versus.router.live")
 
-# Set for a moment when work is announced for a collector (WakeHub.publish): a claim that starts
-# right after sees it in its heartbeat, though the announcement reached no listener of it.
-WORK_NOTE = "versus:worknote:"
-WORK_NOTE_MS = 2000
-WAKE = "versus:wake:"
-
-
-# Payload of a wake-up that only announces work: a woken claim skips its standing re-check.
-WORK = b"w"
-WORK_TEXT = WORK.decode()
-# Payload of a wake-up that says a cancel was noted for the collector (router/dispatch/cancels.py).
-CANCEL = b"c"
-CANCEL_TEXT = CANCEL.decode()
-# ... and that a credential revocation was noted for it (router/credentials/revocations.py).
-REVOKE = b"r"
-REVOKE_TEXT = REVOKE.decode()
 # Collectors whose last work announcement this process remembers; past it the notes start over.
 MAX_WORK_NOTES = 1_000_000
-
-
-def wake_channel(key: str) -> str:
-    """The pub/sub channel that wakes waiters on ``key`` (a collector id or a task key)."""
-    return WAKE + key
-
-
-# The wake-up key on which replicas announce that candidate rows changed (not a collector id:
-# those never contain a colon). Every router listens to it for its whole life.
-CANDIDATES_CHANGED = "cache:candidates"
 
 
 class WakeHub(KeyedFanout):

@@ -31,9 +31,9 @@ from typing import Any
 from common import protocol
 from common.access import rbac
 from common.errors import InvalidArgument, NotFound
+from common.redis.keys import REVOKE
 from router.core import store
 from router.core.base import RouterCore
-from router.core.wakes import REVOKE
 from router.credentials import revocation_store
 
 # A pending target not answered for this long is shown unreachable (and keeps being noted).

@@ -26,11 +26,11 @@ from collections.abc import Collection, Mapping
 
 from common import protocol
 from common.errors import FailedPrecondition, NotFound
+from common.redis.keys import CANCEL
 from router.core import store
 from router.core.base import Effects
 from router.core.sql import Row
 from router.core.states import CANCEL_AT_ONCE, CANCEL_BY_REQUEST, State
-from router.core.wakes import CANCEL
 from router.dispatch import sql_dispatches, sql_leases, sql_tasks
 from router.dispatch.outcomes import Outcomes
 

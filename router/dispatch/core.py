@@ -15,15 +15,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common.errors import FailedPrecondition
 from common.protocol import features_floor
+from common.redis.keys import CANDIDATES_CHANGED
 from common.trust.keys import KeySet
 from router.core.base import RouterCore
 from router.core.states import State
-from router.core.wakes import CANDIDATES_CHANGED
 from router.dispatch import ladder
 from router.dispatch.candidates import CandidateLoader
 from router.dispatch.submit import SubmitRequest
+from router.trust import fleet_news
 from router.trust.delivery import TrustDelivery
-from router.trust.key_chains import KeyChains
+from router.trust.key_chains import PURPOSES, KeyChains
 
 # Bound on the report-key cache; past it the cache starts over (one PostgreSQL read per collector).
 MAX_CACHED_REPORT_KEYS = 100_000
@@ -136,6 +137,8 @@ class DispatchCore(RouterCore):
         # (router/dispatch/handout.py ``_claim_in_progress``): another one still held here was
         # abandoned and takes no work.
         self._live_claim: dict[str, object] = {}
+        # How often rotations are looked for (router/trust/fleet_news.py); set before start().
+        self.fleet_news_every_s = fleet_news.CHECK_EVERY_S
 
     def candidates_changed(self) -> None:
         """Forget cached candidate rows in this process now and in every other router replica
@@ -152,6 +155,17 @@ class DispatchCore(RouterCore):
                 self.candidates.invalidate()
 
     def start(self) -> None:
-        """Start the shared listeners, and follow other replicas' cache invalidations."""
+        """Start the shared listeners, follow other replicas' cache invalidations, and announce
+        key set and trust bundle rotations to the gateways (router/trust/fleet_news.py)."""
         super().start()
         self._spawn(self.follow_candidate_changes())
+        self._spawn(fleet_news.follow(self.redis, self.fleet_versions, self.fleet_news_every_s))
+
+    def fleet_versions(self) -> dict[str, int]:
+        """The newest key set and trust bundle versions a claim is compared with."""
+        out: dict[str, int] = {}
+        if self.key_chains is not None:
+            out.update((p.value, self.key_chains.newest(p)) for p in PURPOSES)
+        if self.trust is not None:
+            out["trust"] = self.trust.bundles.get().version
+        return out

@@ -17,6 +17,7 @@ from common.envelope import fence
 from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from common.redis.keys import WORK
 from common.telemetry.logs import get_logger
 from common.trust import signed_doc
 from common.trust.credential_relay import seal_for
@@ -27,7 +28,6 @@ from router.core.base import Effects, _now
 from router.core.metrics import DISPATCH_STATES, NO_ELIGIBLE_TOTAL
 from router.core.sql import Row
 from router.core.states import State
-from router.core.wakes import WORK
 from router.credentials.vault import CredentialUnreadable
 from router.dispatch import placement, sql_collectors, sql_leases, sql_tasks
 from router.dispatch.core import (

@@ -16,13 +16,13 @@ from common import protocol
 from common.errors import Conflict, PermissionDenied, Unauthenticated
 from common.limits import MAX_CLAIM_BATCH
 from common.redis.fanout import Wake
+from common.redis.keys import CANCEL_TEXT, REVOKE_TEXT, WORK_TEXT
 from common.telemetry.logs import get_logger
 from common.trust.keys import KeyPurpose
 from router.core import fleet_state, store
 from router.core.base import Effects, _now
 from router.core.metrics import CLAIM_WAIT, DISPATCH_STATES, SUBMIT_TO_CLAIM
 from router.core.states import State
-from router.core.wakes import CANCEL_TEXT, REVOKE_TEXT, WORK_TEXT
 from router.credentials import vault_secrets
 from router.credentials.revocations import Revocations
 from router.credentials.vault import CredentialUnreadable

@@ -29,8 +29,8 @@ from versus.router.v1 import tunnel_pb2_grpc
 from common.access import rbac
 from common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from common.grpc.server import Context
+from common.redis.keys import WORK, wake_channel
 from common.telemetry.logs import get_logger
-from router.core.wakes import WORK, wake_channel
 
 OFFER_WAIT_S = 30.0
 IDLE_TIMEOUT_S = 300.0

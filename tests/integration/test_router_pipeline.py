@@ -18,8 +18,8 @@ from common.errors import (
     PermissionDenied,
     Unauthenticated,
 )
+from common.redis.keys import WORK
 from router.core.states import State
-from router.core.wakes import WORK
 from router.dispatch import sql_tasks
 from router.dispatch.placement import OpClassMismatch, _rendezvous
 from router.dispatch.service import DeviceLeased

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from router.core.wakes import WORK_TEXT, WakeHub
+from common.redis.keys import WORK_TEXT
+from router.core.wakes import WakeHub
 
 
 def _hub() -> WakeHub:
