@@ -161,7 +161,9 @@ async def hold(stack: Stack, count: int, wss: bool, window: float, parking: bool
     while _inbound(gateway, port) < READY_SHARE * count and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(1.0)
     ramp_s = time.monotonic() - ramp_started
-    await asyncio.sleep(5)  # every claim is parked at the gateway
+    # Settled: a collector's first claim (a resume) goes to the router, which holds it for a whole
+    # hold; only the claims after it park in the gateway. The window starts once they all have.
+    await asyncio.sleep(HOLD_S + 5)
     drops_before = counts["drops"]
     g0, r0, t0 = _cpu(gateway), _cpu(router), time.perf_counter()
     await asyncio.sleep(window)

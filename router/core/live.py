@@ -50,7 +50,8 @@ def _words(value: bytes | str) -> tuple[str, ...]:
 class Heartbeat:
     """What recording a claim found.
 
-    ``adopted`` is 1 if the session just became current, 0 if it already was and -1 if a newer
+    ``adopted`` is 1 if the session just became current in place of another, 2 if it just became
+    current with none before it (nothing to supersede), 0 if it already was and -1 if a newer
     session superseded it (then nothing is recorded: a superseded process must not overwrite the
     current session's details); ``came_back`` is True when the collector had not claimed within
     the liveness window; ``cancels`` are the dispatch ids it must now be told to stop and
@@ -262,20 +263,21 @@ return 1
 # Atomic so two sessions claiming at once cannot both become current.
 # KEYS: session hash, superseded set, live set, noted cancels, noted revokes. ARGV: session id
 # ('' = none), now, ttl, collector id, what to take ('c' cancels, 'r' revokes, '-' nothing), then
-# field/value pairs for the session hash. Returns adopted, the previous claim's time, and the
-# cancels and revokes taken (space-separated).
+# field/value pairs for the session hash. Returns adopted (Heartbeat says what each value means),
+# the previous claim's time, and the cancels and revokes taken (space-separated).
 _HEARTBEAT = """
 local adopted = 0
 if ARGV[1] ~= '' then
   if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {-1, '', '', '', ''} end
   local current = redis.call('HGET', KEYS[1], 'session_id')
   if current ~= ARGV[1] then
+    adopted = 2
     if current then
       redis.call('SADD', KEYS[2], current)
       redis.call('EXPIRE', KEYS[2], ARGV[3])
+      adopted = 1
     end
     redis.call('HSET', KEYS[1], 'session_id', ARGV[1], 'established_at', ARGV[2])
-    adopted = 1
   end
 end
 local previous = redis.call('ZSCORE', KEYS[3], ARGV[4]) or ''

@@ -218,9 +218,11 @@ class HandOut(Cancels, Revocations):
             if beat.adopted < 0:
                 raise _superseded()
             if beat.adopted == 1:
-                # Wake a held claim of the session this one replaces, so it is refused now, not at timeout.
+                # Wake a held claim of the session this one replaces, so it is refused now, not at
+                # timeout. (A first session replaces none: no wake-up, which would also send the
+                # collector's next claim to a router instead of parking it in its gateway.)
                 await self.wake.publish(collector_id)
-            if beat.came_back or beat.adopted == 1:
+            if beat.came_back or beat.adopted > 0:
                 # Back, or a new process (perhaps a newer build reaching a feature's floor): queued
                 # work it may now take is placed again.
                 self._spawn(self._reevaluate_for(collector_id))

@@ -49,16 +49,14 @@ def _body(c: Collector, **extra: Any) -> dict[str, Any]:
 
 
 async def _idle(stack: Stack, name: str) -> tuple[Collector, Counted]:
-    """A live collector whose last claim the router answered with nothing, nothing announced since.
-
-    A new session's first claim wakes the collector's other claims (a held claim of the session
-    it replaces ends at once), so the claim after it goes to the router too."""
+    """A live collector whose last claim the router answered with nothing, nothing announced since
+    (its first session: nothing to supersede, so no wake-up)."""
     c = await stack.enroll(name)
     assert (await stack.publish(c)).status_code == 200
     counted = Counted(stack)
     for seq in (1, 2):
         assert (await stack.post("/claim", _body(c, claim_seq=seq), c)).status_code == 204
-    assert counted.calls == 2
+    assert counted.calls == 1
     counted.calls = 0
     return c, counted
 
@@ -171,3 +169,20 @@ async def _parked(stack: Stack, count: int) -> None:
             return
         await asyncio.sleep(0.01)
     pytest.fail("no claim parked")
+
+
+async def test_a_newer_session_ends_a_parked_claim_of_the_one_it_replaced(stack: Stack) -> None:
+    c, counted = await _idle(stack, "col-restart")
+    old = asyncio.create_task(stack.post("/claim", _body(c, claim_seq=4, wait_s=20), c))
+    await _parked(stack, 1)
+    started = time.monotonic()
+    # The collector restarted (a new process, a new session) and claims through another connection.
+    new = await stack.post("/claim", _body(c, claim_seq=1, session_id="s-new", resume=True), c)
+    assert new.status_code == 204
+    # A newer claim of the collector ends the older one still parked here at once (collectors claim
+    # one at a time), and the old process's next claim, naming its replaced session, is refused.
+    assert (await old).status_code == 204
+    assert time.monotonic() - started < 5.0
+    refused = await stack.post("/claim", _body(c, claim_seq=5), c)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "session_superseded"
