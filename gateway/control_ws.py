@@ -25,8 +25,10 @@ of the body) and accepted once, exactly as an HTTPS call's: whoever sits on the
 TLS path can neither inject, replay nor alter a frame. A frame whose token is
 refused is answered with the refusal (401, its code) and the socket stays open.
 The bearer token is also checked at the upgrade, and the collector's standing is
-re-checked on every frame: the first frame after a revocation (or certificate
-expiry) closes the socket with 4401. A collector sends a claim frame at least
+re-read from PostgreSQL on a frame whose replay check finds the flag a revocation
+sets (common/redis/revocations.py), or once the certificate known at the upgrade
+has ended: the first frame after a revocation (or certificate expiry) closes the
+socket with 4401, and an ordinary frame costs no database read. A collector sends a claim frame at least
 once per claim hold, so an open socket outlives a revocation by at most one
 hold. (Closing from a watchdog task while a read is pending does not reliably
 reach the client with uvicorn's sans-I/O WebSocket implementation.)
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import time
 from typing import Any
@@ -146,16 +149,6 @@ async def control(ws: WebSocket) -> None:
             except InvalidArgument as exc:
                 await close_socket(ws, 4400, exc.code)
                 return
-            # Every frame re-checks the collector's standing, so a revocation bites on the next one
-            # even between the periodic checks.
-            try:
-                reason = await lapsed_standing(state.store, collector_id)
-            except Exception as exc:  # a dependency failed: answer this frame 503, keep the socket
-                await send(_frame(frame_id, kind, _error(error_mapping.public_error(exc)), version))
-                continue
-            if reason is not None:
-                await close_socket(ws, 4401, reason)
-                return
             if kind not in OPERATIONS:
                 expected = ", ".join(OPERATIONS)
                 unknown = InvalidArgument(
@@ -164,10 +157,22 @@ async def control(ws: WebSocket) -> None:
                 await send(_frame(frame_id, kind, _error(unknown), version))
                 continue
             try:
-                record = await _authenticate_frame(state, record, kind, auth, raw)
+                record, changed = await _authenticate_frame(state, record, kind, auth, raw)
             except VersusError as exc:
                 await send(_frame(frame_id, kind, _error(exc), version))
                 continue
+            # The standing is read again from PostgreSQL when it may have changed: the replay check
+            # read the flag a revocation (or renewal) sets, or the kept certificate has ended. So a
+            # revocation bites on the next frame, and an idle frame costs no database read.
+            if changed or record.cert_not_after <= dt.datetime.now(dt.UTC):
+                try:
+                    reason = await lapsed_standing(state.store, collector_id)
+                except Exception as exc:  # a dependency failed: answer this frame 503, keep the socket
+                    await send(_frame(frame_id, kind, _error(error_mapping.public_error(exc)), version))
+                    continue
+                if reason is not None:
+                    await close_socket(ws, 4401, reason)
+                    return
             if len(work) >= MAX_IN_FLIGHT:
                 busy = ResourceExhausted(
                     f"at most {MAX_IN_FLIGHT} requests in flight per socket", code="too_many_requests"
@@ -187,12 +192,13 @@ async def control(ws: WebSocket) -> None:
 
 async def _authenticate_frame(
     state: Any, record: CollectorAuthRecord, kind: str, auth: object, raw: bytes
-) -> CollectorAuthRecord:
+) -> tuple[CollectorAuthRecord, bool]:
     """The frame's own token: this collector's key, bound to this operation and body, used once.
 
-    Returns the record whose key verified it: a collector may have renewed with a new key
+    Returns the record whose key verified it (a collector may have renewed with a new key
     since the socket opened, so a signature the admitted key refuses is tried once against
-    the key on record now.
+    the key on record now), and whether the collector's standing changed recently (the
+    replay check's flag, gateway/replay.py).
     """
     try:
         if not isinstance(auth, str) or not auth:
@@ -217,8 +223,8 @@ async def _authenticate_frame(
     except BearerError as exc:
         AUTH_FAILURES.labels(exc.code).inc()
         raise
-    await replay.accept_once(state.connections.redis, claims, now, changes_state=True)
-    return record
+    changed = await replay.accept_once(state.connections.redis, claims, now, changes_state=True)
+    return record, changed
 
 
 def _frame_id(text: str | None) -> str:

@@ -29,8 +29,9 @@ from common.db.schema import collectors
 
 # The periodic standing sweep reads the collectors of open sockets this many at a time.
 SWEEP_CHUNK = 1000
-# How long an active collector's auth record is reused (see the module doc), and how many are kept.
-AUTH_CACHE_S = 5.0
+# How long an active collector's auth record is reused (see the module doc), and how many are kept:
+# longer than a claim hold, so an idle collector's claims cost no database read.
+AUTH_CACHE_S = 120.0
 MAX_CACHED_AUTH = 100_000
 # Parsed public keys kept per process (a P-256 key is a few hundred bytes); more than a gateway's sockets.
 KEY_CACHE_SIZE = 32_768

@@ -16,7 +16,7 @@ from common.telemetry.logs import get_logger
 CHANNEL = "versus:revoked"
 FLAG_PREFIX = "versus:standing-changed:"
 # Longer than any gateway keeps a collector record (gateway/store.py AUTH_CACHE_S), with margin.
-FLAG_TTL_S = 60
+FLAG_TTL_S = 300
 
 log = get_logger("versus.revocations")
 

@@ -172,7 +172,7 @@ async def _parked(stack: Stack, count: int) -> None:
 
 
 async def test_a_newer_session_ends_a_parked_claim_of_the_one_it_replaced(stack: Stack) -> None:
-    c, counted = await _idle(stack, "col-restart")
+    c, _ = await _idle(stack, "col-restart")
     old = asyncio.create_task(stack.post("/claim", _body(c, claim_seq=4, wait_s=20), c))
     await _parked(stack, 1)
     started = time.monotonic()

@@ -717,6 +717,10 @@ async def test_a_database_outage_is_503_on_https_and_on_an_open_socket(
     async with await _ws(stack, c) as ws:
         monkeypatch.setattr(stack.app.state.store, "collector_auth", database_down)
         monkeypatch.setattr(stack.app.state.store, "standing", database_down)
+        # Both requests must read PostgreSQL: the HTTPS one finds no kept record, the frame a
+        # standing flag (an idle collector's requests read nothing: gateway/store.py).
+        stack.app.state.store.forget(c.collector_id)
+        await revocations.standing_changed(stack.redis, c.collector_id)
         claimed = await stack.post("/claim", {"wait_s": 0}, c)
         assert (claimed.status_code, claimed.json()["error"]["code"]) == (503, "database_unavailable")
         await ws.send(json.dumps({"v": 1, "id": "1", "type": "claim", "body": {"wait_s": 0}}))
@@ -737,6 +741,9 @@ async def test_revocation_closes_an_open_control_socket_on_its_next_frame(stack:
             await conn.execute(
                 update(collectors).where(collectors.c.collector_id == "col-ws3").values(status="revoked")
             )
+        # The flag the router's revoke sets beside its broadcast (the broadcast alone closes an idle
+        # socket: tests/integration/test_fleet.py): a frame's replay check reads it.
+        await revocations.standing_changed(stack.redis, "col-ws3")
         # The very next frame is refused and the socket closed.
         await ws.send(json.dumps({"v": 1, "id": "c", "type": "claim", "body": {"wait_s": 0}}))
         with pytest.raises(websockets.ConnectionClosed) as closed:
