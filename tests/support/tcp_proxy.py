@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 
 from common.embedded.process import free_port
+
+# What a rate-limited link holds in flight from its upstream (kernel receive buffer and reader).
+SLOW_LINK_BUFFER = 32 * 1024
 
 
 class CuttableProxy:
@@ -34,7 +38,7 @@ class CuttableProxy:
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.accepted += 1
         try:
-            upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            upstream_r, upstream_w = await self._connect_upstream()
         except OSError:
             client_w.close()
             return
@@ -42,6 +46,22 @@ class CuttableProxy:
         self._writers |= pair
         await asyncio.gather(self._copy(client_r, upstream_w), self._copy(upstream_r, client_w, down=True))
         self._writers -= pair
+
+    async def _connect_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A slow link buffers little: without a small receive buffer the upstream pushes megabytes
+        into this side's kernel buffer at loopback speed, which the link then relays after the
+        upstream died (a gateway killed "mid-artifact" then still delivered all of it)."""
+        if not self.rate:
+            return await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_LINK_BUFFER)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", self.upstream_port))
+        except OSError:
+            sock.close()
+            raise
+        return await asyncio.open_connection(sock=sock, limit=SLOW_LINK_BUFFER)
 
     async def _copy(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, down: bool = False
