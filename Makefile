@@ -13,7 +13,7 @@ INSTALL_LOCK := tools/install_lock.sh
 # This checkout, editable and without dependencies (they are the lock's), into environment $(1).
 INSTALL_PROJECT = UV_NO_CONFIG=1 $(1)/bin/uv pip install --quiet --python $(1)/bin/python --no-deps --no-build-isolation -e .
 
-.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
+.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -176,7 +176,7 @@ $(BENCH_STAMP): locks/bench.txt locks/installer.txt pyproject.toml
 
 bench-deps: $(BENCH_STAMP)
 
-bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-collector-dist bench-console
+bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-storm bench-collector-dist bench-console
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -224,6 +224,10 @@ bench-tunnel: $(BENCH_STAMP)
 
 bench-idle: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m bench.idle
+
+# A gateway SIGKILLed under 1,000 and 10,000 idle collectors: how long until all are back.
+bench-storm: $(BENCH_STAMP)
+	$(BENCH_BIN)/python -m bench.storm
 
 bench-console: $(BENCH_STAMP) system-deps
 	$(BENCH_BIN)/python -m bench.console

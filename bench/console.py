@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench.idle import make_fleet
+from bench.fleet import make_fleet
 from bench.stack import Stack, pin_load_generator, running_stack, save_report
 
 BUDGET_S = 1.0
@@ -108,7 +108,9 @@ def _browser_loads(stack: Stack, loads: int) -> dict[str, Any]:
 
 def run(fleet_size: int, requests: int, loads: int) -> dict[str, Any]:
     with running_stack() as stack:
-        fleet = asyncio.run(make_fleet(stack, fleet_size, "console"))
+        fleet = asyncio.run(
+            make_fleet(stack.database_url, stack.gateway_url, stack.ssl_context(), fleet_size, "console")
+        )
         ids = sorted(c.collector_id for c in fleet)
         asyncio.run(_live_sessions(stack, ids[::10]))
         context = ssl.create_default_context(cafile=str(stack.cp.ca_file))

@@ -19,153 +19,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import hashlib
 import json
 import statistics
 import time
-from collections import Counter
 from typing import Any
 
-import httpx
-import psutil
-import websockets
-from cryptography.hazmat.primitives import serialization
-from sqlalchemy import insert
-
-from bench.stack import HOLD_S, SimCollector, Stack, pin_load_generator, running_stack, save_report
-from collector.agent_state import backoff
-from common.db import engine as db_engine
-from common.db.schema import collectors as collectors_table
-from common.db.schema import sites
-
-
-async def make_fleet(stack: Stack, count: int, tag: str) -> list[SimCollector]:
-    context = stack.ssl_context()
-    fleet = [SimCollector(f"idle-{tag}-{i:05d}", stack.gateway_url, context) for i in range(count)]
-    engine = db_engine.create_async(stack.database_url, pool_size=1)
-    site_id = f"site-idle-{tag}"
-    async with engine.begin() as conn:
-        await conn.execute(insert(sites).values(site_id=site_id, name=site_id, tenant_id="bench"))
-        rows = []
-        for c in fleet:
-            der = c.key.public_key().public_bytes(
-                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-            rows.append(
-                {
-                    "collector_id": c.collector_id,
-                    "site_id": site_id,
-                    "tenant_id": "bench",
-                    "status": "active",
-                    "public_key_der": der,
-                    "public_key_sha256": hashlib.sha256(der).digest(),
-                    "cert_pem": "",
-                    "cert_serial": "0",
-                    "cert_not_after": dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
-                }
-            )
-        await conn.execute(insert(collectors_table), rows)
-    await engine.dispose()
-    return fleet
-
-
-def _process(stack: Stack, name: str) -> psutil.Process:
-    for child in psutil.Process(stack.cp.proc.pid).children(recursive=True):
-        if " ".join(child.cmdline()).endswith(f"versus_cp {name}"):
-            return child
-    raise RuntimeError(f"no {name} process")
-
+from bench.fleet import IdleFleet, cpu_s, inbound, make_fleet, service_process
+from bench.stack import HOLD_S, Stack, pin_load_generator, running_stack, save_report
 
 # The share of collectors the gateway must hold a connection for before the window starts.
 READY_SHARE = 0.98
 
 
-def _inbound(gateway: psutil.Process, port: int) -> int:
-    """Established connections to the gateway's listening port: the collectors it holds."""
-    return sum(
-        1
-        for c in gateway.net_connections(kind="tcp")
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
-    )
-
-
-def _cpu(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
 async def hold(stack: Stack, count: int, wss: bool, window: float, parking: bool = True) -> dict[str, Any]:
-    fleet = await make_fleet(stack, count, f"{'w' if wss else 'h'}{count}")
-    stop = asyncio.Event()
-    online: set[str] = set()
-    counts = {"connect_retries": 0, "drops": 0, "claim_errors": 0}
-    errors: Counter[str] = Counter()
-    all_online = asyncio.Event()
-
-    def mark(c: SimCollector, up: bool) -> None:
-        if up:
-            online.add(c.collector_id)
-            if len(online) == count:
-                all_online.set()
-        elif c.collector_id in online:
-            online.discard(c.collector_id)
-            counts["drops"] += 1
-
-    async def loop(c: SimCollector) -> None:
-        attempt = 0
-        while not stop.is_set():
-            if wss and not c.ws_open:
-                # As the reference collector: a refused or failed handshake (the gateway sheds
-                # handshakes during a storm) is retried after a jittered exponential backoff.
-                try:
-                    await c.open_ws()
-                except (OSError, websockets.WebSocketException, TimeoutError):
-                    counts["connect_retries"] += 1
-                    await asyncio.sleep(backoff(attempt, base=0.5))
-                    attempt += 1
-                    continue
-                attempt = 0
-            claim = c.claim_ws(HOLD_S) if wss else c.claim_https(HOLD_S)
-            mark(c, True)
-            try:
-                await claim
-            except (ConnectionError, websockets.WebSocketException):
-                mark(c, False)
-            except (OSError, httpx.HTTPError) as exc:
-                # A connect or read that failed under the storm (a timed-out handshake, say): as a
-                # collector does, back off and claim again. Before, such an error ended the
-                # collector's loop for good and the run measured fewer held claims than it said.
-                mark(c, False)
-                counts["claim_errors"] += 1
-                errors[type(exc).__name__] += 1
-                await asyncio.sleep(backoff(attempt, base=0.5))
-                attempt += 1
-            else:
-                attempt = 0
-
-    gateway, router = _process(stack, "gateway"), _process(stack, "router")
+    tag = f"{'w' if wss else 'h'}{count}"
+    fleet = await make_fleet(stack.database_url, stack.gateway_url, stack.ssl_context(), count, tag)
+    runner = IdleFleet(fleet, wss)
+    gateway, router = service_process(stack, "gateway"), service_process(stack, "router")
     idle_rss = gateway.memory_info().rss
     ramp_started = time.monotonic()
-    tasks = []
-    for start in range(0, count, 250):  # ramp in batches so handshakes do not time out
-        tasks += [asyncio.create_task(loop(c)) for c in fleet[start : start + 250]]
-        await asyncio.sleep(0.5)
-    await all_online.wait()
+    await runner.ramp()  # in batches so handshakes do not time out
     # Ready when the gateway holds a connection for READY_SHARE of the collectors: TLS handshakes
     # take a while at 10k (SYNs beyond the listen backlog are retried after seconds), and at any
     # moment a few collectors are between one connection and the next. Only connections to the
     # gateway's own port count, not its pooled connections to PostgreSQL and Redis.
     port = stack.cp.port("gateway")
     deadline = time.monotonic() + 600
-    while _inbound(gateway, port) < READY_SHARE * count and time.monotonic() < deadline:  # noqa: ASYNC110
+    while inbound(gateway, port) < READY_SHARE * count and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(1.0)
     ramp_s = time.monotonic() - ramp_started
     # Settled: a collector's first claim (a resume) goes to the router, which holds it for a whole
     # hold; only the claims after it park in the gateway. The window starts once they all have.
     await asyncio.sleep(HOLD_S + 5)
+    counts = runner.counts
     drops_before = counts["drops"]
-    g0, r0, t0 = _cpu(gateway), _cpu(router), time.perf_counter()
+    g0, r0, t0 = cpu_s(gateway), cpu_s(router), time.perf_counter()
     await asyncio.sleep(window)
     elapsed = time.perf_counter() - t0
     result = {
@@ -174,23 +62,19 @@ async def hold(stack: Stack, count: int, wss: bool, window: float, parking: bool
         "parking": parking,
         "gateway_rss_mib": gateway.memory_info().rss / 2**20,
         "gateway_rss_idle_mib": idle_rss / 2**20,
-        "gateway_cpu_pct": (_cpu(gateway) - g0) / elapsed * 100,
-        "router_cpu_pct": (_cpu(router) - r0) / elapsed * 100,
-        "gateway_connections": _inbound(gateway, port),
-        "online_at_end": len(online),
+        "gateway_cpu_pct": (cpu_s(gateway) - g0) / elapsed * 100,
+        "router_cpu_pct": (cpu_s(router) - r0) / elapsed * 100,
+        "gateway_connections": inbound(gateway, port),
+        "online_at_end": len(runner.online),
         "ramp_s": ramp_s,
         "connect_retries": counts["connect_retries"],
         "claim_errors": counts["claim_errors"],
-        "claim_errors_by_type": dict(errors),
+        "claim_errors_by_type": dict(runner.errors),
         "drops_during_ramp": drops_before,
         # Must be 0 for the figures to describe a steady fleet.
         "drops_during_window": counts["drops"] - drops_before,
     }
-    stop.set()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await asyncio.gather(*(c.close() for c in fleet), return_exceptions=True)
+    await runner.close()
     return result
 
 

@@ -48,9 +48,17 @@ class CollectorError(Exception):
     """A problem that stops the collector from starting; reported as one line."""
 
 
-def backoff(attempt: int, base: float = 1.0, cap: float = 60.0) -> float:
-    """Exponential backoff with ±25 % jitter, so a fleet does not reconnect in lockstep."""
-    return float(min(cap, base * 2**attempt) * random.uniform(0.75, 1.25))  # noqa: S311 - jitter, not crypto
+def backoff(attempt: int, base: float = 1.0, cap: float = 60.0, retry_after_s: float | None = None) -> float:
+    """Exponential backoff with full jitter: anywhere in ``[0, min(cap, base * 2**attempt)]``.
+
+    A fleet that lost its gateway together then comes back spread over the whole window rather
+    than in a band around its middle (±25 % before: 10,000 collectors within half a second of
+    each other). When the gateway asked for a wait (``Retry-After``), at least that, spread
+    over up to twice it."""
+    delay = random.uniform(0.0, min(cap, base * 2**attempt))  # noqa: S311 - jitter, not crypto
+    if retry_after_s:
+        delay = max(delay, random.uniform(retry_after_s, 2 * retry_after_s))  # noqa: S311
+    return float(delay)
 
 
 def check_key_permissions(path: Path) -> None:

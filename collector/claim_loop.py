@@ -96,7 +96,8 @@ class ClaimLoop(Execution):
                 reply = claim.result()
             except GatewayUnavailable as exc:
                 self.resume = True
-                await self._sleep(backoff(attempt, cap=self.options.max_backoff_s), f"claim: {exc}")
+                delay = backoff(attempt, cap=self.options.max_backoff_s, retry_after_s=exc.retry_after_s)
+                await self._sleep(delay, f"claim: {exc}")
                 attempt += 1
                 continue
             except GatewayRefused as exc:

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from collector.gateway_errors import GatewayRefused, GatewayUnavailable
+from collector.gateway_errors import GatewayRefused, GatewayUnavailable, retry_after
 from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
 from collector.state import StatePaths
-from collector.ws_control import WsControl
+from collector.ws_control import WebSocketBlocked, WsControl
 from common import protocol
 from common.envelope.fence import RoundTrip
 from common.telemetry.logs import get_logger
@@ -30,6 +30,10 @@ from common.telemetry.logs import get_logger
 API = "/api/collector/v1"
 # After the control socket fails, use per-call HTTPS for this long before trying the socket again.
 WS_RETRY_S = 60.0
+# A socket that served at least this long and then dropped is reconnected, not abandoned for
+# HTTPS: what ended it was the gateway (a restart, a crash) or the network, not a proxy that
+# breaks WebSockets — those cut a socket at once or within its first minute.
+WS_STEADY_S = 30.0
 
 log = get_logger("versus.collector.client")
 
@@ -125,8 +129,10 @@ class GatewayClient:
                 self._sign_frame,
             )
             try:
+                # GatewayUnavailable (down, or shedding load) goes to the caller, who backs off and
+                # comes back on a socket: HTTPS would meet the same gateway.
                 await ws.connect()
-            except GatewayUnavailable as exc:
+            except WebSocketBlocked as exc:
                 self._ws_retry_at = time.monotonic() + self._ws_retry_s
                 self.transport = "https"
                 log.info(
@@ -144,10 +150,16 @@ class GatewayClient:
             )
             return result
         except GatewayUnavailable:
+            lost: WsControl = self._ws
+            await lost.close()
+            self._ws = None
+            if lost.gateway_left or lost.lived_s >= WS_STEADY_S:
+                # The gateway restarted or went away, or the link dropped a socket that had worked
+                # for a while: come back on a socket once the caller has backed off.
+                log.info("control socket lost; reconnecting", gateway_left=lost.gateway_left)
+                raise
             # Some proxies pass HTTPS but break WebSockets: fall back now, try the socket again later.
             log.info("control socket lost; using per-call HTTPS", retry_in_s=self._ws_retry_s)
-            await self._ws.close()
-            self._ws = None
             self._ws_retry_at = time.monotonic() + self._ws_retry_s
             self.transport = "https"
             return None
@@ -168,7 +180,7 @@ class GatewayClient:
                 raise GatewayUnavailable(f"{kind}: {type(exc).__name__}: {exc}") from None
             status, raw, headers = response.status_code, response.content, response.headers
         if status >= 500:
-            raise GatewayUnavailable(f"{kind}: HTTP {status}")
+            raise GatewayUnavailable(f"{kind}: HTTP {status}", retry_after(headers.get("retry-after")))
         if status >= 400:
             refused = _refused(status, raw)
             if refused.code == protocol.VersionUnsupported.default_code:

@@ -1,8 +1,11 @@
 """The collector's side of the WebSocket control channel (see gateway/control_ws.py for the frames).
 
 Requests are multiplexed on one socket by frame id, so a long-poll claim and
-reports travel side by side. Any failure to connect or a dropped socket makes
-the caller fall back to per-call HTTPS; the socket is tried again later.
+reports travel side by side. A socket that cannot be opened for a reason HTTPS
+may not share (:class:`WebSocketBlocked`: a proxy's refusal, a handshake that
+does not complete) makes the caller fall back to per-call HTTPS and try the
+socket again later; a gateway that is down or shedding load
+(:class:`GatewayUnavailable`) is retried on a socket after the caller's backoff.
 """
 
 from __future__ import annotations
@@ -12,15 +15,23 @@ import contextlib
 import itertools
 import json
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from collector.gateway_errors import GatewayUnavailable
+from collector.gateway_errors import GatewayUnavailable, retry_after
 
 MAX_FRAME_BYTES = 3 * 1024 * 1024
+# Close codes a gateway sends when it restarts (1012) or goes away (1001, a drain).
+GATEWAY_LEAVING = frozenset({1001, 1012})
+
+
+class WebSocketBlocked(Exception):
+    """The socket could not be opened, and HTTPS may still work (a proxy refused or broke the
+    upgrade, the handshake timed out, the gateway refused the upgrade with a 4xx)."""
 
 
 class WsControl:
@@ -42,6 +53,14 @@ class WsControl:
         self._pending: dict[str, asyncio.Future[tuple[int, bytes, dict[str, str]]]] = {}
         self._ids = itertools.count(1)
         self._reader: asyncio.Task[None] | None = None
+        self.opened_at = 0.0
+        # Whether the gateway closed the socket saying it restarts or goes away (GATEWAY_LEAVING).
+        self.gateway_left = False
+
+    @property
+    def lived_s(self) -> float:
+        """Seconds since the socket opened."""
+        return time.monotonic() - self.opened_at
 
     @property
     def open(self) -> bool:
@@ -57,8 +76,21 @@ class WsControl:
                 compression=None,
                 open_timeout=10,
             )
+        except websockets.InvalidStatus as exc:
+            status = exc.response.status_code
+            code = _error_code(exc.response.body)
+            if status == 503 and code:
+                # The gateway itself is busy or lost a dependency: HTTPS would be answered the same.
+                hint = retry_after(exc.response.headers.get("Retry-After"))
+                raise GatewayUnavailable(f"control socket: HTTP {status} {code}", hint) from None
+            # A 4xx, or a 5xx without the gateway's error body (a proxy's 502, say).
+            raise WebSocketBlocked(f"control socket: HTTP {status} {code}".rstrip()) from None
+        except (ConnectionRefusedError, ConnectionResetError) as exc:
+            # Nothing listens (a gateway restarting), or it shed the connection before TLS.
+            raise GatewayUnavailable(f"control socket: {type(exc).__name__}") from None
         except (OSError, websockets.WebSocketException, TimeoutError) as exc:
-            raise GatewayUnavailable(f"control socket: {type(exc).__name__}: {exc}") from None
+            raise WebSocketBlocked(f"control socket: {type(exc).__name__}: {exc}") from None
+        self.opened_at = time.monotonic()
         self._reader = asyncio.create_task(self._read())
 
     async def close(self) -> None:
@@ -104,12 +136,23 @@ class WsControl:
         except (websockets.WebSocketException, OSError, ValueError, KeyError, TypeError, RecursionError):
             pass  # a broken or garbled socket: pending calls fail below and the agent falls back
         finally:
+            # The code of the gateway's closing frame (1006 when none came: a dropped connection).
+            self.gateway_left = self._conn.protocol.close_code in GATEWAY_LEAVING
             self._fail_pending("control socket closed")
 
     def _fail_pending(self, why: str) -> None:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(GatewayUnavailable(why))
+
+
+def _error_code(body: bytes | bytearray | None) -> str:
+    """The stable code of a gateway's JSON error body (``{"error": {"code": ...}}``), or ""."""
+    try:
+        code = json.loads(body or b"")["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return code if isinstance(code, str) else ""
 
 
 def parse_frame(text: str) -> tuple[str, tuple[int, bytes, dict[str, str]]]:

@@ -16,8 +16,8 @@ module adds, per connection:
 - on WebSockets, a rate limit on the peer's pings and a bound on what waits to be written to a
   peer that does not read (its pongs would otherwise pile up without limit).
 
-The TLS handshake itself is bounded by :data:`TLS_HANDSHAKE_TIMEOUT_S` (see
-:func:`limit_tls_handshake`).
+The TLS handshake itself is bounded by :data:`TLS_HANDSHAKE_TIMEOUT_S`, and admitted before it
+starts, by the gateway's listener (gateway/listener.py).
 """
 
 from __future__ import annotations
@@ -324,14 +324,3 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.close_timer is not None:
             self.close_timer.cancel()
         self.close_timer = self.loop.call_later(CLOSE_GRACE_S, self.transport.abort)
-
-
-def limit_tls_handshake(seconds: float = TLS_HANDSHAKE_TIMEOUT_S) -> None:
-    """Bound the TLS handshake of every connection this process accepts from now on.
-
-    asyncio's default is 60 s; uvicorn does not pass its own. The servers here are created
-    without an explicit timeout, so asyncio reads this module constant for each connection.
-    """
-    from asyncio import constants
-
-    constants.SSL_HANDSHAKE_TIMEOUT = seconds

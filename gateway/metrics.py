@@ -37,3 +37,16 @@ CLAIMS_FORWARDED = Counter(
 PARKING_WATCHES = Gauge(
     "versus_gateway_parking_watches", "Collectors whose wake-ups this gateway is subscribed to."
 )
+HANDSHAKES = Counter(
+    "versus_gateway_tls_handshakes_total",
+    "TLS handshakes the listener started (gateway/listener.py), by how they ended: done or failed.",
+    ["outcome"],
+)
+HANDSHAKES_IN_PROGRESS = Gauge(
+    "versus_gateway_tls_handshakes_in_progress",
+    "TLS handshakes in progress (at most VERSUS_GATEWAY_MAX_HANDSHAKES).",
+)
+HANDSHAKES_WAITING = Gauge(
+    "versus_gateway_tls_handshakes_waiting",
+    "Accepted connections waiting for a TLS handshake slot (gateway/admission.py).",
+)

@@ -17,7 +17,6 @@ from common.errors import StartupError
 from common.grpc import token_files
 from common.material import shared as material
 from common.runtime import early_signals
-from common.runtime.draining_server import DrainingServer
 from common.runtime.service import PARENT_PID_ENV, check_backends, require_backends, setup_logging
 from common.telemetry.logs import get_logger
 from common.telemetry.metrics import SERVICE_UP
@@ -26,8 +25,10 @@ from common.trust.tls import resolve_tls
 from common.trust.trust_bundle import BundleSource
 from common.updates.repo_sync import SharedDirectory
 from gateway import edge
+from gateway.admission import AdmissionLimits
 from gateway.app import GatewayConfig, create_app
-from gateway.edge import MAX_HEADER_BYTES, EdgeHttpProtocol, EdgeWebSocketProtocol, limit_tls_handshake
+from gateway.edge import MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S, EdgeHttpProtocol, EdgeWebSocketProtocol
+from gateway.listener import AdmittingServer
 from gateway.tls_reload import follow_cert_files, follow_gateway_ca
 
 log = get_logger("versus.gateway")
@@ -172,19 +173,27 @@ async def serve(settings: Settings) -> None:
         timeout_keep_alive=KEEPALIVE_TIMEOUT_S,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
-    server = DrainingServer(config, settings.gateway_drain_s)
-    app.state.draining = lambda: server.draining
     # Loaded here rather than in serve() so the certificate can be swapped in the live SSL context.
     config.load()
+    # The TLS context goes to the gateway's own listener, which admits before any handshake
+    # (gateway/listener.py); uvicorn serves the connections it hands over.
+    tls_context, config.ssl = config.ssl, None
+    server = AdmittingServer(
+        config,
+        settings.gateway_drain_s,
+        tls_context,
+        AdmissionLimits(settings.gateway_max_handshakes, MAX_CONCURRENT_CONNECTIONS),
+        TLS_HANDSHAKE_TIMEOUT_S,
+    )
+    app.state.draining = lambda: server.draining
     reloading = None
-    if tls is not None and config.ssl is not None and settings.tls_cert_file is None:
+    if tls is not None and tls_context is not None and settings.tls_cert_file is None:
         reloading = asyncio.create_task(
-            follow_gateway_ca(config.ssl, store, lambda: resolve_tls(settings, store), server)
+            follow_gateway_ca(tls_context, store, lambda: resolve_tls(settings, store), server)
         )
-    elif tls is not None and config.ssl is not None:
-        reloading = asyncio.create_task(follow_cert_files(config.ssl, tls.cert_file, tls.key_file, server))
+    elif tls is not None and tls_context is not None:
+        reloading = asyncio.create_task(follow_cert_files(tls_context, tls.cert_file, tls.key_file, server))
     limit_tls_read_buffer()
-    limit_tls_handshake()
     edge.configure(settings.gateway_max_anonymous_per_source)
     # Uvicorn re-raises the signal it caught once it has shut down; with these recording
     # handlers in place that re-raise is harmless and the process exits 0. A signal that came

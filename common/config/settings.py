@@ -172,6 +172,13 @@ class Settings(BaseSettings):
         description="Connections one source address may hold before presenting a valid collector token "
         "(0: no limit, e.g. behind a load balancer that hides client addresses).",
     )
+    gateway_max_handshakes: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="TLS handshakes the gateway runs at once; further connections wait for a slot, "
+        "up to 4,096 of them for up to 8 s (docs/gateway.md, 'Storms').",
+    )
     gateway_public_url: str | None = Field(
         default=None,
         description="URL collectors use to reach the gateway (enroll commands, trust bootstrap). "

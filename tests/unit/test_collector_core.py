@@ -14,6 +14,7 @@ from collector.config import resolve
 from collector.drivers import registry
 from collector.drivers.base import DriverContext, Task
 from collector.drivers.stub import StubDriver
+from collector.gateway_errors import retry_after
 from collector.journal import AlreadyReceived, Journal, Result
 
 
@@ -66,11 +67,33 @@ def test_prune_keeps_unreported_work(journal: Journal) -> None:
     assert journal.held_task_ids() == ["held"]
 
 
-def test_backoff_grows_with_jitter_and_a_cap() -> None:
-    samples = [backoff(n, base=1.0, cap=60.0) for n in range(10) for _ in range(20)]
-    assert all(0.75 <= s <= 75.0 for s in samples)
-    assert max(backoff(20, cap=60.0) for _ in range(50)) <= 75.0
-    assert len({round(backoff(3), 6) for _ in range(20)}) > 1  # jittered, not lockstep
+def test_backoff_is_full_jitter_under_a_growing_window_and_a_cap() -> None:
+    for attempt in range(10):
+        window = min(60.0, 2.0**attempt)
+        samples = [backoff(attempt, base=1.0, cap=60.0) for _ in range(400)]
+        assert all(0.0 <= s <= window for s in samples)
+        # Spread over the whole window, not banded around its middle (±25 % before).
+        assert min(samples) < 0.2 * window and max(samples) > 0.8 * window
+    assert max(backoff(20, cap=60.0) for _ in range(50)) <= 60.0
+
+
+def test_backoff_waits_at_least_what_the_gateway_asked_spread_over_twice_it() -> None:
+    samples = [backoff(0, retry_after_s=5.0) for _ in range(400)]
+    assert all(5.0 <= s <= 10.0 for s in samples)
+    assert max(samples) - min(samples) > 2.5  # spread, so a shed fleet does not return together
+    # A longer backoff of its own wins over a short hint.
+    assert all(s <= 60.0 for s in (backoff(10, cap=60.0, retry_after_s=1.0) for _ in range(50)))
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("2", 2.0), (" 30 ", 30.0), ("0", 0.0), ("86400", 300.0), (None, None), ("", None), ("-1", None),
+     ("1.5", None), ("Wed, 21 Oct 2026 07:28:00 GMT", None)],
+)  # fmt: skip
+def test_retry_after_reads_delta_seconds_only_and_caps_them(
+    header: str | None, seconds: float | None
+) -> None:
+    assert retry_after(header) == seconds
 
 
 def test_world_readable_key_is_refused(tmp_path: Path) -> None:
