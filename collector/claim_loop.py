@@ -114,7 +114,9 @@ class ClaimLoop(Execution):
             if reply.verdicts:
                 self.running.apply(reply.verdicts, reply.cancel_grace_s)
             for revoke in reply.revokes:
-                results = self.running.revoke(revoke["dispatch_ids"], kill=revoke["action"] == "kill")
+                results = self.running.revoke(
+                    revoke["revocation_id"], revoke["dispatch_ids"], kill=revoke["action"] == "kill"
+                )
                 self._spawn(self._ack_revocation(revoke["revocation_id"], results))
             self._observe_clock(reply.round_trip)
             self._write_runtime()

@@ -17,6 +17,7 @@ after it is ``unknown``, and the unknown-outcome ladder finds out what landed.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
@@ -24,6 +25,9 @@ from collector.drivers.base import DriverError, Outcome, Stopped, Task, WindowCl
 from common.telemetry.logs import get_logger
 
 log = get_logger("versus.collector")
+
+# Revocations answered, remembered so one carried again answers the same (bounded: oldest forgotten).
+ANSWERED_REVOCATIONS = 256
 
 
 def stopped_outcome(task: Task, read: bool) -> Outcome:
@@ -53,6 +57,7 @@ class RunningTasks:
 
     def __init__(self) -> None:
         self._running: dict[str, tuple[Task, asyncio.Task[Outcome]]] = {}
+        self._answered: OrderedDict[str, dict[str, str]] = OrderedDict()
 
     def __contains__(self, dispatch_id: object) -> bool:
         return dispatch_id in self._running
@@ -106,9 +111,16 @@ class RunningTasks:
                 task.stop.event.set()
                 _force(task, runner)
 
-    def revoke(self, dispatch_ids: Iterable[str], kill: bool) -> dict[str, str]:
+    def revoke(self, revocation_id: str, dispatch_ids: Iterable[str], kill: bool) -> dict[str, str]:
         """Take a credential back from these dispatches (protocol 5): wipe what each task holds and,
-        with ``kill``, stop the tasks that held one. What was actually done, per dispatch."""
+        with ``kill``, stop the tasks that held one. What was actually done, per dispatch.
+
+        A revocation is carried until its ack is recorded, so it can arrive again while the first
+        ack is on its way; it then answers what was done the first time (a task the first delivery
+        killed is gone, and "not_held" would be false)."""
+        if revocation_id in self._answered:
+            self._answered.move_to_end(revocation_id)
+            return dict(self._answered[revocation_id])
         results: dict[str, str] = {}
         for dispatch_id in dispatch_ids:
             entry = self._running.get(dispatch_id)
@@ -129,6 +141,9 @@ class RunningTasks:
                 _force(task, runner)
                 results[dispatch_id] = "killed"
         log.warning("credential revoked from running tasks", results=results, kill=kill)
+        self._answered[revocation_id] = dict(results)
+        while len(self._answered) > ANSWERED_REVOCATIONS:
+            self._answered.popitem(last=False)
         return results
 
 

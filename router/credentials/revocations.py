@@ -42,6 +42,8 @@ ACTIONS = ("scrub", "kill")
 MAX_REF_CHARS = 256
 # What a collector may say about one dispatch.
 RESULTS = ("scrubbed", "not_held", "killed")
+# A target in one of these states still waits for its collector's answer; in any other it has one.
+UNANSWERED = ("pending", "unreachable")
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -140,6 +142,10 @@ class Revocations(RouterCore):
             target = await revocation_store.lock_target(conn, revocation_id, collector_id)
             if target is None:
                 return False
+            if target["state"] not in UNANSWERED:
+                # The first answer stands: a revocation is carried until its ack is recorded, so a
+                # collector may answer twice, and after a kill the second finds the task gone.
+                return True
             known = set(target["dispatch_ids"])
             kept = {d: r[:200] for d, r in results.items() if d in known}
             await revocation_store.answer(conn, revocation_id, collector_id, state, kept, detail)

@@ -58,9 +58,9 @@ async def test_scrub_wipes_what_the_task_holds_and_kill_also_stops_it() -> None:
     tasks = RunningTasks()
     scrubbed, killed = Task("d1", "echo", "dev", "k1", b"", 1), Task("d2", "echo", "dev", "k2", b"", 1)
     first, second = await _running(tasks, scrubbed, 0.5), await _running(tasks, killed, 30)
-    assert tasks.revoke(["d1", "d-gone"], kill=False) == {"d1": "scrubbed", "d-gone": "not_held"}
+    assert tasks.revoke("rev-1", ["d1", "d-gone"], kill=False) == {"d1": "scrubbed", "d-gone": "not_held"}
     assert scrubbed.held[0].revoked and not first.done()  # it runs on without the credential
-    assert tasks.revoke(["d2"], kill=True) == {"d2": "killed"}
+    assert tasks.revoke("rev-2", ["d2"], kill=True) == {"d2": "killed"}
     async with asyncio.timeout(5):
         stopped = await second
     assert (stopped.status, stopped.error_code) == ("failed", "credential_revoked") and killed.stop.forced
@@ -70,12 +70,26 @@ async def test_scrub_wipes_what_the_task_holds_and_kill_also_stops_it() -> None:
     assert (failed.status, failed.error_code) == ("failed", "credential_revoked")
 
 
+async def test_a_revocation_carried_again_answers_what_was_done_the_first_time() -> None:
+    # A revocation is carried on every claim until its ack is recorded: the second delivery of a
+    # kill found the task gone and answered "not_held", and the control plane kept that answer.
+    tasks = RunningTasks()
+    task = Task("d1", "echo", "dev", "k1", b"", 1)
+    run = await _running(tasks, task, 30)
+    assert tasks.revoke("rev-k", ["d1"], kill=True) == {"d1": "killed"}
+    async with asyncio.timeout(5):
+        await run
+    assert "d1" not in tasks
+    assert tasks.revoke("rev-k", ["d1"], kill=True) == {"d1": "killed"}
+    assert tasks.revoke("rev-other", ["d1"], kill=True) == {"d1": "not_held"}
+
+
 async def test_a_task_that_took_no_credential_is_not_held() -> None:
     tasks = RunningTasks()
     task = Task("d1", "echo", "dev", "k", b"", 1)
     run = asyncio.ensure_future(tasks.run(task, asyncio.sleep(30, Outcome("success")), 60, read=True))
     while "d1" not in tasks:  # noqa: ASYNC110 - waits for the run to register
         await asyncio.sleep(0.01)
-    assert tasks.revoke(["d1"], kill=True) == {"d1": "not_held"}
+    assert tasks.revoke("rev-1", ["d1"], kill=True) == {"d1": "not_held"}
     assert not run.done()
     run.cancel()
