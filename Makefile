@@ -104,10 +104,11 @@ console-screenshots: system-deps axe-deps $(STAMP)
 
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
 # start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a
-# collector is tested behind) and Chromium (the console's browser tests, driven by Playwright).
+# collector is tested behind), Chromium (the console's browser tests, driven by Playwright) and
+# Node.js (npm installs axe-core; a control-socket client in another language, tests/support).
 # Installed once, as root, with apt. "Installed" means dpkg's status says so: a package removed
 # but not purged is still known to `dpkg -s`, which succeeds for it.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment and lock (locks/mitmproxy.in),

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
+from collector.request_auth import SignRequests, bound_token, frame_body, frame_token, signed_report
 from common import protocol
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
@@ -361,10 +361,11 @@ class SimCollector:
         frame_id = str(self.seq)
         future: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
         self._frames[frame_id] = future
-        auth = frame_token(self.key, self.collector_id, kind, body)
         # Claims in the newest version (their answer settles it; protocol.md), reports in version 1.
         version = protocol.PROTOCOL_VERSION if kind == "claim" else 1
-        frame = {"v": version, "id": frame_id, "type": kind, "auth": auth, "body": body}
+        member, bound = frame_body(version, body)
+        auth = frame_token(self.key, self.collector_id, kind, bound)
+        frame = {"v": version, "id": frame_id, "type": kind, "auth": auth, "body": member}
         await self.ws.send(json.dumps(frame))
         return await future
 

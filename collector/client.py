@@ -109,7 +109,7 @@ class GatewayClient:
         """A fresh bearer token for one body-less request: ``path`` is the full path with any query."""
         return bound_token(self._key, self.collector_id, method, path)
 
-    def _sign_frame(self, kind: str, body: dict[str, Any]) -> str:
+    def _sign_frame(self, kind: str, body: bytes) -> str:
         return frame_token(self._key, self.collector_id, kind, body)
 
     async def _over_websocket(

@@ -11,6 +11,7 @@ checks (``common.trust.report_signature``).
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from common import protocol
 from common.trust import collector_jwt, report_signature
 from common.trust.report_signature import ReportStatement
 
@@ -31,12 +33,21 @@ def bound_token(
     return collector_jwt.mint(key, collector_id, int(time.time()), method=method, path=path, body=body)
 
 
-def frame_token(
-    key: ec.EllipticCurvePrivateKey, collector_id: str, kind: str, body: Mapping[str, Any]
-) -> str:
-    """The ``auth`` of a control frame of type ``kind`` carrying ``body``."""
-    path = f"{API}/{kind}"
-    return bound_token(key, collector_id, collector_jwt.FRAME, path, collector_jwt.frame_body(body))
+def frame_body(version: int, body: Mapping[str, Any]) -> tuple[Any, bytes]:
+    """A request frame's ``body`` member written in protocol ``version``, and the bytes its token binds.
+
+    From protocol 7 the member is the body's JSON text and the token binds that text's UTF-8 bytes,
+    whatever JSON encoder wrote them; before it, the member is the object and the token binds its
+    canonical form (``collector_jwt.frame_body``)."""
+    if version >= protocol.FRAME_BODY_AS_TEXT:
+        text = json.dumps(body, separators=(",", ":"))
+        return text, text.encode()
+    return body, collector_jwt.frame_body(body)
+
+
+def frame_token(key: ec.EllipticCurvePrivateKey, collector_id: str, kind: str, body: bytes) -> str:
+    """The ``auth`` of a control frame of type ``kind`` whose token binds ``body`` (:func:`frame_body`)."""
+    return bound_token(key, collector_id, collector_jwt.FRAME, f"{API}/{kind}", body)
 
 
 def _output(output: object) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from collector.gateway_errors import GatewayUnavailable, retry_after
+from collector.request_auth import frame_body
 
 MAX_FRAME_BYTES = 3 * 1024 * 1024
 # Close codes a gateway sends when it restarts (1012) or goes away (1001, a drain).
@@ -35,15 +36,16 @@ class WebSocketBlocked(Exception):
 
 
 class WsControl:
-    """``bearer`` opens the socket (bound to ``GET`` of its path); ``sign_frame(type, body)`` returns
-    the token each frame carries in ``auth`` (:func:`collector.request_auth.frame_token`)."""
+    """``bearer`` opens the socket (bound to ``GET`` of its path); ``sign_frame(type, bound)`` returns
+    the token each frame carries in ``auth``, binding the body's bytes ``bound``
+    (:func:`collector.request_auth.frame_body`, :func:`collector.request_auth.frame_token`)."""
 
     def __init__(
         self,
         url: str,
         context: ssl.SSLContext,
         bearer: str,
-        sign_frame: Callable[[str, dict[str, Any]], str],
+        sign_frame: Callable[[str, bytes], str],
     ):
         self.url = url
         self._context = context
@@ -113,9 +115,10 @@ class WsControl:
         future: asyncio.Future[tuple[int, bytes, dict[str, str]]] = asyncio.get_running_loop().create_future()
         self._pending[frame_id] = future
         try:
-            auth = self._sign_frame(kind, body)
+            member, bound = frame_body(version, body)
+            auth = self._sign_frame(kind, bound)
             await self._conn.send(
-                json.dumps({"v": version, "id": frame_id, "type": kind, "auth": auth, "body": body})
+                json.dumps({"v": version, "id": frame_id, "type": kind, "auth": auth, "body": member})
             )
             async with asyncio.timeout(timeout_s):
                 return await future

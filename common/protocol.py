@@ -39,6 +39,9 @@ HISTORY: dict[int, str] = {
     "scrub and kill); the collector acks what it actually scrubbed (POST revoked)",
     6: "relayed_credentials: claim answers carry, per dispatch, the device credential encrypted to the "
     "collector's key and signed (vault mode B)",
+    7: "exact frame bodies: a control-socket request frame carries its body as JSON text in a string "
+    "member, and the frame's token binds the SHA-256 of that text's UTF-8 bytes, as an HTTPS call's "
+    "binds its body (no JSON canonicalisation on either side)",
 }
 # The lowest version whose collectors honour each feature. A task that needs a feature is placed only on
 # a collector whose settled version reaches its floor; older collectors keep running everything else.
@@ -67,6 +70,10 @@ def retryable_update_failure(detail: str) -> bool:
     """Whether the report's failure is one the same release is worth trying again after."""
     return update_failure_code(detail) in RETRYABLE_UPDATE_FAILURES
 
+
+# From this version a request frame's body is a string holding the body's JSON text, and its token
+# binds those bytes; before it, the body is an object hashed in canonical form (collector_jwt.frame_body).
+FRAME_BODY_AS_TEXT = 7
 
 # The newest version this build speaks, and the oldest it still accepts.
 PROTOCOL_VERSION = max(HISTORY)

@@ -5,7 +5,8 @@ text frames. The gateway only answers frames the collector sent; it never
 pushes unrequested work. Frames:
 
     collector -> gateway  {"v": N, "id": "<request id>", "type": "claim|report|capabilities|bye",
-                           "auth": "<bearer token>", "body": {...}}
+                           "auth": "<bearer token>", "body": {...}}     (protocol 1-6)
+                          {..., "body": "<the body's JSON text>"}      (protocol 7 on)
     gateway -> collector  {"v": N, "id": "<same id>", "type": "<type>.result", "status": 200|204|4xx|5xx,
                            "body": {...} | null}
 
@@ -20,8 +21,9 @@ is closed with 4400 and that code. ``body`` stays the frame's last member.
 A result may carry ``headers``: the HTTPS answer's ``X-Versus-*`` headers (a
 204 claim's server time and how long it was held).
 Each frame carries its own bearer token in ``auth``, bound (``htm`` FRAME, ``htu``
-the operation's HTTPS path, ``bsh`` the SHA-256 of ``collector_jwt.frame_body``
-of the body) and accepted once, exactly as an HTTPS call's: whoever sits on the
+the operation's HTTPS path, ``bsh`` the SHA-256 of the body: from protocol 7 of the
+UTF-8 bytes of the body's text as sent, before it of ``collector_jwt.frame_body`` of
+the body object) and accepted once, exactly as an HTTPS call's: whoever sits on the
 TLS path can neither inject, replay nor alter a frame. A frame whose token is
 refused is answered with the refusal (401, its code) and the socket stays open.
 The bearer token is also checked at the upgrade, and the collector's standing is
@@ -247,10 +249,30 @@ def _parse(text: str | None) -> tuple[str, str, object, bytes, int]:
     if not isinstance(frame, dict) or "v" not in frame:
         raise InvalidArgument("frames must be objects with a protocol version v", code="malformed_frame")
     version = protocol.check_message(frame["v"])
-    frame_id, kind, body = frame.get("id"), frame.get("type"), frame.get("body", {})
+    frame_id, kind = frame.get("id"), frame.get("type")
     if not isinstance(frame_id, str) or not 0 < len(frame_id) <= FRAME_ID_CHARS or not isinstance(kind, str):
         raise InvalidArgument("frames need a string id (1-64 chars) and type", code="malformed_frame")
+    # The operation parses exactly the bytes the frame's token is checked against.
+    return frame_id, kind, frame.get("auth"), _body_bytes(frame, version), version
+
+
+def _body_bytes(frame: dict[str, Any], version: int) -> bytes:
+    """The bytes a request frame's token binds and its operation reads.
+
+    From protocol 7 the body is JSON text in a string member, and those are its UTF-8 bytes, as an
+    HTTPS body's are (absent: none). Before it, the body is an object, hashed in canonical form."""
+    if version >= protocol.FRAME_BODY_AS_TEXT:
+        text = frame.get("body", "")
+        if not isinstance(text, str):
+            raise InvalidArgument(
+                f"from protocol {protocol.FRAME_BODY_AS_TEXT} a frame's body is its JSON text, as a string",
+                code="malformed_frame",
+            )
+        try:
+            return text.encode()
+        except UnicodeEncodeError:  # a lone surrogate escape (\ud800) has no UTF-8 bytes
+            raise InvalidArgument("body is not valid Unicode text", code="malformed_frame") from None
+    body = frame.get("body", {})
     if not isinstance(body, dict):
         raise InvalidArgument("body must be an object", code="malformed_frame")
-    # The operation parses exactly the bytes the frame's token is checked against.
-    return frame_id, kind, frame.get("auth"), collector_jwt.frame_body(body), version
+    return collector_jwt.frame_body(body)

@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from collector.client import GatewayClient
 from collector.gateway_errors import GatewayRefused
+from collector.request_auth import frame_body
 from common import protocol
 from common.db.schema import dispatches, tasks
 from router.core.fleet_state import SessionState
@@ -63,7 +64,9 @@ async def test_a_claim_settles_the_highest_version_both_speak_and_fleet_views_sh
         await ws.send(json.dumps({"v": 1, "id": "c1", "type": "claim", "body": claim}))
         frame = json.loads(await ws.recv())
         assert (frame["v"], frame["status"], frame["headers"][protocol.HEADER]) == (1, 204, str(NEWEST))
-        await ws.send(json.dumps({"v": NEWEST, "id": "c2", "type": "claim", "body": claim}))
+        # Written in the settled version (from 7 the body travels as its JSON text).
+        written = frame_body(NEWEST, claim)[0]
+        await ws.send(json.dumps({"v": NEWEST, "id": "c2", "type": "claim", "body": written}))
         assert json.loads(await ws.recv())["v"] == NEWEST
 
 

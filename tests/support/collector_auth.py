@@ -15,6 +15,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from collector.request_auth import SignRequests, bound_token, frame_token, signed_report
+from common import protocol
+from common.trust import collector_jwt
 
 __all__ = [
     "SignRequests",
@@ -48,11 +50,17 @@ def signed_frame(key: ec.EllipticCurvePrivateKey, collector_id: str, text: str |
     if not isinstance(frame, dict) or "auth" in frame or not isinstance(frame.get("type"), str):
         return text
     body = frame.get("body", {})
+    version = frame.get("v")
+    if isinstance(body, str) and isinstance(version, int) and version >= protocol.FRAME_BODY_AS_TEXT:
+        # The body's text as given, its bytes bound exactly (a report's signature is the caller's).
+        frame["auth"] = frame_token(key, collector_id, frame["type"], body.encode())
+        signed = json.dumps(frame)
+        return signed.encode() if isinstance(text, bytes) else signed
     if not isinstance(body, dict):
         return text
     if frame["type"] == "report":
         body = frame["body"] = with_report_signature(key, collector_id, body)
-    frame["auth"] = frame_token(key, collector_id, frame["type"], body)
+    frame["auth"] = frame_token(key, collector_id, frame["type"], collector_jwt.frame_body(body))
     signed = json.dumps(frame)
     return signed.encode() if isinstance(text, bytes) else signed
 

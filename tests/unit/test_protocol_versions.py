@@ -13,10 +13,12 @@ import pytest
 from pydantic import BaseModel
 
 from collector.client import read_claim_answer, settled_version
+from collector.request_auth import frame_body
 from collector.ws_control import parse_frame
 from common import protocol
 from common.errors import InvalidArgument, VersusError
 from common.limits import MAX_OUTPUT_CHUNK
+from common.trust import collector_jwt
 from gateway.collector_bodies import ByeBody, CapabilitiesBody, ClaimBody, ReportBody, RevokedBody
 from gateway.control_ws import _parse
 from gateway.enroll_api import parse_body
@@ -101,6 +103,30 @@ def test_the_gateway_reads_every_collector_message_of_every_version(message: dic
         assert protocol.negotiate(offer) == min(offer.max, protocol.PROTOCOL_VERSION)
     if kind == "bye":
         assert version >= 2, "bye exists from protocol 2"
+
+
+@pytest.mark.parametrize("message", [m for m in _messages() if m.values[0].get("bsh")])
+def test_from_seven_a_frame_binds_its_body_text_as_sent(message: dict[str, Any]) -> None:
+    # The bytes are the body string's UTF-8, exactly: no canonical form to reproduce.
+    _, _, _, raw, version = _parse(message["frame"])
+    assert version >= protocol.FRAME_BODY_AS_TEXT
+    assert raw == bytes.fromhex(message["body_utf8_hex"])
+    assert collector_jwt.body_digest(raw) == message["bsh"]
+
+
+def test_before_seven_a_frame_binds_the_canonical_form_of_its_body_object() -> None:
+    frame = '{"v": 6, "id": "1", "type": "bye", "body": {"session_id": "s-6", "reason": "arr\u00eat"}}'
+    raw = _parse(frame)[3]
+    assert raw == b'{"reason":"arr\\u00eat","session_id":"s-6"}'
+
+
+def test_the_collector_writes_its_frames_as_the_gateway_reads_them() -> None:
+    body = {"session_id": "s-7", "reason": "arrêt", "claim_seq": 1}
+    for version in (1, protocol.FRAME_BODY_AS_TEXT - 1, protocol.FRAME_BODY_AS_TEXT):
+        member, bound = frame_body(version, body)
+        frame = json.dumps({"v": version, "id": "1", "type": "bye", "body": member})
+        assert _parse(frame)[3] == bound
+        assert json.loads(bound) == body
 
 
 @pytest.mark.parametrize("answer", _answers())
