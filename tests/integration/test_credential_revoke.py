@@ -71,6 +71,14 @@ async def _running(stack: Stack, name: str, device: str, offer: dict[str, int] =
     return c, got.json()["dispatch_id"]
 
 
+async def _revocation(credentials: Any, revocation_id: str) -> Any:
+    return (await credentials.GetRevocation(cpb.GetRevocationRequest(revocation_id=revocation_id))).revocation
+
+
+async def _ack(stack: Stack, c: Collector, revocation_id: str, results: dict[str, str]) -> Any:
+    return (await _post(stack, c, "/revoked", {"revocation_id": revocation_id, "results": results})).json()
+
+
 def _state(value: cpb.RevocationState.ValueType) -> str:
     return cpb.RevocationState.Name(value).removeprefix("REVOCATION_STATE_").lower()
 
@@ -96,22 +104,14 @@ async def test_a_revoke_reaches_the_holder_on_its_held_claim_and_ends_revoked_wi
         {"revocation_id": asked.revocation_id, "credential_ref": "stub:dev-r1", "action": "scrub",
          "dispatch_ids": [dispatch_id]}
     ]  # fmt: skip
-    acked = await _post(stack, c, "/revoked", {"revocation_id": asked.revocation_id,
-                                               "results": {dispatch_id: "scrubbed"}})  # fmt: skip
-    assert acked.json() == {"recorded": True}
-    got = (
-        await credentials.GetRevocation(cpb.GetRevocationRequest(revocation_id=asked.revocation_id))
-    ).revocation
+    assert await _ack(stack, c, asked.revocation_id, {dispatch_id: "scrubbed"}) == {"recorded": True}
+    got = await _revocation(credentials, asked.revocation_id)
     assert _state(got.state) == "revoked"
     assert dict(got.targets[0].results) == {dispatch_id: "scrubbed"}
     # The revocation may be carried again before the ack is recorded, and answered again: the
     # first answer stands (after a kill the second would find the task gone: "not_held").
-    again = await _post(stack, c, "/revoked", {"revocation_id": asked.revocation_id,
-                                               "results": {dispatch_id: "not_held"}})  # fmt: skip
-    assert again.json() == {"recorded": True}
-    got = (
-        await credentials.GetRevocation(cpb.GetRevocationRequest(revocation_id=asked.revocation_id))
-    ).revocation
+    assert await _ack(stack, c, asked.revocation_id, {dispatch_id: "not_held"}) == {"recorded": True}
+    got = await _revocation(credentials, asked.revocation_id)
     assert dict(got.targets[0].results) == {dispatch_id: "scrubbed"}
     async with stack.router.engine.connect() as conn:
         actions = set(
@@ -144,9 +144,7 @@ async def test_an_offline_holder_is_unreachable_until_it_returns_and_answers(
     await _post(
         stack, c, "/revoked", {"revocation_id": asked.revocation_id, "results": {dispatch_id: "killed"}}
     )
-    got = (
-        await credentials.GetRevocation(cpb.GetRevocationRequest(revocation_id=asked.revocation_id))
-    ).revocation
+    got = await _revocation(credentials, asked.revocation_id)
     assert _state(got.state) == "revoked"
 
 
@@ -160,9 +158,7 @@ async def test_an_unanswered_revoke_turns_unreachable_and_is_noted_again(
     monkeypatch.setattr(revocations, "REVOKE_ACK_S", 0)
     await asyncio.sleep(0.01)
     assert (await stack.router.sweep())["revokes_noted"] == 1
-    got = (
-        await credentials.GetRevocation(cpb.GetRevocationRequest(revocation_id=asked.revocation_id))
-    ).revocation
+    got = await _revocation(credentials, asked.revocation_id)
     assert _state(got.state) == "unreachable"
     answer = await _claim(stack, c, V5, claim_seq=3, held_task_ids=[dispatch_id])
     assert [r["revocation_id"] for r in answer.json()["revokes"]] == [asked.revocation_id]
@@ -181,9 +177,7 @@ async def test_a_collector_too_old_to_be_asked_is_failed_at_once_and_a_failed_sc
     asked = (await credentials.RevokeCredential(request)).revocation
     await _post(stack, c, "/revoked", {"revocation_id": asked.revocation_id,
                                        "results": {dispatch_id: "failed: PermissionError"}})  # fmt: skip
-    got = (
-        await credentials.GetRevocation(cpb.GetRevocationRequest(revocation_id=asked.revocation_id))
-    ).revocation
+    got = await _revocation(credentials, asked.revocation_id)
     assert _state(got.state) == "failed" and "PermissionError" in got.targets[0].detail
 
 
