@@ -1,7 +1,7 @@
 """End-to-end throughput beside pgqueuer moving the same number of jobs on the same PostgreSQL.
 
     python -m bench.throughput [--collectors 64] [--tasks 2000] [--in-flight 64] [--batch 16]
-                               [--runs 3] [--json FILE]
+                               [--runs 3] [--router-streams 2|0,2] [--json FILE]
 
 Ours: ``--tasks`` read tasks submitted one at a time over gRPC (at most
 ``--in-flight`` outstanding) to ``--collectors`` simulated collectors on HTTPS
@@ -305,12 +305,24 @@ def main() -> None:
         metavar="SVG",
         help="flame graph of the router (py-spy) over the first timed run (a .txt name: collapsed stacks)",
     )
+    parser.add_argument(
+        "--router-streams",
+        default="2",
+        help="Exchange streams per gateway (VERSUS_GATEWAY_ROUTER_STREAMS); a list such as 0,2 runs each "
+        "on its own stack, 0 being one unary call per claim and report",
+    )
     parser.add_argument("--json", dest="json_path", default="bench/results/throughput.json")
     args = parser.parse_args()
     pinning = pin_load_generator()
-    with running_stack() as stack:
-        pgq_url = install_pgqueuer(stack)
-        results = asyncio.run(_bench(stack, pgq_url, args))
+    settings = [int(n) for n in args.router_streams.split(",")]
+    results: dict[str, Any] = {}
+    for streams in settings:
+        with running_stack(VERSUS_GATEWAY_ROUTER_STREAMS=str(streams)) as stack:
+            pgq_url = install_pgqueuer(stack)
+            measured = asyncio.run(_bench(stack, pgq_url, args))
+        for name, r in measured.items():
+            label = name if len(settings) == 1 else f"{name}, streams {streams}"
+            results[label] = {**r, "router_streams": streams}
     save_report(args.json_path, pinning, args, results)
     print("| Variant | Ours tasks/s | pgqueuer jobs/s | Ratio (ours / pgqueuer) |")
     print("|---|---:|---:|---:|")

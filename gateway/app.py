@@ -85,6 +85,8 @@ class GatewayConfig:
     # Idle claims wait in the gateway instead of the router (gateway/parking/). Off: every claim
     # goes to the router, as before parking (benchmarks compare the two in one run).
     park_claims: bool = True
+    # Exchange streams to the routers (gateway/router_link.py); 0: one unary call per collector call.
+    router_streams: int = 2
 
 
 @dataclass
@@ -154,7 +156,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.connections = Connections.connect(config.database_url, config.redis_url)
         app.state.store = GatewayStore(app.state.connections.engine)
-        app.state.backends = Backends(config.enrollment_address, config.router_address, config.service_token)
+        app.state.backends = Backends(
+            config.enrollment_address, config.router_address, config.service_token, config.router_streams
+        )
         app.state.claim_hold_s = config.claim_hold_s
         app.state.service_token = config.service_token
         app.state.revocation_check_s = config.revocation_check_s

@@ -18,7 +18,7 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 
 from common import protocol
 from common.errors import InvalidArgument
-from gateway.clients import CALL_TIMEOUT_S, call
+from gateway.clients import CALL_TIMEOUT_S
 from gateway.collector_bodies import ClaimBody, UpdateStatusBody
 from gateway.control_call import ControlCall, ControlReply, server_time
 from gateway.enroll_api import parse_body
@@ -72,8 +72,8 @@ async def claim_op(msg: ControlCall) -> ControlReply:
 
 async def _forward(msg: ControlCall, body: ClaimBody, settled: int, wait_s: float) -> Any:
     seconds = int(wait_s)
-    return await call(
-        msg.state.backends.bridge.Claim,
+    return await msg.state.backends.bridge_call(
+        "claim",
         bpb.ClaimRequest(
             collector_id=msg.collector_id,
             free_slots={k: max(v, 0) for k, v in body.capacity.items()},

@@ -30,7 +30,6 @@ from common.errors import InvalidArgument
 from gateway.auth import authenticate, check_body
 from gateway.body import read_json_body
 from gateway.claims import claim_op
-from gateway.clients import call
 from gateway.collector_bodies import (
     ByeBody,
     CapabilitiesBody,
@@ -81,8 +80,8 @@ async def report_op(msg: ControlCall) -> ControlReply:
         result = binascii.a2b_base64(body.result_b64, strict_mode=True)
     except ValueError:  # binascii.Error, or text that is not ASCII at all
         raise InvalidArgument("result_b64 is not valid base64", code="invalid_body") from None
-    reply = await call(
-        msg.state.backends.bridge.Report,
+    reply = await msg.state.backends.bridge_call(
+        "report",
         bpb.ReportRequest(
             collector_id=msg.collector_id,
             task_id=body.task_id,
@@ -110,8 +109,8 @@ async def capabilities_op(msg: ControlCall) -> ControlReply:
     names = [p.provider for p in body.providers]
     if len(names) != len(set(names)):
         raise InvalidArgument("each provider may appear once", code="invalid_body")
-    reply = await call(
-        msg.state.backends.bridge.PublishCapabilities,
+    reply = await msg.state.backends.bridge_call(
+        "publish_capabilities",
         bpb.PublishCapabilitiesRequest(
             collector_id=msg.collector_id,
             capability_epoch=body.capability_epoch,
@@ -151,8 +150,8 @@ async def bye_op(msg: ControlCall) -> ControlReply:
     if msg.version < 2:
         raise protocol.VersionUnsupported("bye is a protocol 2 message; this one is written in version 1")
     body = parse_body(ByeBody, msg.raw)
-    reply = await call(
-        msg.state.backends.bridge.Goodbye,
+    reply = await msg.state.backends.bridge_call(
+        "goodbye",
         bpb.GoodbyeRequest(collector_id=msg.collector_id, session_id=body.session_id, reason=body.reason),
         msg.request_id,
     )
@@ -164,8 +163,8 @@ async def revoked_op(msg: ControlCall) -> ControlReply:
     """What the collector scrubbed for a credential revocation (protocol 5)."""
     RevokedBody.check_version(msg.version)
     body = parse_body(RevokedBody, msg.raw)
-    reply = await call(
-        msg.state.backends.bridge.AckRevocation,
+    reply = await msg.state.backends.bridge_call(
+        "ack_revocation",
         bpb.AckRevocationRequest(
             collector_id=msg.collector_id, revocation_id=body.revocation_id, results=body.results
         ),

@@ -28,7 +28,6 @@ from common.errors import Conflict, InvalidArgument, UnsupportedMediaType
 from common.limits import MAX_OUTPUT_CHUNK
 from gateway.auth import authenticate, check_body
 from gateway.body import read_body
-from gateway.clients import call
 
 router = APIRouter(prefix="/api/collector/v1", tags=["collector"])
 
@@ -84,8 +83,8 @@ async def output(
         )
     data = await read_body(request, MAX_OUTPUT_CHUNK)
     check_body(claims, data)
-    reply = await call(
-        request.app.state.backends.bridge.AppendOutput,
+    reply = await request.app.state.backends.bridge_call(
+        "append_output",
         bpb.AppendOutputRequest(
             collector_id=claims.collector_id, dispatch_id=dispatch_id, offset=start, data=data
         ),

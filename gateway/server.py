@@ -155,6 +155,7 @@ async def serve(settings: Settings) -> None:
             router_address=settings.router_address,
             claim_hold_s=settings.claim_hold_s,
             park_claims=settings.gateway_park_claims,
+            router_streams=settings.gateway_router_streams,
             trust_bundle=bundles.get,
             updates_dir=state / "updates",
             service_token=token_files.service_token(settings),

@@ -155,6 +155,7 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_BRIDGE}/Goodbye": _SERVICE,
     f"/{_BRIDGE}/AppendOutput": _SERVICE,
     f"/{_BRIDGE}/AckRevocation": _SERVICE,
+    f"/{_BRIDGE}/Exchange": _SERVICE,
     # Credentials: operators (and platforms, for their tenants' tasks) take them back from running work.
     f"/{_CREDENTIAL}/RevokeCredential": _PLATFORM | _OPERATE,
     # Vault mode B's store: platforms (for their tenants) and collector-admins write; values never read.

@@ -151,6 +151,13 @@ class Settings(BaseSettings):
         description="Idle claims wait in the gateway, not the router (docs/gateway.md, 'Where a claim "
         "waits'); false sends every claim to the router, as before parking (for comparisons).",
     )
+    gateway_router_streams: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="Long-lived Exchange streams each gateway keeps to the routers for collector calls "
+        "(docs/router.md, 'The gateway's stream'); 0 makes one unary call per claim or report, as before.",
+    )
     collector_cert_lifetime_s: int = Field(
         default=90 * 24 * 3600,
         ge=10,

@@ -316,19 +316,37 @@ async def _abort_for(
     if isinstance(exc, NotImplementedError):
         await context.abort(code, f"{service}/{method} is not implemented")
     if isinstance(exc, Exception):
-        public = error_mapping.public_error(exc)
-        if code == grpc.StatusCode.INTERNAL:
-            log.exception("unhandled error in rpc", service=service, method=method)
-        elif not isinstance(exc, VersusError):
-            log.warning(
-                "dependency unavailable",
-                service=service,
-                method=method,
-                error=type(exc).__name__,
-                detail=error_mapping.dependency_detail(exc),
-            )
+        public = public_failure(exc, code, service, method)
         context.set_trailing_metadata(error_mapping.trailing_metadata(public))
         await context.abort(code, public.message)
+
+
+def public_failure(exc: Exception, code: grpc.StatusCode, service: str, method: str) -> VersusError:
+    """What a caller is told of a handler's exception (ending its call with ``code``), logged here:
+    a bug with its traceback, a dependency's failure with what the driver said."""
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("unhandled error in rpc", service=service, method=method)
+    elif not isinstance(exc, VersusError):
+        log.warning(
+            "dependency unavailable",
+            service=service,
+            method=method,
+            error=type(exc).__name__,
+            detail=error_mapping.dependency_detail(exc),
+        )
+    return error_mapping.public_error(exc)
+
+
+def status_of(exc: Exception) -> grpc.StatusCode:
+    """The status a handler's exception ends its call with (as :func:`_code_for` outside a call)."""
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED
+    return error_mapping.status_for(exc).grpc_code
+
+
+def observe(service: str, method: str, code: grpc.StatusCode, started: float) -> None:
+    """Count one call and its latency (``started``: ``time.perf_counter()`` at its start)."""
+    _observe(service, method, code, started)
 
 
 def _observe(service: str, method: str, code: grpc.StatusCode, started: float) -> None:
@@ -418,6 +436,12 @@ class GrpcServer:
         closes it.
         """
         await self.health.enter_graceful_shutdown()
+        for reg in self.services:
+            # Long-lived streams (the gateway's Exchange) are told first, so their clients move new
+            # calls elsewhere while what they hold is answered within the grace.
+            begin = getattr(reg.servicer, "begin_shutdown", None)
+            if begin is not None:
+                begin()
         await self.server.stop(grace)
         in_flight = self.interceptor.in_flight
         if not await in_flight.settled(HANDLER_UNWIND_S):

@@ -30,6 +30,7 @@ from router.core.states import TERMINAL, State
 from router.core.wakes import task_key
 from router.dispatch import sql_dispatches
 from router.dispatch.cancels import CANCEL_GRACE_S
+from router.dispatch.exchange import BridgeExchange
 from router.dispatch.service import Router
 from router.dispatch.submit import SubmitRequest
 from router.output.streams import Appended
@@ -315,6 +316,16 @@ def manifest_from_pb(providers: Sequence[bridge_pb.ProviderCapability]) -> Mappi
 class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceServicer):
     def __init__(self, router: Router):
         self.router = router
+        self.exchange = BridgeExchange(self)
+
+    def begin_shutdown(self) -> None:
+        """The process is stopping: gateways' streams are told to move their new calls."""
+        self.exchange.begin_shutdown()
+
+    def Exchange(
+        self, request_iterator: AsyncIterator[bridge_pb.ExchangeRequest], context: Context
+    ) -> AsyncIterator[bridge_pb.ExchangeResponse]:
+        return self.exchange.serve(request_iterator)
 
     async def Claim(self, request: bridge_pb.ClaimRequest, context: Context) -> bridge_pb.ClaimResponse:
         if not request.collector_id:

@@ -103,6 +103,204 @@ APPEND_OUTCOME_OVERLAP: AppendOutcome.ValueType  # 3
 Global___AppendOutcome: _TypeAlias = AppendOutcome  # noqa: Y015
 
 @_typing.final
+class ExchangeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___BridgeCall]:
+        """Calls to start, in order."""
+
+    @_builtins.property
+    def cancelled(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Calls the gateway no longer waits for (its collector went away, its deadline passed): the
+        router stops them as a cancelled unary call would be stopped.
+        """
+
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___BridgeCall] | None = ...,
+        cancelled: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "cancelled", b"cancelled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeRequest: _TypeAlias = ExchangeRequest  # noqa: Y015
+
+@_typing.final
+class BridgeCall(_message.Message):
+    """One call of the CollectorBridgeService, carried on an Exchange stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    PUBLISH_CAPABILITIES_FIELD_NUMBER: _builtins.int
+    GOODBYE_FIELD_NUMBER: _builtins.int
+    APPEND_OUTPUT_FIELD_NUMBER: _builtins.int
+    ACK_REVOCATION_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    """Numbered by the gateway, unique on the stream; the answer carries it back."""
+    request_id: _builtins.str
+    """The collector request's id, for the router's log lines."""
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long the router may take before the gateway stops waiting (as a unary call's deadline)."""
+
+    @_builtins.property
+    def claim(self) -> Global___ClaimRequest: ...
+    @_builtins.property
+    def report(self) -> Global___ReportRequest: ...
+    @_builtins.property
+    def publish_capabilities(self) -> Global___PublishCapabilitiesRequest: ...
+    @_builtins.property
+    def goodbye(self) -> Global___GoodbyeRequest: ...
+    @_builtins.property
+    def append_output(self) -> Global___AppendOutputRequest: ...
+    @_builtins.property
+    def ack_revocation(self) -> Global___AckRevocationRequest: ...
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        request_id: _builtins.str = ...,
+        claim: Global___ClaimRequest | None = ...,
+        report: Global___ReportRequest | None = ...,
+        publish_capabilities: Global___PublishCapabilitiesRequest | None = ...,
+        goodbye: Global___GoodbyeRequest | None = ...,
+        append_output: Global___AppendOutputRequest | None = ...,
+        ack_revocation: Global___AckRevocationRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "append_output", b"append_output", "call", b"call", "claim", b"claim", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report", "timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "append_output", b"append_output", "call", b"call", "call_id", b"call_id", "claim", b"claim", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report", "request_id", b"request_id", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["claim", "report", "publish_capabilities", "goodbye", "append_output", "ack_revocation"]  # noqa: Y015
+    _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
+
+Global___BridgeCall: _TypeAlias = BridgeCall  # noqa: Y015
+
+@_typing.final
+class ExchangeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    draining: _builtins.bool
+    """The router is shutting down: it starts nothing more from this stream, answers what it holds,
+    then ends it. The gateway sends new calls on a new stream.
+    """
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___BridgeAnswer]:
+        """Answers, in the order they became ready."""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___BridgeAnswer] | None = ...,
+        draining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers", "draining", b"draining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExchangeResponse: _TypeAlias = ExchangeResponse  # noqa: Y015
+
+@_typing.final
+class BridgeAnswer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
+    REPORT_FIELD_NUMBER: _builtins.int
+    PUBLISH_CAPABILITIES_FIELD_NUMBER: _builtins.int
+    GOODBYE_FIELD_NUMBER: _builtins.int
+    APPEND_OUTPUT_FIELD_NUMBER: _builtins.int
+    ACK_REVOCATION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.int
+    @_builtins.property
+    def claim(self) -> Global___ClaimResponse: ...
+    @_builtins.property
+    def report(self) -> Global___ReportResponse: ...
+    @_builtins.property
+    def publish_capabilities(self) -> Global___PublishCapabilitiesResponse: ...
+    @_builtins.property
+    def goodbye(self) -> Global___GoodbyeResponse: ...
+    @_builtins.property
+    def append_output(self) -> Global___AppendOutputResponse: ...
+    @_builtins.property
+    def ack_revocation(self) -> Global___AckRevocationResponse: ...
+    @_builtins.property
+    def error(self) -> Global___BridgeError: ...
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.int = ...,
+        claim: Global___ClaimResponse | None = ...,
+        report: Global___ReportResponse | None = ...,
+        publish_capabilities: Global___PublishCapabilitiesResponse | None = ...,
+        goodbye: Global___GoodbyeResponse | None = ...,
+        append_output: Global___AppendOutputResponse | None = ...,
+        ack_revocation: Global___AckRevocationResponse | None = ...,
+        error: Global___BridgeError | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "answer", b"answer", "append_output", b"append_output", "claim", b"claim", "error", b"error", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "answer", b"answer", "append_output", b"append_output", "call_id", b"call_id", "claim", b"claim", "error", b"error", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_answer: _TypeAlias = _typing.Literal["claim", "report", "publish_capabilities", "goodbye", "append_output", "ack_revocation", "error"]  # noqa: Y015
+    _WhichOneofArgType_answer: _TypeAlias = _typing.Literal["answer", b"answer"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_answer) -> _WhichOneofReturnType_answer | None: ...
+
+Global___BridgeAnswer: _TypeAlias = BridgeAnswer  # noqa: Y015
+
+@_typing.final
+class BridgeError(_message.Message):
+    """A call that failed, as the unary call would have failed (common/error_mapping.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAILS_JSON_FIELD_NUMBER: _builtins.int
+    status: _builtins.int
+    """The gRPC status code value the unary call would have ended with."""
+    code: _builtins.str
+    """The stable machine-readable code (trailing metadata "versus-error-code" on a unary call)."""
+    message: _builtins.str
+    details_json: _builtins.str
+    """The error's details as JSON, when it has any."""
+    def __init__(
+        self,
+        *,
+        status: _builtins.int = ...,
+        code: _builtins.str = ...,
+        message: _builtins.str = ...,
+        details_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details_json", b"details_json", "message", b"message", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BridgeError: _TypeAlias = BridgeError  # noqa: Y015
+
+@_typing.final
 class ClaimRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

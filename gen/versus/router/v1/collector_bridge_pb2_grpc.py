@@ -67,6 +67,11 @@ class CollectorBridgeServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationResponse.FromString,
                 _registered_method=True)
+        self.Exchange = channel.stream_stream(
+                '/versus.router.v1.CollectorBridgeService/Exchange',
+                request_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.ExchangeRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.ExchangeResponse.FromString,
+                _registered_method=True)
 
 
 class CollectorBridgeServiceServicer:
@@ -117,6 +122,15 @@ class CollectorBridgeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Exchange(self, request_iterator, context):
+        """One long-lived stream from a gateway carrying the calls above for many collectors at once
+        (docs/router.md, "The gateway's stream"): each call numbered by the gateway, each answer
+        naming its call, several of either per message when several are ready together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CollectorBridgeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +163,11 @@ def add_CollectorBridgeServiceServicer_to_server(servicer, server):
                     servicer.AckRevocation,
                     request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationResponse.SerializeToString,
+            ),
+            'Exchange': grpc.stream_stream_rpc_method_handler(
+                    servicer.Exchange,
+                    request_deserializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.ExchangeRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_collector__bridge__pb2.ExchangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -316,6 +335,33 @@ class CollectorBridgeService:
             '/versus.router.v1.CollectorBridgeService/AckRevocation',
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_collector__bridge__pb2.AckRevocationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exchange(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/versus.router.v1.CollectorBridgeService/Exchange',
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.ExchangeRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_collector__bridge__pb2.ExchangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,11 @@ class CollectorBridgeServiceStub:
     """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
     AckRevocation: _grpc.UnaryUnaryMultiCallable[_collector_bridge_pb2.AckRevocationRequest, _collector_bridge_pb2.AckRevocationResponse]
     """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md)."""
+    Exchange: _grpc.StreamStreamMultiCallable[_collector_bridge_pb2.ExchangeRequest, _collector_bridge_pb2.ExchangeResponse]
+    """One long-lived stream from a gateway carrying the calls above for many collectors at once
+    (docs/router.md, "The gateway's stream"): each call numbered by the gateway, each answer
+    naming its call, several of either per message when several are ready together.
+    """
 
 @_typing.type_check_only
 class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
@@ -69,6 +74,11 @@ class CollectorBridgeServiceAsyncStub(CollectorBridgeServiceStub):
     """One chunk of a dispatch's output at its byte offset (protocol 4, docs/protocol.md)."""
     AckRevocation: _aio.UnaryUnaryMultiCallable[_collector_bridge_pb2.AckRevocationRequest, _collector_bridge_pb2.AckRevocationResponse]  # type: ignore[assignment]
     """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md)."""
+    Exchange: _aio.StreamStreamMultiCallable[_collector_bridge_pb2.ExchangeRequest, _collector_bridge_pb2.ExchangeResponse]  # type: ignore[assignment]
+    """One long-lived stream from a gateway carrying the calls above for many collectors at once
+    (docs/router.md, "The gateway's stream"): each call numbered by the gateway, each answer
+    naming its call, several of either per message when several are ready together.
+    """
 
 class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Internal API used by the gateway to translate authenticated collector
@@ -123,5 +133,16 @@ class CollectorBridgeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_collector_bridge_pb2.AckRevocationResponse, _abc.Awaitable[_collector_bridge_pb2.AckRevocationResponse]]:
         """What the collector scrubbed for a credential revocation (protocol 5, docs/protocol.md)."""
+
+    @_abc_1.abstractmethod
+    def Exchange(
+        self,
+        request_iterator: _MaybeAsyncIterator[_collector_bridge_pb2.ExchangeRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_collector_bridge_pb2.ExchangeResponse], _abc.AsyncIterator[_collector_bridge_pb2.ExchangeResponse]]:
+        """One long-lived stream from a gateway carrying the calls above for many collectors at once
+        (docs/router.md, "The gateway's stream"): each call numbered by the gateway, each answer
+        naming its call, several of either per message when several are ready together.
+        """
 
 def add_CollectorBridgeServiceServicer_to_server(servicer: CollectorBridgeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
