@@ -13,7 +13,7 @@ INSTALL_LOCK := tools/install_lock.sh
 # This checkout, editable and without dependencies (they are the lock's), into environment $(1).
 INSTALL_PROJECT = UV_NO_CONFIG=1 $(1)/bin/uv pip install --quiet --python $(1)/bin/python --no-deps --no-build-isolation -e .
 
-.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
+.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-bridge-calls bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -177,7 +177,7 @@ $(BENCH_STAMP): locks/bench.txt locks/installer.txt pyproject.toml
 
 bench-deps: $(BENCH_STAMP)
 
-bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-storm bench-collector-dist bench-console
+bench: bench-envelope bench-latency bench-throughput bench-salt bench-enroll bench-tunnel bench-idle bench-storm bench-bridge-calls bench-collector-dist bench-console
 
 bench-envelope: $(STAMP)
 	$(BIN)/python -m bench.envelope
@@ -244,6 +244,9 @@ bench-salt: $(STAMP) salt-deps
 
 bench-throughput: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m bench.throughput
+
+bench-bridge-calls: $(BENCH_STAMP)
+	$(BENCH_BIN)/python -m bench.bridge_calls
 
 # The licence of every locked dependency against locks/licenses.toml (tools/licenses.py), in the
 # environment each lock is installed in. licenses-core, part of `make check`, reads .venv, which holds

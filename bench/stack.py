@@ -19,6 +19,8 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import os
 import secrets
@@ -207,6 +209,8 @@ class SimCollector:
     session_id: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     # 5xx answers seen (the gateway sheds load when the router cannot answer within its deadline).
     overloaded: int = 0
+    # The 5xx answers by status and stable code ("503 backend_unavailable"), as counted in overloaded.
+    overloaded_codes: collections.Counter[str] = field(default_factory=collections.Counter)
     _frames: dict[str, asyncio.Future[tuple[int, str]]] = field(default_factory=dict)
     _reader: asyncio.Task[None] | None = None
 
@@ -278,7 +282,7 @@ class SimCollector:
         if reply.status_code == 204:
             return None
         if reply.status_code >= 500:  # overloaded: back off briefly and claim again, as a collector does
-            self.overloaded += 1
+            self._overloaded(reply.status_code, reply.content)
             await asyncio.sleep(RETRY_S)
             return None
         reply.raise_for_status()
@@ -293,7 +297,7 @@ class SimCollector:
         if reply.status_code == 204:
             return []
         if reply.status_code >= 500:
-            self.overloaded += 1
+            self._overloaded(reply.status_code, reply.content)
             await asyncio.sleep(RETRY_S)
             return []
         reply.raise_for_status()
@@ -315,7 +319,7 @@ class SimCollector:
                 # A refusal (e.g. the dispatch expired before this report) ends it, as on a real collector.
                 # A duplicate ack (an earlier attempt landed though its answer was lost) counts as recorded.
                 return reply.status_code == 200
-            self.overloaded += 1
+            self._overloaded(reply.status_code, reply.content)
             await asyncio.sleep(RETRY_S)
 
     # --- WSS control socket ----------------------------------------------------------------------
@@ -372,7 +376,7 @@ class SimCollector:
     async def claim_ws(self, wait_s: float) -> bytes | None:
         status, text = await self._frame("claim", self._claim_body(wait_s))
         if status >= 500:
-            self.overloaded += 1
+            self._overloaded(status, text.encode())
             await asyncio.sleep(RETRY_S)
         if status != 200 or '"envelope":' not in text:
             return None
@@ -380,7 +384,7 @@ class SimCollector:
 
     async def report_ws(self, dispatch_id: str) -> None:
         while True:
-            status, _ = await self._frame(
+            status, text = await self._frame(
                 "report",
                 signed_report(self.key, self.collector_id, {"task_id": dispatch_id, "outcome": "success"}),
             )
@@ -388,8 +392,18 @@ class SimCollector:
                 if status != 200:
                     raise RuntimeError(f"report refused: {status}")
                 return
-            self.overloaded += 1
+            self._overloaded(status, text.encode())
             await asyncio.sleep(RETRY_S)
+
+    def _overloaded(self, status: int, raw: bytes) -> None:
+        """Count a 5xx answer under its status and stable code (an HTTPS body or a control frame)."""
+        self.overloaded += 1
+        code = "?"
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            data = json.loads(raw)
+            error = data.get("error") or (data.get("body") or {}).get("error") or {}
+            code = str(error.get("code") or "?")
+        self.overloaded_codes[f"{status} {code}"] += 1
 
     def verify(self, raw: bytes) -> str:
         """Verify the envelope as a collector must; returns its dispatch id."""

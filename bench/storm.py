@@ -1,7 +1,8 @@
 """Reconnect storm: a gateway holding an idle fleet is SIGKILLed and started again at once (as
 systemd's ``Restart=always`` would); how long until every collector holds a claim again.
 
-    python -m bench.storm [--fleet 1000,10000] [--runs 1] [--max-handshakes 128,100000] [--json FILE]
+    python -m bench.storm [--fleet 1000,10000] [--runs 1] [--max-handshakes 128,100000]
+                          [--router-streams 0,2] [--json FILE]
 
 The fleet (bench/fleet.py: simulated collectors, each keeping a claim held, reconnecting after a
 jittered backoff as the reference collector does) connects to a second gateway started beside
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -35,7 +37,7 @@ import httpx
 import psutil
 
 from bench.fleet import IdleFleet, cpu_s, make_fleet, service_process
-from bench.stack import HOLD_S, Stack, pin_load_generator, running_stack, save_report, unpinned
+from bench.stack import HOLD_S, SimCollector, Stack, pin_load_generator, running_stack, save_report, unpinned
 from common.embedded.process import free_port
 
 # How long the storm may take before the run gives up and reports who is still away.
@@ -101,6 +103,14 @@ def _profile(gateway: Gateway, path: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _codes(fleet: list[SimCollector]) -> collections.Counter[str]:
+    """Every 5xx the fleet was answered so far, by status and stable code."""
+    total: collections.Counter[str] = collections.Counter()
+    for c in fleet:
+        total.update(c.overloaded_codes)
+    return total
+
+
 def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -119,6 +129,7 @@ async def storm(stack: Stack, count: int, max_handshakes: int, profile: str = ""
         before = dict(runner.counts)
         errors_before = dict(runner.errors)
         overloaded_before = sum(c.overloaded for c in fleet)
+        codes_before = _codes(fleet)
         router, me = service_process(stack, "router"), psutil.Process(os.getpid())
         r0, m0 = cpu_s(router), cpu_s(me)
 
@@ -156,6 +167,7 @@ async def storm(stack: Stack, count: int, max_handshakes: int, profile: str = ""
                 if n > errors_before.get(k, 0)
             },
             "answers_5xx": sum(c.overloaded for c in fleet) - overloaded_before,
+            "answers_5xx_by_code": dict(_codes(fleet) - codes_before),
             "gateway_cpu_s": gateway_cpu,
             "router_cpu_s": router_cpu,
             "load_generator_cpu_s": own_cpu,
@@ -172,6 +184,9 @@ def main() -> None:
     parser.add_argument("--fleet", default="1000,10000")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--max-handshakes", default="128", help="values of VERSUS_GATEWAY_MAX_HANDSHAKES")
+    parser.add_argument(
+        "--router-streams", default="2", help="values of VERSUS_GATEWAY_ROUTER_STREAMS (0: unary calls)"
+    )
     parser.add_argument("--json", dest="json_path", default="bench/results/storm.json")
     parser.add_argument("--profile", default="", help="py-spy's raw samples of the storm, to this file")
     args = parser.parse_args()
@@ -179,21 +194,24 @@ def main() -> None:
     results = []
     for count in [int(n) for n in args.fleet.split(",")]:
         for bound in [int(n) for n in args.max_handshakes.split(",")]:
-            for _ in range(args.runs):
-                with running_stack() as stack:
-                    results.append(asyncio.run(storm(stack, count, bound, args.profile)))
-                print(json.dumps(results[-1]), flush=True)
+            for streams in args.router_streams.split(","):
+                for _ in range(args.runs):
+                    with running_stack(VERSUS_GATEWAY_ROUTER_STREAMS=streams) as stack:
+                        results.append(asyncio.run(storm(stack, count, bound, args.profile)))
+                    results[-1]["router_streams"] = int(streams)
+                    print(json.dumps(results[-1]), flush=True)
     save_report(args.json_path, pinning, args, results)
 
     def s(value: float | None) -> str:
         return "—" if value is None else f"{value:.0f} s"
 
-    print("| Collectors | Max handshakes | Back p50 | p99 | all | Failed connects | Failed claims | 5xx "
-          "| Gateway CPU | Router CPU |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| Collectors | Max handshakes | Router streams | Back p50 | p99 | all | Failed connects "
+          "| Failed claims | 5xx | Gateway CPU | Router CPU |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['collectors']} | {r['max_handshakes']} | {s(r['back_p50_s'])} | {s(r['back_p99_s'])} "
+            f"| {r['collectors']} | {r['max_handshakes']} | {r['router_streams']} "
+            f"| {s(r['back_p50_s'])} | {s(r['back_p99_s'])} "
             f"| {s(r['back_all_s'])} | {r['connect_retries']} | {r['claim_errors']} | {r['answers_5xx']} "
             f"| {r['gateway_cpu_s']:.0f} s | {r['router_cpu_s']:.0f} s |"
         )

@@ -322,6 +322,8 @@ def main() -> None:
             measured = asyncio.run(_bench(stack, pgq_url, args))
         for name, r in measured.items():
             label = name if len(settings) == 1 else f"{name}, streams {streams}"
+            # A setting listed again (0,2,0,2: interleaved, so the machine's drift hits both alike).
+            label += "".join(f" #{n}" for n in [sum(k.startswith(label) for k in results) + 1] if n > 1)
             results[label] = {**r, "router_streams": streams}
     save_report(args.json_path, pinning, args, results)
     print("| Variant | Ours tasks/s | pgqueuer jobs/s | Ratio (ours / pgqueuer) |")
