@@ -38,6 +38,7 @@ from gateway import (
     collector_api,
     collector_bodies,
     control_ws,
+    edge,
     enroll_api,
     openapi_bodies,
     openapi_errors,
@@ -51,6 +52,7 @@ from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
 from gateway.parking.hub import ClaimParking
 from gateway.revocations import RevocationFeed
+from gateway.sources import SourceCounts
 from gateway.standing import sweeping
 from gateway.store import GatewayStore
 
@@ -168,6 +170,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
         if config.park_claims:
             app.state.parking.start()
         app.state.admissions = AdmissionGate()
+        # Each address's cap on not-yet-authenticated connections grows with its recent collectors.
+        app.state.source_counts = SourceCounts(app.state.connections.redis)
+        await app.state.source_counts.start()
+        edge.count_sources(app.state.source_counts)
         app.state.trust_bundle = config.trust_bundle
         app.state.updates_dir = config.updates_dir
         app.state.body_deadline_s = config.body_deadline_s
@@ -175,6 +181,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             async with sweeping(app.state):
                 yield
         finally:
+            edge.count_sources(None)
+            await app.state.source_counts.stop()
             await app.state.revocations.stop()
             await app.state.parking.stop()
             await app.state.backends.close()

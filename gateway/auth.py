@@ -124,7 +124,7 @@ async def _authenticate(
         raise BearerError("the collector identity is revoked", code="collector_revoked")
     if record.status not in allowed:
         raise PermissionDenied(f"collector is {record.status}", code=f"collector_{record.status}")
-    edge.mark_authenticated(request.scope)
+    edge.mark_authenticated(request.scope, collector_id)
     return claims, record
 
 

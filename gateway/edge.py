@@ -10,7 +10,8 @@ module adds, per connection:
   any later request's first byte to its headers (slowloris);
 - a cap on connections per source address that have not yet presented a valid collector
   bearer token, so one anonymous client cannot fill the process's connection limit; a
-  connection that authenticates stops counting;
+  connection that authenticates stops counting, and an address's cap grows with the collectors
+  recently seen from it (gateway/sources.py), so a fleet behind one NAT address fits;
 - the global connection limit checked when a connection is made, for WebSocket upgrades too;
 - every refusal with the JSON error body and stable code (``common.errors``);
 - on WebSockets, a rate limit on the peer's pings and a bound on what waits to be written to a
@@ -38,6 +39,7 @@ from websockets.exceptions import InvalidState
 
 from common.telemetry.logs import get_logger
 from gateway.metrics import EDGE_REFUSALS
+from gateway.sources import SourceCounts, allowance
 
 log = get_logger("versus.gateway.edge")
 
@@ -48,8 +50,9 @@ FIRST_REQUEST_TIMEOUT_S = 10.0
 HEADER_TIMEOUT_S = 10.0
 # Request line plus headers; a larger head is refused with 431 (h11's own default, made explicit).
 MAX_HEADER_BYTES = 16 * 1024
-# Connections from one source address that have not (yet) authenticated as a collector. Generous,
-# because many collectors may share one NAT address and reconnect together.
+# Connections from one source address that have not (yet) authenticated as a collector, before the
+# room its recently seen collectors earn it (gateway/sources.py): many collectors may share one NAT
+# address and reconnect together.
 MAX_ANONYMOUS_PER_SOURCE = 256
 # Pings a WebSocket peer may send: a burst, refilled at a steady rate (collectors ping every 20 s).
 PING_BURST = 20
@@ -79,11 +82,15 @@ class ConnectionMark:
                 self._on_authenticated()
 
 
-def mark_authenticated(scope: Any) -> None:
-    """Record that the connection carrying ``scope`` belongs to an authenticated collector."""
+def mark_authenticated(scope: Any, collector_id: str) -> None:
+    """Record that the connection carrying ``scope`` belongs to ``collector_id``, a collector that
+    authenticated (its address earns room for not-yet-authenticated connections: gateway/sources.py)."""
     mark = scope.get("state", {}).get(CONNECTION_MARK)
     if isinstance(mark, ConnectionMark):
         mark.authenticate()
+    client = scope.get("client")
+    if client and _counts is not None:
+        _counts.seen(client[0], collector_id)
 
 
 def is_authenticated(scope: Any) -> bool:
@@ -95,14 +102,32 @@ def is_authenticated(scope: Any) -> bool:
 _anonymous: Counter[str] = Counter()
 
 
+# Collectors recently seen per address (gateway/sources.py); None: the base cap alone.
+_counts: SourceCounts | None = None
+
+
 def configure(max_anonymous_per_source: int) -> None:
     """Apply the operator's per-source limit (0: none) to connections accepted from now on."""
     global MAX_ANONYMOUS_PER_SOURCE
     MAX_ANONYMOUS_PER_SOURCE = max_anonymous_per_source or 2**62
 
 
+def count_sources(counts: SourceCounts | None) -> None:
+    """Let each address's recently seen collectors raise its cap (None: the base cap alone)."""
+    global _counts
+    _counts = counts
+
+
 def anonymous_count(source: str) -> int:
     return _anonymous[source]
+
+
+def anonymous_limit(source: str) -> int:
+    """Not-yet-authenticated connections ``source`` may hold now (memory only: no I/O)."""
+    if MAX_ANONYMOUS_PER_SOURCE >= 2**62:
+        return MAX_ANONYMOUS_PER_SOURCE
+    earned = _counts.earned.get(source, 0) if _counts is not None else 0
+    return allowance(MAX_ANONYMOUS_PER_SOURCE, earned)
 
 
 def error_response(
@@ -149,7 +174,7 @@ class EdgeHttpProtocol(H11Protocol):
             return
         source = self.client[0] if self.client else None
         if source is not None:
-            if _anonymous[source] >= MAX_ANONYMOUS_PER_SOURCE:
+            if _anonymous[source] >= anonymous_limit(source):
                 message = "too many unauthenticated connections from this address"
                 self._refuse(
                     503, b"Service Unavailable", "too_many_connections", message, [(b"retry-after", b"5")]

@@ -34,6 +34,7 @@ from common.trust.tls import ensure_gateway_tls
 from gateway import edge
 from gateway.metrics import EDGE_REFUSALS
 from gateway.server import WS_OPTIONS
+from gateway.sources import SourceCounts
 from tests.integration import test_gateway_collector as gw
 
 pytestmark = pytest.mark.timeout(90)
@@ -357,3 +358,49 @@ async def _flood_unread(
     # answered pings sat in the kernels' socket buffers.
     assert len(buffered) == 1 and 0 < buffered[0] <= bound, buffered
     assert 0 < pongs < sent
+
+
+async def test_an_address_earns_room_with_the_collectors_that_authenticated_from_it(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet behind one NAT address reconnecting together is not refused as a flood: the cap on
+    not-yet-authenticated connections grows with the collectors recently seen from the address,
+    and a restarted gateway knows them at once (gateway/sources.py)."""
+    monkeypatch.setattr(edge, "FIRST_REQUEST_TIMEOUT_S", 30.0)
+    cap, fleet, nat = 10, 6, "127.0.0.3"
+    monkeypatch.setattr(edge, "MAX_ANONYMOUS_PER_SOURCE", cap)
+    collectors = [await stack.enroll(f"col-edge-nat-{i}") for i in range(fleet)]
+    transport = httpx.AsyncHTTPTransport(local_address=nat)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10, transport=transport) as client:
+        for c in collectors:
+            assert (await client.post(gw.API + "/claim", json={"wait_s": 0}, auth=c.auth)).status_code == 204
+        # Anonymous requests and a forged bearer from another address earn it nothing.
+        forged = {"authorization": "Bearer " + "e30." * 2 + "x"}
+        async with httpx.AsyncClient(
+            base_url=stack.url, timeout=10, transport=httpx.AsyncHTTPTransport(local_address=FLOOD_SOURCE)
+        ) as other:
+            assert (
+                await other.post(gw.API + "/claim", json={"wait_s": 0}, headers=forged)
+            ).status_code == 401
+    async with asyncio.timeout(5):  # counted within a flush (once a second)
+        while edge.anonymous_limit(nat) < cap + fleet:  # noqa: ASYNC110 - memory, no event
+            await asyncio.sleep(0.05)
+    assert edge.anonymous_limit(nat) == cap + fleet
+    assert edge.anonymous_limit(FLOOD_SOURCE) == cap
+
+    held = [await _open(stack, nat) for _ in range(cap + fleet + 4)]
+    await asyncio.sleep(0.2)
+    refused = [await _answer(reader) for reader, _ in held[cap + fleet :]]
+    assert {(status, body["error"]["code"]) for status, _, body in refused} == {(503, "too_many_connections")}
+    assert edge.anonymous_count(nat) == cap + fleet
+    for _, writer in held:
+        writer.close()
+
+    # A gateway started now (this one killed and restarted, say) reads the counts before serving.
+    restarted = SourceCounts(stack.redis)
+    await restarted.start()
+    try:
+        assert restarted.earned.get(nat) == fleet
+        assert FLOOD_SOURCE not in restarted.earned
+    finally:
+        await restarted.stop()
