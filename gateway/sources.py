@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
+from common.runtime.tasks import cancel_and_wait
 from common.telemetry.logs import get_logger
 
 log = get_logger("versus.gateway.sources")
@@ -94,11 +95,8 @@ class SourceCounts:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         with contextlib.suppress(Exception):
             await self.flush()  # what this process saw last, for the one that starts next
 

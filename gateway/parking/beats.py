@@ -13,7 +13,6 @@ go to the router (gateway/parking/decide.py ``LIVENESS``), which records them in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from redis.asyncio import Redis
 
 from common.redis.fanout import text
 from common.redis.keys import LIVE, SESSION, SESSION_TTL_S
+from common.runtime.tasks import cancel_and_wait
 from common.telemetry.logs import get_logger
 
 log = get_logger("versus.gateway.parking")
@@ -106,11 +106,8 @@ class BeatWriter:
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await self.flush()  # what was parked last is still recorded
 
     async def flush(self) -> None:

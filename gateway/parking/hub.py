@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 
 from common.redis.fanout import KeyedFanout, Wake
 from common.redis.keys import FLEET_NEWS, WAKE
+from common.runtime.tasks import cancel_and_wait
 from gateway.metrics import CLAIMS_FORWARDED, CLAIMS_PARKED, PARKING_WATCHES
 from gateway.parking.beats import BEAT_EVERY_S, Beat, BeatWriter
 from gateway.parking.decide import ClaimNews, Forward, ParkState, forward_reason
@@ -91,11 +92,8 @@ class ClaimParking(KeyedFanout):
             self._reaper = asyncio.create_task(self._reap())
 
     async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-            self._reaper = None
+        await cancel_and_wait(self._reaper)
+        self._reaper = None
         await self.beats.stop()
         await super().stop()
 
