@@ -88,8 +88,11 @@ class _Stream:
         self._tasks = [asyncio.create_task(self._write()), asyncio.create_task(self._read())]
 
     async def call(self, kind: str, request: Any, request_id: str | None, timeout_s: float) -> Any:
-        async with asyncio.timeout(timeout_s):
-            await self._room.acquire()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._room.acquire()
+        except TimeoutError:
+            raise _unavailable() from None  # no room within the call's deadline: as a deadline
         try:
             if not self.usable:
                 raise self._failure()

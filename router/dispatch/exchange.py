@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -119,6 +120,15 @@ class _Stream:
             return
         task = asyncio.create_task(self._run(call, kind))
         self._running[call.call_id] = task
+        # Bookkeeping in a callback, not the coroutine's finally: a task cancelled before its first
+        # step never enters its body.
+        task.add_done_callback(functools.partial(self._finished, call.call_id))
+
+    def _finished(self, call_id: int, _: asyncio.Task[None]) -> None:
+        self._running.pop(call_id, None)
+        self._slots.release()
+        if self._input_done and not self._running:
+            self._out.put_nowait(None)
 
     async def _run(self, call: bpb.BridgeCall, kind: str | None) -> None:
         started = time.perf_counter()
@@ -152,10 +162,6 @@ class _Stream:
             raise
         finally:
             observe(SERVICE, method, code, started)
-            self._running.pop(call.call_id, None)
-            self._slots.release()
-            if self._input_done and not self._running:
-                self._out.put_nowait(None)
 
     async def answers(self) -> AsyncIterator[bpb.ExchangeResponse]:
         """Messages to send, batching what is ready; ends when input is done and nothing runs."""

@@ -26,6 +26,7 @@ from common.embedded.process import free_port
 from common.errors import InvalidArgument, PermissionDenied, Unavailable
 from common.grpc.client import aio_channel
 from common.grpc.server import GrpcServer
+from gateway import router_link
 from gateway.clients import call
 from gateway.router_link import RouterLink
 from router.dispatch import grpc_api
@@ -48,6 +49,7 @@ class Setup:
     link: RouterLink
     tasks: task_router_pb2_grpc.TaskRouterServiceAsyncStub
     service_token: str
+    link_channel: Any
 
     async def restart(self, servicer: Any = None) -> None:
         """A router process on the same port again (optionally with another bridge servicer)."""
@@ -75,7 +77,7 @@ async def setup(database_url: str, redis_url: str) -> AsyncIterator[Setup]:
     platform_channel = aio_channel(server.address, await mint(router.engine, Role.PLATFORM))
     out = Setup(
         router, server, port, RouterLink(bridge_channel, _unary, streams=1),
-        task_router_pb2_grpc.TaskRouterServiceStub(platform_channel), token,
+        task_router_pb2_grpc.TaskRouterServiceStub(platform_channel), token, bridge_channel,
     )  # fmt: skip
     yield out
     await out.link.close()
@@ -270,3 +272,24 @@ async def test_an_older_router_without_the_stream_is_called_unary(setup: Setup) 
     exchanges = _metric("Exchange", "UNIMPLEMENTED")
     await setup.link.call("publish_capabilities", _manifest("col-o"), None, 5)
     assert _metric("Exchange", "UNIMPLEMENTED") == exchanges
+
+
+async def test_a_full_stream_makes_a_call_wait_for_room_within_its_deadline(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await setup.link.close()
+    monkeypatch.setattr(router_link, "MAX_PENDING", 1)
+    link = RouterLink(setup.link_channel, _unary, streams=1)
+    try:
+        await RouterEnv(setup.router).add_collector("col-f", live=False)
+        held = asyncio.create_task(link.call("claim", _claim("col-f", 1, 2), None, 10))
+        await asyncio.sleep(0.3)
+        # The one place is taken by the held claim: the next call gets none within its deadline.
+        with pytest.raises(Unavailable) as full:
+            await link.call("claim", _claim("col-f", 2, 0.001), None, 0.3)
+        assert full.value.code == "backend_unavailable"
+        assert not (await held).dispatch_id
+        # Room again once the held claim is answered.
+        assert (await link.call("claim", _claim("col-f", 3, 0.001), None, 5)).server_time.seconds > 0
+    finally:
+        await link.close()
