@@ -181,7 +181,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             async with sweeping(app.state):
                 yield
         finally:
-            edge.count_sources(None)
+            edge.stop_counting_sources(app.state.source_counts)
             await app.state.source_counts.stop()
             await app.state.revocations.stop()
             await app.state.parking.stop()

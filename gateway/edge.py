@@ -112,10 +112,18 @@ def configure(max_anonymous_per_source: int) -> None:
     MAX_ANONYMOUS_PER_SOURCE = max_anonymous_per_source or 2**62
 
 
-def count_sources(counts: SourceCounts | None) -> None:
-    """Let each address's recently seen collectors raise its cap (None: the base cap alone)."""
+def count_sources(counts: SourceCounts) -> None:
+    """Let each address's recently seen collectors raise its cap (the app's, at its start)."""
     global _counts
     _counts = counts
+
+
+def stop_counting_sources(counts: SourceCounts) -> None:
+    """The app that started ``counts`` is stopping: the base cap alone, unless another app's
+    counts took over meanwhile (tests run several apps in one process, one after another)."""
+    global _counts
+    if _counts is counts:
+        _counts = None
 
 
 def anonymous_count(source: str) -> int:

@@ -122,14 +122,16 @@ class SourceCounts:
         by_source: dict[str, list[str]] = {}
         for source, collector_id in pending:
             by_source.setdefault(source, []).append(collector_id)
+        ordered = sorted(by_source)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for source, ids in by_source.items():
-                pipe.pfadd(key(bucket, source), *ids)
+            for source in ordered:
+                pipe.pfadd(key(bucket, source), *by_source[source])
                 pipe.expire(key(bucket, source), 2 * BUCKET_S + 60)
-            await pipe.execute()
-        # Seen here just now: count them at once, before the next refresh reads Redis.
-        for source, ids in by_source.items():
-            self.earned[source] = max(self.earned.get(source, 0), len(ids))
+                # Counted again at once (with every gateway's additions), not at the next refresh.
+                pipe.pfcount(key(bucket, source), key(bucket - 1, source))
+            replies = await pipe.execute()
+        for source, count in zip(ordered, replies[2::3], strict=True):
+            self.earned[source] = int(count)
 
     async def refresh(self) -> None:
         """Read every address's count: its collectors in this bucket and the one before."""
