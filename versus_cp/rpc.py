@@ -16,10 +16,24 @@ from common.grpc.client import sync_channel
 TIMEOUT_S = 15.0
 
 
-def error_from(exc: grpc.RpcError, address: str) -> VersusError:
-    """The domain error behind a failed call (its stable code travels in trailing metadata)."""
-    unreachable = Unavailable(f"cannot reach the service at {address}; is the control plane running?")
+def error_from(exc: grpc.RpcError, address: str, timeout_s: float = TIMEOUT_S) -> VersusError:
+    """The domain error behind a failed call (its stable code travels in trailing metadata).
+
+    When the service did not answer, the message says how: no answer within the timeout (it is
+    running but slow or wedged) is not the same trouble as a refused connection (it is not running
+    there), and an operator — or a test's log — should not have to guess which."""
+    why = _why_unreachable(exc, timeout_s)
+    unreachable = Unavailable(f"cannot reach the service at {address} ({why}); is the control plane running?")
     return error_mapping.from_rpc_error(exc, unreachable)
+
+
+def _why_unreachable(exc: grpc.RpcError, timeout_s: float) -> str:
+    code = exc.code() if hasattr(exc, "code") else None
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"no answer within {timeout_s:g} s"
+    details = (exc.details() if hasattr(exc, "details") else "") or ""
+    first = details.strip().splitlines()[0] if details.strip() else "unavailable"
+    return first if len(first) <= 200 else first[:199] + "\u2026"
 
 
 def call(
@@ -35,7 +49,7 @@ def call(
         try:
             return getattr(stub_class(channel), method)(request, timeout=timeout_s)
         except grpc.RpcError as exc:
-            raise error_from(exc, address) from None
+            raise error_from(exc, address, timeout_s) from None
 
 
 def all_collectors(settings: Settings) -> list[Any]:
