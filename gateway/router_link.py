@@ -138,7 +138,8 @@ class _Stream:
                     while self._outbox and (not batch or size < MAX_BATCH_BYTES):
                         item = self._outbox.popleft()
                         batch.append(item)
-                        size += item.ByteSize()
+                        if self._outbox:  # sized only when another could join (a call alone goes as is)
+                            size += item.ByteSize()
                     cancelled, self._cancelled = self._cancelled, []
                     await self._call.write(bpb.ExchangeRequest(calls=batch, cancelled=cancelled))
                 if not self.usable and not self._pending:

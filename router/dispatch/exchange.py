@@ -168,12 +168,14 @@ class _Stream:
         while True:
             first = await self._out.get()
             batch: list[bpb.BridgeAnswer] = [] if first is None else [first]
-            size = 0 if first is None else first.ByteSize()
+            # Sized only when another answer could join it (one alone goes as is, unmeasured).
+            size = first.ByteSize() if first is not None and not self._out.empty() else 0
             while size < MAX_BATCH_BYTES and not self._out.empty():
                 item = self._out.get_nowait()
                 if item is not None:
                     batch.append(item)
-                    size += item.ByteSize()
+                    if not self._out.empty():
+                        size += item.ByteSize()
             flag = self._draining and not self._said_draining
             if batch or flag:
                 self._said_draining = self._said_draining or flag
