@@ -30,8 +30,13 @@ def _redact_event(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Muta
     return redact(dict(event_dict))  # type: ignore[no-any-return]
 
 
-def configure_logging(*, fmt: str = "console", level: str = "INFO", service: str | None = None) -> None:
-    """Install the logging pipeline for this process. Safe to call more than once."""
+def configure_logging(
+    *, fmt: str = "console", level: str = "INFO", service: str | None = None, cache: bool = True
+) -> None:
+    """Install the logging pipeline for this process. Safe to call more than once.
+
+    ``cache=False`` is for tests: a logger cached on its first use can no longer be captured by
+    ``structlog.testing.capture_logs``, so a test that configured logging would blind later ones."""
     shared: list[Any] = [
         merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -50,7 +55,7 @@ def configure_logging(*, fmt: str = "console", level: str = "INFO", service: str
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,

@@ -182,7 +182,7 @@ async def test_a_report_frame_about_another_collectors_task_is_refused_and_chang
 
 async def test_refused_requests_leave_no_credential_in_the_logs(stack: gw.Stack) -> None:
     stream = io.StringIO()
-    configure_logging(fmt="json", level="DEBUG")
+    configure_logging(fmt="json", level="DEBUG", cache=False)
     logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
     c = await stack.enroll("col-logs")
     valid = c.headers_for("POST", API + "/claim", b"{bad")["Authorization"].removeprefix("Bearer ")
@@ -199,7 +199,7 @@ async def test_refused_requests_leave_no_credential_in_the_logs(stack: gw.Stack)
         with pytest.raises(websockets.InvalidStatus):
             await websockets.connect(url, additional_headers={"Authorization": f"Bearer {tampered}"})
     finally:
-        configure_logging()
+        configure_logging(cache=False)
     lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
     refused = [
         line for line in lines if line.get("event") == "request" and 400 <= line.get("status", 0) < 500

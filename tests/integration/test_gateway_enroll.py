@@ -312,7 +312,7 @@ async def test_bearer_endpoints_pending_approval_and_renewal(stack: Stack) -> No
 
 async def test_enrollment_logs_hold_no_secrets(stack: Stack) -> None:
     stream = io.StringIO()
-    configure_logging(fmt="json", level="DEBUG")
+    configure_logging(fmt="json", level="DEBUG", cache=False)
     logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
     try:
         issued = await stack.service.issue_token(
@@ -327,7 +327,7 @@ async def test_enrollment_logs_hold_no_secrets(stack: Stack) -> None:
         )
         await _post(stack, "/api/collector/v1/enroll", {"token": issued.plaintext + "x", "csr_pem": pem})
     finally:
-        configure_logging()
+        configure_logging(cache=False)
     output = stream.getvalue()
     assert "collector enrolled" in output
     secret_part = issued.plaintext.removeprefix("vst_")

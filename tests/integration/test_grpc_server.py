@@ -200,7 +200,7 @@ async def test_request_id_from_metadata_is_bound_to_handler_logs(server: GrpcSer
 
     from common.telemetry.logs import configure_logging
 
-    configure_logging(fmt="json", level="INFO")
+    configure_logging(fmt="json", level="INFO", cache=False)
     stream = io.StringIO()
     logging.getLogger().handlers[0].setStream(stream)  # type: ignore[attr-defined]
     try:
@@ -211,7 +211,7 @@ async def test_request_id_from_metadata_is_bound_to_handler_logs(server: GrpcSer
                     task_router_pb2.GetTaskRequest(task_id="boom"), metadata=(("x-request-id", "rq-77"),)
                 )
     finally:
-        configure_logging()
+        configure_logging(cache=False)
     events = [json.loads(line) for line in stream.getvalue().splitlines()]
     failure = next(e for e in events if e["event"] == "unhandled error in rpc")
     assert failure["request_id"] == "rq-77"

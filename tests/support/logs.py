@@ -28,14 +28,14 @@ SECRET_PATTERNS = {
 def captured_logs() -> Iterator[io.StringIO]:
     """Every log line of this process (JSON, DEBUG and up) while the block runs."""
     stream = io.StringIO()
-    configure_logging(fmt="json", level="DEBUG")
+    configure_logging(fmt="json", level="DEBUG", cache=False)
     handler = logging.getLogger().handlers[0]
     assert isinstance(handler, logging.StreamHandler)
     handler.setStream(stream)
     try:
         yield stream
     finally:
-        configure_logging()
+        configure_logging(cache=False)
 
 
 def assert_no_secrets(text: str) -> None:
