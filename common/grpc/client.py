@@ -45,6 +45,12 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),
+    # Each channel keeps its own connections. gRPC otherwise shares them between a process's
+    # channels to the same address, and a channel made after its server came back failed its first
+    # call at once while an older channel to that address was waiting out its backoff
+    # (tests/integration/test_grpc_server.py). A process holds a handful of long-lived channels, so
+    # not sharing costs a few connections.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 

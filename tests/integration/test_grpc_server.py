@@ -297,3 +297,37 @@ async def test_a_client_is_served_again_within_seconds_of_its_server_coming_back
             assert time.monotonic() - back < 4.0
         finally:
             await srv.stop(0)
+
+
+async def test_a_new_channel_does_not_inherit_another_channels_backoff() -> None:
+    # gRPC shares connections (subchannels) between a process's channels to the same address. A
+    # channel made after a server came back then failed its first call at once ("connections to all
+    # backends failing") while an older channel to that address waited out its backoff: a test's
+    # gateway could not reach its new enrollment service because a channel of an earlier test, to
+    # a server long gone whose port had come round again, was still trying to reconnect.
+    reg = ServiceRegistration(
+        "versus.router.v1.TaskRouterService",
+        placeholder(Router),
+        task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
+    )
+    port = free_port()
+    srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
+    await srv.start()
+    request = task_router_pb2.GetTaskRequest(task_id="t-1")
+    async with aio_channel(srv.address, PLATFORM_TOKEN) as old:
+        with pytest.raises(grpc.aio.AioRpcError) as served:
+            await task_router_pb2_grpc.TaskRouterServiceStub(old).GetTask(request, timeout=5)
+        assert served.value.code() == grpc.StatusCode.NOT_FOUND  # the handler answered
+        await srv.stop(0)
+        with pytest.raises(grpc.aio.AioRpcError) as down:
+            await task_router_pb2_grpc.TaskRouterServiceStub(old).GetTask(request, timeout=5)
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE  # and now it waits to try again
+        srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
+        await srv.start()
+        try:
+            async with aio_channel(srv.address, PLATFORM_TOKEN) as new:
+                with pytest.raises(grpc.aio.AioRpcError) as first:
+                    await task_router_pb2_grpc.TaskRouterServiceStub(new).GetTask(request, timeout=5)
+                assert first.value.code() == grpc.StatusCode.NOT_FOUND, first.value.details()
+        finally:
+            await srv.stop(0)
