@@ -21,7 +21,7 @@ help:
 	@echo "make test-fast - unit and integration tests on two workers: the edit loop (about 2.5 minutes)"
 	@echo "make protos   - regenerate gen/ from protos/"
 	@echo "make lint     - ruff and mypy --strict on hand-written code"
-	@echo "make vectors  - regenerate vectors/envelope/ from tools/gen_envelope_vectors.py"
+	@echo "make vectors  - regenerate vectors/envelope/ and vectors/protocol/client_contract.json"
 	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
@@ -157,9 +157,11 @@ protos-check: $(STAMP)
 
 vectors: $(STAMP)
 	$(BIN)/python -m tools.gen_envelope_vectors
+	$(BIN)/python -m tools.gen_contract_vectors
 
 vectors-check: $(STAMP)
 	$(BIN)/python -m tools.gen_envelope_vectors --check
+	$(BIN)/python -m tools.gen_contract_vectors --check
 
 openapi: $(STAMP)
 	$(BIN)/python -m tools.openapi

@@ -34,6 +34,10 @@ WS_RETRY_S = 60.0
 # HTTPS: what ended it was the gateway (a restart, a crash) or the network, not a proxy that
 # breaks WebSockets — those cut a socket at once or within its first minute.
 WS_STEADY_S = 30.0
+# How long past its hold a claim's answer is waited for (docs/protocol.md, "The client contract"):
+# a client that gives up sooner abandons answers a loaded gateway is about to send, and comes back
+# as one more handshake.
+CLAIM_ANSWER_GRACE_S = 15.0
 
 log = get_logger("versus.collector.client")
 
@@ -199,7 +203,9 @@ class GatewayClient:
     async def claim(self, body: dict[str, Any], hold_s: float) -> ClaimReply:
         sent = time.time()
         offer = {"min": protocol.MIN_PROTOCOL_VERSION, "max": protocol.PROTOCOL_VERSION}
-        status, raw, headers = await self._call("claim", {**body, "protocol": offer}, timeout_s=hold_s + 15)
+        status, raw, headers = await self._call(
+            "claim", {**body, "protocol": offer}, timeout_s=hold_s + CLAIM_ANSWER_GRACE_S
+        )
         reply, settled = read_claim_answer(status, raw, headers, sent, time.time())
         self._settle(settled)
         return reply

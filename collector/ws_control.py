@@ -28,6 +28,8 @@ from collector.request_auth import frame_body
 MAX_FRAME_BYTES = 3 * 1024 * 1024
 # Close codes a gateway sends when it restarts (1012) or goes away (1001, a drain).
 GATEWAY_LEAVING = frozenset({1001, 1012})
+# TLS and the upgrade together; longer is taken as a path that breaks WebSockets (HTTPS instead).
+OPEN_TIMEOUT_S = 10.0
 
 
 class WebSocketBlocked(Exception):
@@ -76,7 +78,7 @@ class WsControl:
                 additional_headers={"Authorization": f"Bearer {self._bearer}"},
                 max_size=MAX_FRAME_BYTES,
                 compression=None,
-                open_timeout=10,
+                open_timeout=OPEN_TIMEOUT_S,
             )
         except websockets.InvalidStatus as exc:
             status = exc.response.status_code
