@@ -66,7 +66,10 @@ class IdleFleet:
     for each collector, when it last came online (a storm measures from the kill).
     """
 
-    def __init__(self, fleet: list[SimCollector], wss: bool) -> None:
+    def __init__(self, fleet: list[SimCollector], wss: bool, claim_deadline_s: float | None = None) -> None:
+        """``claim_deadline_s``: a claim unanswered this long is given up, its socket closed, and the
+        collector comes back after a backoff (docs/protocol.md, "The client contract"); None: a
+        claim is waited for however long it takes."""
         # One process holds every collector's TLS connection: asyncio's default read buffer of
         # 256 KiB per connection put the load generator at 6.3 GiB and a full core during a
         # 10,000 storm (old and new connections side by side). A TLS record is at most 16 KiB.
@@ -76,7 +79,10 @@ class IdleFleet:
         self.stop = asyncio.Event()
         self.online: set[str] = set()
         self.back_at: dict[str, float] = {}
-        self.counts = {"connect_retries": 0, "drops": 0, "claim_errors": 0}
+        self.claim_deadline_s = claim_deadline_s
+        self.counts = {"connect_retries": 0, "drops": 0, "claim_errors": 0, "claim_timeouts": 0}
+        # Seconds past the hold at which each claim answered with nothing (a 204) was answered.
+        self.late_s: list[float] = []
         self.errors: Counter[str] = Counter()
         self.all_online = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,8 +116,17 @@ class IdleFleet:
                 attempt = 0
             claim = c.claim_ws(HOLD_S) if self.wss else c.claim_https(HOLD_S)
             self._mark(c, True)
+            sent = time.monotonic()
             try:
-                await claim
+                got = await asyncio.wait_for(claim, self.claim_deadline_s)
+            except TimeoutError:
+                self._mark(c, False)
+                self.counts["claim_timeouts"] += 1
+                if self.wss:
+                    await c.drop_ws()
+                await asyncio.sleep(backoff(attempt, base=0.5))
+                attempt += 1
+                continue
             except (ConnectionError, websockets.WebSocketException):
                 self._mark(c, False)
             except (OSError, httpx.HTTPError) as exc:
@@ -124,13 +139,19 @@ class IdleFleet:
                 attempt += 1
             else:
                 attempt = 0
+                if got is None:
+                    self.late_s.append(time.monotonic() - sent - HOLD_S)
 
     async def ramp(self, batch: int = 250, pause_s: float = 0.5) -> None:
         """Start every collector's loop, ``batch`` at a time, and wait until all are online."""
+        await self.start(batch, pause_s)
+        await self.all_online.wait()
+
+    async def start(self, batch: int, pause_s: float) -> None:
+        """Start every collector's loop, ``batch`` every ``pause_s``."""
         for start in range(0, len(self.fleet), batch):
             self._tasks += [asyncio.create_task(self._loop(c)) for c in self.fleet[start : start + batch]]
             await asyncio.sleep(pause_s)
-        await self.all_online.wait()
 
     async def back_since(self, since: float, within_s: float) -> list[float]:
         """Wait until every collector came online again after ``since`` (a monotonic time), or

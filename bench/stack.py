@@ -412,6 +412,16 @@ class SimCollector:
         )
         return accepted.envelope.fields.task_id
 
+    async def drop_ws(self) -> None:
+        """Close the control socket, as a collector does with a claim unanswered past its deadline."""
+        ws, reader, self.ws, self._reader = self.ws, self._reader, None, None
+        if reader is not None:
+            reader.cancel()
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await ws.close()
+
     async def close(self) -> None:
         if self.ws is not None:
             await self.ws.close()

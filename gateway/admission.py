@@ -14,7 +14,10 @@ stretch each handshake by seconds), and then:
   client's hello waits in the socket, and the handshake starts as soon as a slot frees;
 - sheds, with a reset and before any TLS, a connection that finds the waiting line full, one
   that waited longer than ``max_wait_s`` (its client has likely given up), and one accepted at
-  the connection limit. The client backs off and comes back (docs/collector.md).
+  the connection limit. The client backs off and comes back (docs/collector.md);
+- runs fewer handshakes while the event loop is late (:class:`HandshakeBudget`): a loop that is
+  behind is behind with every admitted collector's claim answer too, so new connections wait
+  (and are shed after ``max_wait_s``) rather than take the CPU those answers need.
 
 This module is the bookkeeping, free of I/O and generic in what it holds (the listener holds
 sockets, tests hold names); ``gateway/listener.py`` is the asyncio side.
@@ -35,6 +38,12 @@ MAX_HANDSHAKES = 64
 # handshake timeout allows (10 s); a longer wait would start handshakes nobody waits for.
 MAX_WAITING = 4096
 MAX_WAIT_S = 8.0
+# The event loop's lateness above which handshakes are cut back, the fewest kept running (a
+# handshake also waits on the network: a few keep new collectors coming in on a busy loop), and
+# how much of the bound comes back per calm sample (all of it within 16 samples).
+LAG_TARGET_S = 0.05
+MIN_HANDSHAKES = 4
+RECOVERY_STEPS = 16
 
 
 class Shed(enum.Enum):
@@ -65,11 +74,33 @@ class AdmissionLimits:
             raise ValueError("the longest wait for a handshake must be above 0")
 
 
+class HandshakeBudget:
+    """How many handshakes may run at once: the configured bound while the event loop keeps time,
+    halved at each sample that finds it later than ``target_s`` (down to ``floor``), and grown back
+    by a sixteenth of the bound at each sample that does not (additive increase, multiplicative
+    decrease, as TCP does with its window)."""
+
+    def __init__(self, ceiling: int, floor: int = MIN_HANDSHAKES, target_s: float = LAG_TARGET_S) -> None:
+        self.ceiling = ceiling
+        self.floor = min(floor, ceiling)
+        self.target_s = target_s
+        self.limit = ceiling
+
+    def observe(self, lag_s: float) -> int:
+        """One sample of the loop's lateness; the limit from now on."""
+        if lag_s > self.target_s:
+            self.limit = max(self.floor, self.limit // 2)
+        else:
+            self.limit = min(self.ceiling, self.limit + max(1, self.ceiling // RECOVERY_STEPS))
+        return self.limit
+
+
 class Admission(Generic[T]):
     """Handshakes in progress and the line waiting for them; one per listening process."""
 
     def __init__(self, limits: AdmissionLimits) -> None:
         self.limits = limits
+        self.budget = HandshakeBudget(limits.max_handshakes)
         self.handshaking = 0
         self._line: deque[tuple[float, T]] = deque()
         # Connections closed before their handshake, by reason (also exported as a metric).
@@ -85,7 +116,7 @@ class Admission(Generic[T]):
         until :meth:`ended` hands it out), or the :class:`Shed` reason to close it unanswered."""
         if connections + self.handshaking + len(self._line) >= self.limits.max_connections:
             return self._shed(Shed.CONNECTION_LIMIT)
-        if self.handshaking < self.limits.max_handshakes:
+        if self.handshaking < self.budget.limit:
             self.handshaking += 1
             return START
         if len(self._line) >= self.limits.max_waiting:
@@ -95,20 +126,34 @@ class Admission(Generic[T]):
 
     def ended(self, now: float) -> tuple[T | None, list[T]]:
         """A handshake finished, failed or timed out: the waiting item to start in its place (or
-        None), and those that waited too long, to shed."""
+        None: none waits, or the budget shrank), and those that waited too long, to shed."""
         if self.handshaking <= 0:
             raise RuntimeError("a handshake ended that was never started")
         self.handshaking -= 1
+        started, stale = self._next(now, 1)
+        return (started[0] if started else None), stale
+
+    def observe(self, lag_s: float, now: float) -> tuple[list[T], list[T]]:
+        """One sample of the event loop's lateness: the waiting items to start now (the budget
+        grew), and those that waited too long, to shed."""
+        self.budget.observe(lag_s)
+        return self._next(now, self.budget.limit - self.handshaking)
+
+    def _next(self, now: float, room: int) -> tuple[list[T], list[T]]:
+        started: list[T] = []
         stale: list[T] = []
-        while self._line:
+        while self._line and (len(started) < room or now - self._line[0][0] > self.limits.max_wait_s):
             since, item = self._line.popleft()
             if now - since > self.limits.max_wait_s:
                 self._shed(Shed.WAITED_TOO_LONG)
                 stale.append(item)
                 continue
+            if self.handshaking >= self.budget.limit:
+                self._line.appendleft((since, item))
+                break
             self.handshaking += 1
-            return item, stale
-        return None, stale
+            started.append(item)
+        return started, stale
 
     def drain(self) -> list[T]:
         """Everything still waiting (the listener is closing)."""

@@ -25,7 +25,14 @@ from common.runtime import sd_notify
 from common.runtime.draining_server import DrainingServer
 from common.telemetry.logs import get_logger
 from gateway.admission import START, Admission, AdmissionLimits, Shed
-from gateway.metrics import EDGE_REFUSALS, HANDSHAKES, HANDSHAKES_IN_PROGRESS, HANDSHAKES_WAITING
+from gateway.metrics import (
+    EDGE_REFUSALS,
+    HANDSHAKE_BUDGET,
+    HANDSHAKES,
+    HANDSHAKES_IN_PROGRESS,
+    HANDSHAKES_WAITING,
+    LOOP_LAG,
+)
 
 log = get_logger("versus.gateway.listener")
 
@@ -35,6 +42,8 @@ _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 ACCEPT_RETRY_DELAY_S = 1.0
 # struct linger {l_onoff = 1, l_linger = 0}: close() sends a reset.
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+# How often the event loop's lateness is sampled for the handshake budget (gateway/admission.py).
+LAG_SAMPLE_S = 0.1
 
 
 class Listener:
@@ -52,7 +61,11 @@ class Listener:
         admission: Admission[socket.socket],
         connections: Callable[[], int],
         handshake_timeout_s: float,
+        *,
+        watch_loop: bool = False,
     ) -> None:
+        """``watch_loop``: this listener samples the event loop's lateness for the budget its
+        admission shares with the process's other listeners (one of them does)."""
         self.sock = sock
         self._factory = protocol_factory
         self._ssl = ssl_context
@@ -61,23 +74,30 @@ class Listener:
         self._timeout_s = handshake_timeout_s
         self._handshakes: set[asyncio.Task[None]] = set()
         self._accepting: asyncio.Task[None] | None = None
+        self._watch_loop = watch_loop
+        self._watching: asyncio.Task[None] | None = None
 
     def start(self) -> Listener:
         self.sock.setblocking(False)
-        self._accepting = asyncio.get_running_loop().create_task(self._accept_loop())
+        loop = asyncio.get_running_loop()
+        self._accepting = loop.create_task(self._accept_loop())
+        if self._watch_loop:
+            self._watching = loop.create_task(self._watch())
         return self
 
     def close(self) -> None:
         """Stop accepting; handshakes in progress are abandoned and waiting connections closed."""
         if self._accepting is not None:
             self._accepting.cancel()
+        if self._watching is not None:
+            self._watching.cancel()
         for task in list(self._handshakes):
             task.cancel()
         for conn in self._admission.drain():
             conn.close()
 
     async def wait_closed(self) -> None:
-        tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
+        tasks = [t for t in (self._accepting, self._watching, *self._handshakes) if t is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _accept_loop(self) -> None:
@@ -97,6 +117,23 @@ class Listener:
                 self._start(conn)
             elif isinstance(verdict, Shed):
                 _shed(conn, verdict)
+            HANDSHAKES_WAITING.set(self._admission.waiting)
+
+    async def _watch(self) -> None:
+        """Sample how late the loop runs a timer; the budget follows (fewer handshakes while late),
+        and connections waiting for a slot start as it grows back."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(LAG_SAMPLE_S)
+            lag = max(0.0, loop.time() - asked - LAG_SAMPLE_S)
+            LOOP_LAG.set(lag)
+            started, stale = self._admission.observe(lag, time.monotonic())
+            HANDSHAKE_BUDGET.set(self._admission.budget.limit)
+            for waited in stale:
+                _shed(waited, Shed.WAITED_TOO_LONG)
+            for conn in started:
+                self._start(conn)
             HANDSHAKES_WAITING.set(self._admission.waiting)
 
     def _start(self, conn: socket.socket) -> None:
@@ -179,7 +216,7 @@ class AdmittingServer(DrainingServer):
             )
             return made
 
-        for sock in sockets or []:
+        for index, sock in enumerate(sockets or []):
             listener = Listener(
                 sock,
                 protocol,
@@ -187,6 +224,7 @@ class AdmittingServer(DrainingServer):
                 self.admission,
                 lambda: len(self.server_state.connections),
                 self._handshake_timeout_s,
+                watch_loop=index == 0,
             )
             self.servers.append(listener.start())  # type: ignore[arg-type]
         sd_notify.ready()

@@ -50,3 +50,11 @@ HANDSHAKES_WAITING = Gauge(
     "versus_gateway_tls_handshakes_waiting",
     "Accepted connections waiting for a TLS handshake slot (gateway/admission.py).",
 )
+HANDSHAKE_BUDGET = Gauge(
+    "versus_gateway_tls_handshake_budget",
+    "TLS handshakes allowed at once now: VERSUS_GATEWAY_MAX_HANDSHAKES, less while the event loop is late.",
+)
+LOOP_LAG = Gauge(
+    "versus_gateway_event_loop_lag_seconds",
+    "How late the gateway's event loop ran a 100 ms timer at its last sample.",
+)

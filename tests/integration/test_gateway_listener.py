@@ -186,3 +186,33 @@ async def test_shutdown_abandons_handshakes_in_progress_and_waiting(tmp_path: Pa
     for reader, writer in peers:
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
+
+
+async def test_a_late_loop_runs_fewer_handshakes_until_it_keeps_time_again(tmp_path: Path) -> None:
+    # Under overload the loop that starts handshakes is the one that answers admitted collectors'
+    # claims: while it runs late, new connections wait instead of taking its time.
+    async with serving(tmp_path, AdmissionLimits(max_handshakes=64)) as served:
+        admission = served.server.admission
+        loop = asyncio.get_running_loop()
+        late = True
+
+        def hold_the_loop() -> None:  # as a flood of handshakes and frames would
+            if late:
+                time.sleep(0.2)
+                loop.call_later(0.05, hold_the_loop)
+
+        loop.call_soon(hold_the_loop)
+        async with asyncio.timeout(10):
+            while admission.budget.limit > 4:  # noqa: ASYNC110 - the budget signals nothing
+                await asyncio.sleep(0.1)
+        stalled = [await served.stalled() for _ in range(10)]
+        await asyncio.sleep(0.5)
+        assert (admission.handshaking, admission.waiting) == (4, 6)
+        late = False
+        # On time again: a sixteenth of the bound comes back per sample, and the line starts.
+        async with asyncio.timeout(10):
+            while admission.handshaking < 10:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert (admission.handshaking, admission.waiting) == (10, 0)
+        for _, writer in stalled:
+            writer.close()

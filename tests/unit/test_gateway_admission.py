@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admission import START, WAIT, Admission, AdmissionLimits, Shed
+from gateway.admission import START, WAIT, Admission, AdmissionLimits, HandshakeBudget, Shed
 
 
 def _admission(**limits: float) -> Admission[str]:
@@ -67,3 +67,40 @@ def test_an_end_without_a_start_is_a_bug_not_a_negative_count() -> None:
 def test_limits_out_of_range_are_refused(limits: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=r"admission limits|longest wait"):
         AdmissionLimits(**limits)  # type: ignore[arg-type]
+
+
+def test_the_budget_halves_at_each_late_sample_down_to_its_floor_and_grows_back_by_steps() -> None:
+    budget = HandshakeBudget(64, floor=4, target_s=0.05)
+    assert [budget.observe(0.2) for _ in range(5)] == [32, 16, 8, 4, 4]
+    assert budget.observe(0.05) == 8  # at the target is on time: +64/16
+    assert [budget.observe(0.0) for _ in range(16)][-1] == 64
+    assert budget.observe(0.0) == 64  # never above the configured bound
+    assert HandshakeBudget(2, floor=4).floor == 2  # a bound below the floor is the floor
+
+
+def test_a_late_loop_holds_new_connections_and_they_start_as_it_catches_up() -> None:
+    admission = _admission(max_handshakes=8, max_waiting=10)
+    for _ in range(2):
+        assert admission.observe(1.0, now=0.0) == ([], [])
+    assert admission.budget.limit == 4
+    assert [admission.arrive(c, 0, now=0.0) for c in "abcdef"] == [START] * 4 + [WAIT] * 2
+    # One ends while the loop is still late: its place goes to the next in line.
+    assert admission.ended(now=0.5) == ("e", [])
+    # The loop keeps time again: the budget grows and the rest of the line starts.
+    assert admission.observe(0.0, now=1.0) == (["f"], [])
+    assert (admission.handshaking, admission.waiting) == (5, 0)
+
+
+def test_a_shrunk_budget_starts_no_one_in_place_of_an_ended_handshake() -> None:
+    admission = _admission(max_handshakes=8, max_waiting=10)
+    assert [admission.arrive(c, 0, now=0.0) for c in "abcdefghi"] == [START] * 8 + [WAIT]
+    admission.observe(1.0, now=0.0)  # budget 4 with 8 running
+    assert admission.ended(now=0.1) == (None, [])
+    assert (admission.handshaking, admission.waiting) == (7, 1)
+
+
+def test_those_that_waited_too_long_are_shed_at_a_sample_even_when_none_ends() -> None:
+    admission = _admission(max_handshakes=1, max_waiting=10, max_wait_s=8.0)
+    assert [admission.arrive(c, 0, now=0.0) for c in "ab"] == [START, WAIT]
+    assert admission.observe(1.0, now=9.0) == ([], ["b"])
+    assert admission.shed == {Shed.WAITED_TOO_LONG: 1}
