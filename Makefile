@@ -231,6 +231,8 @@ bench-idle: $(BENCH_STAMP)
 # A gateway SIGKILLed under 1,000 and 10,000 idle collectors: how long until all are back.
 bench-storm: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m bench.storm
+	$(BENCH_BIN)/python -m bench.storm --fleet 1000 --transport https --anonymous-per-source 256 \
+		--json bench/results/storm_nat_1k.json
 	$(BENCH_BIN)/python -m bench.overload --fleet 3000 --rate 120 --json bench/results/overload_3k.json
 	$(BENCH_BIN)/python -m bench.overload --fleet 10000 --rate 400 --json bench/results/overload_10k.json
 

@@ -69,6 +69,7 @@ PURE = (
     "router.dispatch.reservations",
     "router.dispatch.submit",
     "router.releases.update_policy",
+    "gateway.admission",
 )
 IO_LIBRARIES = frozenset(
     {
