@@ -70,7 +70,8 @@ class Gateway:
         with self.log.open("ab") as out, unpinned():
             argv = [sys.executable, "-m", "versus_cp", "gateway"]
             self.proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=out)
-        while time.monotonic() - started < 120:
+        # A readiness probe is one more connection in the storm's line: it can wait as long as a collector.
+        while time.monotonic() - started < STORM_LIMIT_S:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited: {self.log.read_text()[-2000:]}")
             try:
@@ -79,7 +80,7 @@ class Gateway:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError("the gateway did not become ready within 120 s")
+        raise RuntimeError(f"the gateway did not become ready within {STORM_LIMIT_S:.0f} s")
 
     def kill(self) -> None:
         assert self.proc is not None
