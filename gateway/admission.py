@@ -130,29 +130,33 @@ class Admission(Generic[T]):
         if self.handshaking <= 0:
             raise RuntimeError("a handshake ended that was never started")
         self.handshaking -= 1
-        started, stale = self._next(now, 1)
+        # One slot freed, and the line is always started up to the budget: at most one starts.
+        started, stale = self._next(now)
         return (started[0] if started else None), stale
 
     def observe(self, lag_s: float, now: float) -> tuple[list[T], list[T]]:
         """One sample of the event loop's lateness: the waiting items to start now (the budget
         grew), and those that waited too long, to shed."""
         self.budget.observe(lag_s)
-        return self._next(now, self.budget.limit - self.handshaking)
+        return self._next(now)
 
-    def _next(self, now: float, room: int) -> tuple[list[T], list[T]]:
+    def _next(self, now: float) -> tuple[list[T], list[T]]:
+        """From the head of the line: those that waited too long, shed; then as many as the budget
+        has room for, started."""
         started: list[T] = []
         stale: list[T] = []
-        while self._line and (len(started) < room or now - self._line[0][0] > self.limits.max_wait_s):
-            since, item = self._line.popleft()
+        while self._line:
+            since, item = self._line[0]
             if now - since > self.limits.max_wait_s:
+                self._line.popleft()
                 self._shed(Shed.WAITED_TOO_LONG)
                 stale.append(item)
-                continue
-            if self.handshaking >= self.budget.limit:
-                self._line.appendleft((since, item))
+            elif self.handshaking < self.budget.limit:
+                self._line.popleft()
+                self.handshaking += 1
+                started.append(item)
+            else:
                 break
-            self.handshaking += 1
-            started.append(item)
         return started, stale
 
     def drain(self) -> list[T]:

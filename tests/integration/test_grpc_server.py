@@ -259,18 +259,25 @@ async def test_a_role_outside_the_policy_is_permission_denied(server: GrpcServer
         assert read.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.timeout(120)
-async def test_a_client_is_served_again_within_seconds_of_its_server_coming_back() -> None:
-    # With gRPC's default backoff (1 s, x1.6, up to 120 s) a server down for 30 s was tried again
-    # only some 13 s after it was back: the gateway answered 503 all that time (a chaos run saw it).
+async def _placeholder_router(port: int) -> GrpcServer:
+    """A started server on ``port`` whose router RPCs all answer NOT_FOUND: a call that gets that
+    answer reached the handler."""
     reg = ServiceRegistration(
         "versus.router.v1.TaskRouterService",
         placeholder(Router),
         task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
     )
-    port = free_port()
     srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
     await srv.start()
+    return srv
+
+
+@pytest.mark.timeout(120)
+async def test_a_client_is_served_again_within_seconds_of_its_server_coming_back() -> None:
+    # With gRPC's default backoff (1 s, x1.6, up to 120 s) a server down for 30 s was tried again
+    # only some 13 s after it was back: the gateway answered 503 all that time (a chaos run saw it).
+    port = free_port()
+    srv = await _placeholder_router(port)
 
     async def answered(stub: Any) -> bool:
         try:
@@ -287,8 +294,7 @@ async def test_a_client_is_served_again_within_seconds_of_its_server_coming_back
         while time.monotonic() - down < 30:  # calls keep failing (and the backoff growing) meanwhile
             assert not await answered(stub)
             await asyncio.sleep(0.5)
-        srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
-        await srv.start()
+        srv = await _placeholder_router(port)
         back = time.monotonic()
         try:
             while not await answered(stub):
@@ -305,14 +311,8 @@ async def test_a_new_channel_does_not_inherit_another_channels_backoff() -> None
     # backends failing") while an older channel to that address waited out its backoff: a test's
     # gateway could not reach its new enrollment service because a channel of an earlier test, to
     # a server long gone whose port had come round again, was still trying to reconnect.
-    reg = ServiceRegistration(
-        "versus.router.v1.TaskRouterService",
-        placeholder(Router),
-        task_router_pb2_grpc.add_TaskRouterServiceServicer_to_server,
-    )
     port = free_port()
-    srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
-    await srv.start()
+    srv = await _placeholder_router(port)
     request = task_router_pb2.GetTaskRequest(task_id="t-1")
     async with aio_channel(srv.address, PLATFORM_TOKEN) as old:
         with pytest.raises(grpc.aio.AioRpcError) as served:
@@ -322,8 +322,7 @@ async def test_a_new_channel_does_not_inherit_another_channels_backoff() -> None
         with pytest.raises(grpc.aio.AioRpcError) as down:
             await task_router_pb2_grpc.TaskRouterServiceStub(old).GetTask(request, timeout=5)
         assert down.value.code() == grpc.StatusCode.UNAVAILABLE  # and now it waits to try again
-        srv = GrpcServer("test", "127.0.0.1", port, [reg], StaticTokens())
-        await srv.start()
+        srv = await _placeholder_router(port)
         try:
             async with aio_channel(srv.address, PLATFORM_TOKEN) as new:
                 with pytest.raises(grpc.aio.AioRpcError) as first:
