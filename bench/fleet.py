@@ -23,7 +23,7 @@ from collector.agent_state import backoff
 from common.db import engine as db_engine
 from common.db.schema import collectors as collectors_table
 from common.db.schema import sites
-from gateway.server import limit_tls_read_buffer
+from gateway.tls_buffer import share_tls_read_buffer
 
 
 async def make_fleet(
@@ -72,8 +72,8 @@ class IdleFleet:
         claim is waited for however long it takes."""
         # One process holds every collector's TLS connection: asyncio's default read buffer of
         # 256 KiB per connection put the load generator at 6.3 GiB and a full core during a
-        # 10,000 storm (old and new connections side by side). A TLS record is at most 16 KiB.
-        limit_tls_read_buffer()
+        # 10,000 storm (old and new connections side by side); they share one, as in the gateway.
+        share_tls_read_buffer()
         self.fleet = fleet
         self.wss = wss
         self.stop = asyncio.Event()

@@ -29,6 +29,7 @@ from gateway.admission import AdmissionLimits
 from gateway.app import GatewayConfig, create_app
 from gateway.edge import MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S, EdgeHttpProtocol, EdgeWebSocketProtocol
 from gateway.listener import AdmittingServer
+from gateway.tls_buffer import share_tls_read_buffer
 from gateway.tls_reload import follow_cert_files, follow_gateway_ca
 
 log = get_logger("versus.gateway")
@@ -43,20 +44,6 @@ KEEPALIVE_TIMEOUT_S = 75
 WS_MAX_FRAME_BYTES = 3 * 1024 * 1024
 WS_PING_INTERVAL_S = 20.0
 WS_PING_TIMEOUT_S = 20.0
-
-
-# asyncio reads TLS through a per-connection buffer of ``SSLProtocol.max_size`` bytes, 256 KiB by
-# default: with 10,000 parked collectors that is 2.5 GiB of buffers that are nearly always
-# empty. A TLS record carries at most 16 KiB of plaintext, so 16 KiB still takes a whole record
-# per read (32 KiB cost 160 MiB more at 10,000 sockets for no measurable tunnel gain).
-TLS_READ_BUFFER_BYTES = 16 * 1024
-
-
-def limit_tls_read_buffer(size: int = TLS_READ_BUFFER_BYTES) -> None:
-    """Make every TLS connection this process accepts from now on read through ``size`` bytes."""
-    from asyncio import sslproto
-
-    sslproto.SSLProtocol.max_size = size
 
 
 # The WebSocket settings of the gateway's uvicorn server (tests serve the app with the same).
@@ -194,7 +181,7 @@ async def serve(settings: Settings) -> None:
         )
     elif tls is not None and tls_context is not None:
         reloading = asyncio.create_task(follow_cert_files(tls_context, tls.cert_file, tls.key_file, server))
-    limit_tls_read_buffer()
+    share_tls_read_buffer()
     edge.configure(settings.gateway_max_anonymous_per_source)
     # Uvicorn re-raises the signal it caught once it has shut down; with these recording
     # handlers in place that re-raise is harmless and the process exits 0. A signal that came
