@@ -146,7 +146,10 @@ def running_stack(**env: str) -> Iterator[Stack]:
     root = Path(tempfile.mkdtemp(prefix="versus-bench-"))
     # Thousands of simulated collectors all dial from 127.0.0.1, as behind a load balancer that
     # hides client addresses: the per-address anonymous limit would throttle their ramp-up.
-    env = {"VERSUS_GATEWAY_MAX_ANONYMOUS_PER_SOURCE": "0", **env}
+    # VERSUS_BENCH_SERVICE_ENV="NAME=value ..." sets the services' settings for an A/B run (the
+    # services get no VERSUS_ variable of the benchmark's own environment).
+    extra = dict(item.split("=", 1) for item in os.environ.get("VERSUS_BENCH_SERVICE_ENV", "").split())
+    env = {"VERSUS_GATEWAY_MAX_ANONYMOUS_PER_SOURCE": "0", **extra, **env}
     with unpinned():
         postgres = EmbeddedPostgres(root / "pg").start()
         redis = EmbeddedRedis(root / "redis").start()

@@ -14,7 +14,8 @@ installing the subclass below in that module's namespace changes every TLS conne
 afterwards, accepted or dialled. It relies on two private attributes of the standard class
 (``_ssl_buffer`` and ``_ssl_buffer_view``); tests/unit/test_gateway_socket.py fails if a Python
 release renames them, and the fallback is only the old memory cost, never a shared buffer in
-use by two connections.
+use by two connections. On uvloop (``VERSUS_EVENT_LOOP``, the default) TLS is uvloop's own and
+this changes nothing but the processes on the standard loop (the benchmarks' load generator).
 """
 
 from __future__ import annotations

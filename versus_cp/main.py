@@ -72,11 +72,11 @@ def _service(name: str) -> Handler:
             from console.server import serve
         else:
             from gateway.server import serve
-        from common.runtime import early_signals
+        from common.runtime import early_signals, event_loop
 
         early_signals.imported()  # a stop signal from here on is a clean shutdown, not an exit
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(settings))
+            event_loop.run(serve(settings), settings.event_loop)
         return 0
 
     return run

@@ -36,6 +36,13 @@ class LogFormat(StrEnum):
     JSON = "json"
 
 
+class EventLoop(StrEnum):
+    """Which event loop each service process runs on (common/runtime/event_loop.py)."""
+
+    UVLOOP = "uvloop"
+    ASYNCIO = "asyncio"
+
+
 class KeyMaterialMode(StrEnum):
     """Where the deployment's key and CA material comes from (common/material/shared.py)."""
 
@@ -257,6 +264,10 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
 
     # --- lifecycle -------------------------------------------------------------------------------
+    event_loop: EventLoop = Field(
+        default=EventLoop.UVLOOP,
+        description="The services' event loop: uvloop (libuv), or the standard library's asyncio loop.",
+    )
     shutdown_grace_s: float = Field(default=10.0, gt=0, le=300)
 
     @classmethod
