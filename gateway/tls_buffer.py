@@ -6,8 +6,8 @@ memory BIO (``buffer_updated``) before the event loop runs anything else: the so
 calls ``get_buffer``, ``recv_into`` and ``buffer_updated`` in one synchronous step. Nothing is
 left in the buffer between two reads, so every connection of a process can read through the
 same one. With the standard class each connection keeps its own buffer alive and written
-(``SSLProtocol.max_size``: 256 KiB by default, 16 KiB here), which was about a third of a parked
-collector's cost in the gateway (docs/benchmarks.md, "Idle fleet").
+(``SSLProtocol.max_size``: 256 KiB by default, 16 KiB here): 8 KiB of RSS per parked collector
+measured at 3,000 (docs/benchmarks.md, "Idle fleet").
 
 The loop builds its TLS protocols as ``asyncio.sslproto.SSLProtocol(...)`` at call time, so
 installing the subclass below in that module's namespace changes every TLS connection made
