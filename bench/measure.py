@@ -44,6 +44,10 @@ async def profiling(meter: CpuMeter, service: str, path: str | None) -> AsyncIte
         await asyncio.wait_for(profiler.wait(), 60)
 
 
+# The key, among PostgreSQL's process ids, of the CPU time of its backends that have ended.
+REAPED = -1
+
+
 class CpuMeter:
     """CPU seconds (user + system) used by each part of the stack between two snapshots."""
 
@@ -91,13 +95,25 @@ class CpuMeter:
                     out[name][proc.pid] = times.user + times.system
                 except self._psutil.Error:
                     pass
+        if self.stack.postgres.pid:
+            # Backends that ended are reaped by the postmaster, whose children's times then hold
+            # theirs: a pool that opens and closes connections under load would otherwise hide the
+            # work those backends did (it hid most of PostgreSQL's until 2026-12-05).
+            try:
+                reaped = self._psutil.Process(self.stack.postgres.pid).cpu_times()
+                out["postgres"][REAPED] = reaped.children_user + reaped.children_system
+            except self._psutil.Error:
+                pass
         return out
 
     @staticmethod
     def delta(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
         """CPU seconds of each part between two snapshots, summed per process: PostgreSQL backends
         come and go, and a total over a different set of processes would hide or invent time. A
-        process started in between counts whole; one that ended in between is not counted."""
+        process started in between counts whole; one that ended in between counts through its parent's
+        reaped-children time (PostgreSQL's postmaster: ``REAPED``), whole, so a backend that was already
+        running at the first snapshot counts its time before it too (a pool that keeps its connections
+        has almost none that end)."""
         return {
             name: sum(max(0.0, cpu - before.get(name, {}).get(pid, 0.0)) for pid, cpu in procs.items())
             for name, procs in after.items()

@@ -197,9 +197,14 @@ async def serve(settings: Settings) -> None:
     follower = await material.start_service(settings, database_url, material.Role.CORE)
     state = ensure_writable(settings.state_dir)
     keys = ReloadingKeySet(KeyStore(state, KeyPurpose.DISPATCH))
-    # The router's transactions are the hot path: no ping per checkout (see create_async).
+    # The router's transactions are the hot path: no ping per checkout (see create_async), and
+    # connections kept rather than opened per burst (docs/router.md, "PostgreSQL connections").
     engine = db_engine.create_async(
-        database_url, pool_size=20, max_overflow=20, pre_ping=False, application_name="versus-router"
+        database_url,
+        pool_size=settings.router_db_pool,
+        max_overflow=settings.router_db_overflow,
+        pre_ping=False,
+        application_name="versus-router",
     )
     router = Router(engine, create_redis(redis_url), keys.get)
     router.output_task_limit = settings.output_task_limit_bytes

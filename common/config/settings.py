@@ -165,6 +165,20 @@ class Settings(BaseSettings):
         description="Long-lived Exchange streams each gateway keeps to the routers for collector calls "
         "(docs/router.md, 'The gateway's stream'); 0 makes one unary call per claim or report, as before.",
     )
+    router_db_pool: int = Field(
+        default=40,
+        ge=1,
+        le=1000,
+        description="PostgreSQL connections each router process keeps open for its work; a transaction "
+        "beyond them waits for one (docs/router.md, 'PostgreSQL connections').",
+    )
+    router_db_overflow: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Connections a router may open beyond router_db_pool under load, closed as soon as "
+        "they are returned (each costs PostgreSQL a new backend); 0 keeps none.",
+    )
     collector_cert_lifetime_s: int = Field(
         default=90 * 24 * 3600,
         ge=10,

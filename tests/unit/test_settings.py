@@ -106,3 +106,23 @@ def test_config_error_never_echoes_a_password(monkeypatch: pytest.MonkeyPatch) -
 def test_unix_socket_postgres_url_is_accepted() -> None:
     s = load_settings(database_url="postgresql://postgres@/versus?host=/tmp/sock&port=5432")
     assert s.database_url is not None and "host=/tmp/sock" in s.database_url
+
+
+def test_the_router_pool_keeps_its_connections_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings()
+    assert (s.router_db_pool, s.router_db_overflow) == (40, 0)
+    monkeypatch.setenv("VERSUS_ROUTER_DB_POOL", "12")
+    monkeypatch.setenv("VERSUS_ROUTER_DB_OVERFLOW", "4")
+    s = load_settings()
+    assert (s.router_db_pool, s.router_db_overflow) == (12, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("VERSUS_ROUTER_DB_POOL", "0"), ("VERSUS_ROUTER_DB_OVERFLOW", "-1")]
+)
+def test_a_router_pool_out_of_range_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name):
+        load_settings()
