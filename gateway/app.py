@@ -37,7 +37,6 @@ from common.trust.trust_bundle import Bundle
 from gateway import (
     collector_api,
     collector_bodies,
-    control_ws,
     edge,
     enroll_api,
     openapi_bodies,
@@ -268,7 +267,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(collector_api.router)
     app.include_router(output_api.router)
     app.include_router(updates_api.router)
-    app.include_router(control_ws.router)
     app.include_router(tunnel_ws.router)
     openapi_bodies.install(
         app,

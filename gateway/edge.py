@@ -240,6 +240,9 @@ class EdgeHttpProtocol(H11Protocol):
         self._disarm()
         self._release_source()
         super().handle_websocket_upgrade(event)
+        # The mark travels on in the WebSocket protocol's state; without this callback it would
+        # keep this protocol (its parser, the upgrade's headers) alive as long as the socket.
+        self.mark._on_authenticated = None
 
     def send_400_response(self, msg: str) -> None:
         buffered, _ = self.conn.trailing_data

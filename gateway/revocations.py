@@ -15,7 +15,7 @@ import contextlib
 
 from redis.asyncio import Redis
 
-from common.redis.fanout import Fanout, text
+from common.redis.fanout import CallbackWake, Fanout, text
 from common.redis.revocations import CHANNEL
 
 
@@ -28,3 +28,11 @@ class RevocationFeed(Fanout):
     def watch(self, collector_id: str) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set when ``collector_id`` is announced revoked while the socket is open."""
         return self.listener(collector_id)
+
+    def register(self, collector_id: str, wake: CallbackWake) -> None:
+        """Call ``wake``'s callback whenever ``collector_id`` is announced revoked, until
+        :meth:`unregister` (a socket with no task of its own: gateway/control_ws.py)."""
+        self.add(collector_id, wake)
+
+    def unregister(self, collector_id: str, wake: CallbackWake) -> None:
+        self.discard(collector_id, wake)

@@ -27,7 +27,8 @@ from common.updates.repo_sync import SharedDirectory
 from gateway import edge
 from gateway.admission import AdmissionLimits
 from gateway.app import GatewayConfig, create_app
-from gateway.edge import MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S, EdgeHttpProtocol, EdgeWebSocketProtocol
+from gateway.control_socket import CollectorWebSocketProtocol
+from gateway.edge import MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S, EdgeHttpProtocol
 from gateway.listener import AdmittingServer
 from gateway.tls_buffer import share_tls_read_buffer
 from gateway.tls_reload import follow_cert_files, follow_gateway_ca
@@ -48,10 +49,11 @@ WS_PING_TIMEOUT_S = 20.0
 
 # The WebSocket settings of the gateway's uvicorn server (tests serve the app with the same).
 WS_OPTIONS: dict[str, Any] = {
-    # uvicorn's h11 and websockets-sansio protocols with the edge limits of gateway/edge.py.
+    # uvicorn's h11 and websockets-sansio protocols with the edge limits of gateway/edge.py; the
+    # control socket served without the ASGI application (gateway/control_socket.py).
     "http": EdgeHttpProtocol,
     "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
-    "ws": EdgeWebSocketProtocol,
+    "ws": CollectorWebSocketProtocol,
     "ws_max_size": WS_MAX_FRAME_BYTES,
     # No compression: nothing to gain on small JSON frames or already-encrypted tunnel
     # bytes, and no decompression bombs.

@@ -38,6 +38,24 @@ class Wake(asyncio.Event):
         self.payloads = set()
 
 
+class CallbackWake:
+    """A listener that calls ``callback`` (on the event loop, in the fanout's task) instead of
+    waking a waiting task: what an open socket with no task of its own registers. It keeps no
+    payloads and no waiters: one per socket, at tens of thousands of sockets."""
+
+    __slots__ = ("_callback",)
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._callback = callback
+
+    @property
+    def payloads(self) -> set[str]:
+        return set()  # not kept: what is added to it is dropped
+
+    def set(self) -> None:
+        self._callback()
+
+
 class Fanout:
     """Subscribe to ``channel`` (or ``pattern``) and set the events registered under ``key_of(message)``."""
 
@@ -53,7 +71,7 @@ class Fanout:
         self._key_of = key_of
         self._channel = channel
         self._pattern = pattern
-        self._waiters: dict[str, set[Wake]] = defaultdict(set)
+        self._waiters: dict[str, set[Wake | CallbackWake]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -80,12 +98,22 @@ class Fanout:
     def listener(self, key: str) -> Iterator[Wake]:
         """An event set whenever a message for ``key`` arrives while the block runs."""
         event = Wake()
-        self._waiters[key].add(event)
+        self.add(key, event)
         try:
             yield event
         finally:
-            self._waiters[key].discard(event)
-            if not self._waiters[key]:
+            self.discard(key, event)
+
+    def add(self, key: str, event: Wake | CallbackWake) -> None:
+        """Set ``event`` whenever a message for ``key`` arrives, until :meth:`discard`: for a
+        listener with no task of its own (a :class:`CallbackWake`)."""
+        self._waiters[key].add(event)
+
+    def discard(self, key: str, event: Wake | CallbackWake) -> None:
+        waiters = self._waiters.get(key)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
                 del self._waiters[key]
 
     def keys(self) -> list[str]:
@@ -94,7 +122,8 @@ class Fanout:
 
     def wake(self, key: str, payload: str = "") -> None:
         """Set the events of ``key``'s listeners in this process, as a message for ``key`` would."""
-        for event in self._waiters.get(key, ()):
+        # A copy: a callback may end its socket's registration while this runs.
+        for event in list(self._waiters.get(key, ())):
             event.payloads.add(payload)
             event.set()
 

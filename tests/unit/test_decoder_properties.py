@@ -26,7 +26,7 @@ from common.grpc.server import bearer_token
 from common.trust import collector_jwt
 from enrollment.ca import validate_csr
 from gateway.collector_bodies import ClaimBody, ReportBody
-from gateway.control_ws import _parse as parse_frame
+from gateway.control_frames import parse_frame
 from gateway.enroll_api import parse_body
 
 # What a control frame the gateway cannot read is refused with.

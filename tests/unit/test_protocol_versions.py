@@ -20,7 +20,7 @@ from common.errors import InvalidArgument, VersusError
 from common.limits import MAX_OUTPUT_CHUNK
 from common.trust import collector_jwt
 from gateway.collector_bodies import ByeBody, CapabilitiesBody, ClaimBody, ReportBody, RevokedBody
-from gateway.control_ws import _parse
+from gateway.control_frames import parse_frame as _parse
 from gateway.enroll_api import parse_body
 from gateway.output_api import check_version as check_output_version
 from gateway.output_api import parse_target
