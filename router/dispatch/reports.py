@@ -68,6 +68,19 @@ class Reports(Outcomes, Outputs):
         )
         if refused:
             outcome = S.FAILED
+        elif (
+            signature is not None
+            and output is None
+            and outcome in sql_tasks.ANSWER_AT_ONCE_OUTCOMES
+            and self._verified_by_kept_key(statement, signature)
+        ):
+            # The common report — success or failure of a running task — in one statement; anything
+            # else (a duplicate, someone else's dispatch, a task that moved on) takes the path below.
+            answered = await self._answer_at_once(
+                collector_id, dispatch_id, outcome, result, error_code, error_message, signature
+            )
+            if answered is not None:
+                return answered
         effects = Effects()
         # One transaction: the task (locked first, as everywhere), then its dispatch; who speaks and
         # whether they signed it is checked before anything changes. A refusal is audited, committed,
@@ -130,6 +143,47 @@ class Reports(Outcomes, Outputs):
             raise refusal
         await effects.run()
         return ReportResult(False, state)
+
+    def _verified_by_kept_key(self, statement: ReportStatement, signature: str) -> bool:
+        """Whether the collector's kept key verifies the report (no key kept, or a refusal: the
+        general path decides, reading the key on record and auditing a bad signature)."""
+        key = self._report_keys.get(statement.collector_id)
+        if key is None:
+            return False
+        try:
+            report_signature.verify(signature, key, statement)
+        except ReportSignatureError:
+            return False
+        return True
+
+    async def _answer_at_once(
+        self,
+        collector_id: str,
+        dispatch_id: str,
+        outcome: State,
+        result: bytes,
+        error_code: str,
+        error_message: str,
+        signature: str,
+    ) -> ReportResult | None:
+        """The report as one autocommitted statement (sql_tasks.answer_at_once); None: not that case."""
+        answered = _answer(outcome, result, error_code, error_message, {"report_signature": signature})
+        async with self.autocommit.connect() as conn:
+            task = await sql_tasks.answer_at_once(
+                conn,
+                dispatch_id,
+                collector_id,
+                answered,
+                result=result,
+                error_code=error_code or None,
+                reason=error_code or outcome.value,
+            )
+        if task is None:
+            return None
+        effects = Effects()
+        self._freed(task, collector_id, task["provider"], outcome, effects, fill=task["queued_behind"])
+        await effects.run()
+        return ReportResult(False, outcome)
 
     async def _check_report_signature(
         self, conn: AsyncConnection, statement: ReportStatement, signature: str
@@ -238,11 +292,18 @@ class Reports(Outcomes, Outputs):
     def _slot_freed(self, task: Row, d: Row, outcome: State, effects: Effects) -> None:
         """After the commit: one in-flight dispatch fewer, and the freed slot offered to the oldest
         queued task that could use it."""
+        self._freed(task, d["collector_id"], d["provider"], outcome, effects, fill=True)
+
+    def _freed(
+        self, task: Row, collector: str, provider: str, outcome: State, effects: Effects, *, fill: bool
+    ) -> None:
+        """:meth:`_slot_freed`; without ``fill`` when no queued task could use the slot (the
+        statement that freed it looked)."""
         DISPATCH_STATES.labels(outcome.value).inc()
-        collector, provider = d["collector_id"], d["provider"]
         effects.add(lambda: self.in_flight.add(collector, provider, -1))
-        site_id, tenant_id = task["site_id"], task["tenant_id"]
-        effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider, collector)))
+        if fill:
+            site_id, tenant_id = task["site_id"], task["tenant_id"]
+            effects.add(self._in_background(lambda: self.fill_slot(site_id, tenant_id, provider, collector)))
 
     async def _refused(
         self,

@@ -47,15 +47,21 @@ def release_sql(target_param: str, *, skip_answered: bool) -> str:
     unanswered envelopes: the plain-SQL twin of :func:`_fence_of`. With ``skip_answered`` the
     dispatch ``%(dispatch_id)s``, answered in the same statement (which does not see its own
     update), is left out of the fence by name."""
+    return release_sql_of(f"%({target_param})s", "%(task_id)s", skip_answered=skip_answered)
+
+
+def release_sql_of(target: str, task: str, *, skip_answered: bool, source: str = "") -> str:
+    """:func:`release_sql` for a device and task given as SQL expressions, read from ``source``
+    (a ``FROM`` clause: the rows of an earlier part of the same statement)."""
     skip = " AND d.dispatch_id <> %(dispatch_id)s" if skip_answered else ""
     return f"""
     UPDATE device_leases
     SET holder_task_id = NULL, holder_dispatch_id = NULL, collector_id = NULL, expires_at = NULL,
-        fenced_until = greatest(fenced_until, (
+        fenced_until = greatest(device_leases.fenced_until, (
             SELECT max(d.expires_at) + interval '{FENCE_S} seconds' FROM dispatches d
-            WHERE d.task_id = %(task_id)s AND d.handed_at IS NOT NULL AND d.reported_at IS NULL
-              AND d.state <> 'expired' AND d.op_class <> 'read'{skip}))
-    WHERE target_ref = %({target_param})s AND holder_task_id = %(task_id)s"""
+            WHERE d.task_id = {task} AND d.handed_at IS NOT NULL AND d.reported_at IS NULL
+              AND d.state <> 'expired' AND d.op_class <> 'read'{skip})){source}
+    WHERE device_leases.target_ref = {target} AND device_leases.holder_task_id = {task}"""
 
 
 _ACQUIRE_LEASE = """

@@ -29,7 +29,7 @@ from common.db.schema import (
 from router.core.sql import Db, sql
 from router.core.states import State
 from router.core.store import CHANGED_TASKS
-from router.dispatch.sql_leases import release_sql
+from router.dispatch.sql_leases import release_sql, release_sql_of
 
 _TASK_COLUMNS = frozenset(tasks.c.keys())
 
@@ -160,6 +160,80 @@ async def transitions(
     if release_lease_of is not None:
         params["r_target_ref"] = release_lease_of
     return await db.one(query, params)
+
+
+# A collector's final answer on its execution dispatch, in one statement outside any transaction:
+# the task and dispatch locked (task first, as everywhere) only if the dispatch is this collector's,
+# in flight, and its task waits for it; then the answer, the device's release, the task's move and
+# its history, as :func:`transitions` writes them for this case. No row: the report needs the
+# general path (router/dispatch/reports.py), and nothing was written. ``queued_behind``: a queued
+# task of the same site, tenant and provider could use the freed slot.
+_ANSWER_AT_ONCE = f"""
+WITH ok AS (
+    SELECT t.task_id, t.target_ref, t.state AS from_state
+    FROM tasks t JOIN dispatches d ON d.task_id = t.task_id
+    WHERE d.dispatch_id = %(dispatch_id)s AND d.collector_id = %(collector_id)s AND d.kind = 'execute'
+      AND d.state IN ('dispatched', 'running') AND t.state IN ('dispatched', 'running')
+    FOR UPDATE OF t, d
+), answered AS (
+    UPDATE dispatches
+    SET updated_at = now(), state = %(a_state)s, reported_at = now(), result = %(a_result)s,
+        error_code = %(a_error_code)s, error_message = %(a_error_message)s,
+        report_signature = coalesce(%(a_report_signature)s, report_signature)
+    WHERE dispatch_id = %(dispatch_id)s AND EXISTS (SELECT 1 FROM ok)
+), released AS ({release_sql_of("ok.target_ref", "ok.task_id", skip_answered=True, source=" FROM ok")}
+), moved AS (
+    UPDATE tasks
+    SET state = %(state)s, updated_at = now(), result = %(v_result)s, error_code = %(v_error_code)s
+    FROM ok WHERE tasks.task_id = ok.task_id
+    RETURNING tasks.*, ok.from_state
+), recorded AS (
+    INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
+    SELECT task_id, %(dispatch_id)s, from_state, %(state)s, %(reason)s FROM moved
+)
+SELECT moved.*, EXISTS (
+    SELECT 1 FROM tasks q
+    WHERE q.state = 'queued' AND q.site_id = moved.site_id AND q.tenant_id = moved.tenant_id
+      AND q.provider = moved.provider
+) AS queued_behind
+FROM moved"""
+
+# The outcomes and the states the statement above moves between (a unit test checks them against
+# router/core/states.py).
+ANSWER_AT_ONCE_OUTCOMES = (State.SUCCESS, State.FAILED)
+ANSWER_AT_ONCE_FROM = (State.DISPATCHED, State.RUNNING)
+
+
+async def answer_at_once(
+    conn: Db,
+    dispatch_id: str,
+    collector_id: str,
+    answered: Mapping[str, Any],
+    *,
+    result: bytes,
+    error_code: str | None,
+    reason: str,
+) -> dict[str, Any] | None:
+    """Record ``collector_id``'s final answer (:data:`ANSWER_AT_ONCE_OUTCOMES`, ``answered``: values
+    of :data:`ANSWER_COLUMNS`) on its in-flight execution dispatch and finish the task, in one
+    statement; the task row as it is now with ``from_state`` and ``queued_behind``, or None when the
+    report is not that simple case (nothing is written then)."""
+    assert set(answered) == set(ANSWER_COLUMNS)
+    assert State(answered["state"]) in ANSWER_AT_ONCE_OUTCOMES
+    params: dict[str, Any] = {
+        "dispatch_id": dispatch_id,
+        "collector_id": collector_id,
+        "state": answered["state"],
+        "reason": reason,
+        "v_result": result,
+        "v_error_code": error_code,
+        **{f"a_{k}": v for k, v in answered.items()},
+    }
+    db = await sql(conn)
+    row = await db.one(_ANSWER_AT_ONCE, params)
+    if row is not None:
+        db.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
+    return row
 
 
 _INSERT_TASK = """
