@@ -188,7 +188,14 @@ class CollectorWebSocketProtocol(edge.EdgeWebSocketProtocol):
         if self.session is not None:
             self.session.closed()
         # As the access log and request metrics record every other request (gateway/middleware.py).
-        status = 101 if self.session is not None else (self.initial_response or (403,))[0]
+        if self.session is not None:
+            status = 101
+        elif self.initial_response is not None:  # refused by the admission, with its answer
+            status = self.initial_response[0]
+        elif self.response is not None and self.response.status_code != 101:  # not a valid upgrade
+            status = self.response.status_code
+        else:  # gone (or failed) before an answer
+            status = 499 if self.disconnected else 500
         elapsed = time.perf_counter() - self._opened_at
         HTTP_REQUESTS.labels(CONTROL_PATH, "WS", str(status)).inc()
         HTTP_LATENCY.labels(CONTROL_PATH, "WS").observe(elapsed)

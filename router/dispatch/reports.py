@@ -66,14 +66,12 @@ class Reports(Outcomes, Outputs):
             output_length=None if output is None else output[0],
             output_sha256="" if output is None else output[1],
         )
+        # Verified once here when the kept key can: the general path below then does not again.
+        verified = signature is not None and self._verified_by_kept_key(statement, signature)
         if refused:
             outcome = S.FAILED
-        elif (
-            signature is not None
-            and output is None
-            and outcome in sql_tasks.ANSWER_AT_ONCE_OUTCOMES
-            and self._verified_by_kept_key(statement, signature)
-        ):
+        elif verified and output is None and outcome in sql_tasks.ANSWER_AT_ONCE_OUTCOMES:
+            assert signature is not None
             # The common report — success or failure of a running task — in one statement; anything
             # else (a duplicate, someone else's dispatch, a task that moved on) takes the path below.
             answered = await self._answer_at_once(
@@ -104,7 +102,7 @@ class Reports(Outcomes, Outputs):
                 refusal = PermissionDenied(
                     f"dispatch {dispatch_id!r} was not dispatched to you", code="not_your_dispatch"
                 )
-            elif signature is not None:
+            elif signature is not None and not verified:
                 try:
                     await self._check_report_signature(conn, statement, signature)
                 except ReportSignatureError as exc:
