@@ -166,26 +166,14 @@ async def test_anything_else_takes_the_general_path_with_nothing_written(
         await _report(env, other, dispatch_id, S.SUCCESS, b"ok")
     assert (at_once.answered, at_once.passed) == (answered, 1)
     assert await _written(env, task_id, dispatch_id, "dev-3") == before
-    async with env.router.engine.connect() as conn:
-        audited = (
-            (await conn.execute(select(audit_events.c.action).where(audit_events.c.subject_id == task_id)))
-            .scalars()
-            .all()
-        )
-    assert "report.foreign_dispatch" in audited
+    assert "report.foreign_dispatch" in await _audited(env, task_id)
     # A signature over something else (the kept key refuses it): the general path refuses and
     # audits it, and nothing is written.
     forged = _signed(owner, dispatch_id, "success", b"other", "", "")
     with pytest.raises(ReportSignatureError):
         await env.router.report(owner, dispatch_id, S.SUCCESS, b"ok", signature=forged)
     assert await _written(env, task_id, dispatch_id, "dev-3") == before
-    async with env.router.engine.connect() as conn:
-        audited = (
-            (await conn.execute(select(audit_events.c.action).where(audit_events.c.subject_id == task_id)))
-            .scalars()
-            .all()
-        )
-    assert "report.bad_signature" in audited
+    assert "report.bad_signature" in await _audited(env, task_id)
     # Its own report: one statement; the same again is a duplicate, answered by the general path.
     assert not (await _report(env, owner, dispatch_id, S.SUCCESS, b"ok")).duplicate
     assert (await _report(env, owner, dispatch_id, S.SUCCESS, b"ok")).duplicate
@@ -220,3 +208,9 @@ async def test_a_freed_slot_is_filled_only_when_work_waits_for_it(
             break
         await asyncio.sleep(0.05)
     assert task["state"] == "leased" and len(fills) == 1
+
+
+async def _audited(env: RouterEnv, subject: str) -> list[str]:
+    async with env.router.engine.connect() as conn:
+        rows = await conn.execute(select(audit_events.c.action).where(audit_events.c.subject_id == subject))
+        return list(rows.scalars())
