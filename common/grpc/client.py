@@ -34,6 +34,16 @@ RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+# A stream's receive window is fixed, not grown by gRPC's bandwidth-delay probing. Probing grew the
+# windows of a tunnel whose far reader had stopped to several MiB per hop, so how much a stalled
+# session held depended on the run (tests/integration/test_tunnel_socket.py). Between control-plane
+# hosts and their platform (a datacenter, RTT well under 10 ms) 1 MiB still allows > 100 MiB/s per
+# stream. Servers use the same (common/grpc/server.py SERVER_OPTIONS).
+STREAM_WINDOW_BYTES = 1024 * 1024
+FIXED_WINDOW_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
+)
 # Calls are spread over every address of the target (several replicas, common/config/targets.py); a
 # replica whose connection fails is skipped at once. Keepalive pings while calls are open (a held
 # claim, a tunnel) find a peer that vanished without closing its connections (a host that died)
@@ -51,6 +61,7 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     # (tests/integration/test_grpc_server.py). A process holds a handful of long-lived channels, so
     # not sharing costs a few connections.
     ("grpc.use_local_subchannel_pool", 1),
+    *FIXED_WINDOW_OPTIONS,
 )
 
 

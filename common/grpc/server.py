@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from common import error_mapping
 from common.access import rbac
 from common.errors import StartupError, Unauthenticated, VersusError
+from common.grpc.client import FIXED_WINDOW_OPTIONS
 from common.grpc.headers import AUTHORIZATION_HEADER
 from common.telemetry.logs import (
     REQUEST_ID_HEADER,
@@ -53,6 +54,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     # claim sends no data for longer, so pings without data that often must not count as abuse.
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
+    *FIXED_WINDOW_OPTIONS,
 ]
 
 log = get_logger("versus.grpc")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,8 @@ from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
 from common.db.schema import collectors
-from common.grpc.client import aio_channel
+from common.grpc.client import STREAM_WINDOW_BYTES, aio_channel
+from router.tunnels import relay
 from tests.integration import test_gateway_collector as gw
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,10 +87,12 @@ async def _offered_session(stack: gw.Stack, c: gw.Collector, platform: Platform)
     return session_id
 
 
-async def _dial(stack: gw.Stack, c: gw.Collector, session_id: str) -> Any:
+async def _dial(stack: gw.Stack, c: gw.Collector, session_id: str, **options: Any) -> Any:
     path = gw.API + f"/tunnel?session={session_id}"
     url = stack.url.replace("http://", "ws://") + path
-    return await websockets.connect(url, additional_headers=c.headers_for("GET", path), open_timeout=5)
+    return await websockets.connect(
+        url, additional_headers=c.headers_for("GET", path), open_timeout=5, **options
+    )
 
 
 async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -> None:
@@ -173,25 +177,74 @@ async def test_revoking_the_collector_tears_down_its_open_tunnel(stack: gw.Stack
         await platform.close()
 
 
+def _kernel_send_buffer_max() -> int:
+    """The most the kernel lets one TCP socket's send buffer grow to (autotuning's ceiling)."""
+    with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+        return int(f.read().split()[2])
+
+
+# What the test's collector itself may hold: its pinned socket receive buffer (the kernel doubles
+# the value set), what one read of the event loop takes at once (asyncio reads up to 256 KiB), and
+# the frames its WebSocket client queues before it stops reading the socket.
+COLLECTOR_RCVBUF = 64 * 1024
+COLLECTOR_QUEUE_FRAMES = 4
+LOOP_READ_BYTES = 256 * 1024
+
+
+def _stalled_session_bound() -> int:
+    """The most a session may take from the platform while its collector reads nothing.
+
+    Every buffer on the path, each with its own bound: two gRPC hops (platform to router, router
+    to gateway), each at most two fixed windows (the receiver's window, which gRPC widens by the
+    message being read, and what the sender's transport has taken; measured 1.4-1.6 windows per
+    hop when stalled); the router's queue toward the collector; the gateway's socket to the
+    collector (its transport's write buffer, which takes one more frame when just under its
+    limit, and the kernel's send buffer); a chunk in hand in each relaying loop; the test
+    collector's own buffers. Nothing grows with the amount the platform writes."""
+    chunk = relay.MAX_CHUNK_BYTES
+    grpc_hops = 2 * 2 * STREAM_WINDOW_BYTES
+    router_queue = relay.QUEUE_CHUNKS * chunk
+    gateway_socket = 2 * chunk + _kernel_send_buffer_max()
+    in_hand = 4 * chunk
+    collector = 2 * COLLECTOR_RCVBUF + LOOP_READ_BYTES + COLLECTOR_QUEUE_FRAMES * chunk
+    return grpc_hops + router_queue + gateway_socket + in_hand + collector
+
+
+async def _until_stalled(platform: Platform) -> None:
+    """Return once the platform's writes have not moved for a second (30 s at most)."""
+    async with asyncio.timeout(30):
+        last, still = -1, 0
+        while still < 4:
+            await asyncio.sleep(0.25)
+            last, still = platform.sent, still + 1 if platform.sent == last else 0
+
+
 async def test_a_collector_that_stops_reading_stalls_the_platform_instead_of_buffering(
     stack: gw.Stack,
 ) -> None:
     c = await _live(stack, "tun-slow")
     platform = Platform(stack.grpc_address, "tun-slow", stack.platform_token)
     total = 64 * 1024 * 1024
+    bound = _stalled_session_bound()
+    assert bound < total // 3  # the test can tell a bounded path from an unbounded one
     chunk = os.urandom(64 * 1024)
     try:
-        async with await _dial(stack, c, await _offered_session(stack, c, platform)) as ws:
+        session_id = await _offered_session(stack, c, platform)
+        async with await _dial(stack, c, session_id, max_queue=COLLECTOR_QUEUE_FRAMES) as ws:
+            # The kernel would otherwise grow this receive buffer (up to tcp_rmem's ceiling,
+            # 32 MiB on some hosts): the collector's own buffer, not the control plane's.
+            ws.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVBUF, COLLECTOR_RCVBUF
+            )
             # The client offered permessage-deflate; the gateway never accepts compression.
             assert ws.protocol.extensions == []
             await platform.next()  # ready
             for _ in range(total // len(chunk)):
                 platform.outbox.put_nowait(pb.OpenTunnelRequest(data=chunk))
-            await asyncio.sleep(3)  # the collector reads nothing meanwhile
-            # Only the bounded buffers along the path fill up: two gRPC hops' flow-control
-            # windows (grown by BDP probing), the router queue (2 MiB), four kernel socket
-            # buffers. Seen 6-18 MiB; a buffer without bound would take all 64 MiB.
-            assert platform.sent < total // 2, platform.sent
+            # The collector reads nothing meanwhile: the platform's writes stop once the buffers
+            # along the path are full. A path without a bound would stop only at 64 MiB.
+            await _until_stalled(platform)
+            assert platform.sent <= bound, (platform.sent, bound)
             received = 0
             while received < total:
                 received += len(await asyncio.wait_for(ws.recv(), 10))
