@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from common import error_mapping
 from common.access import rbac
 from common.errors import StartupError, Unauthenticated, VersusError
+from common.grpc import uploads
 from common.grpc.client import FIXED_WINDOW_OPTIONS
 from common.grpc.headers import AUTHORIZATION_HEADER
 from common.telemetry.logs import (
@@ -163,7 +164,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         if handler.stream_unary is not None:
             # Same wrapper: the request is an async iterator instead of one message.
             return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(handler.stream_unary, call),
+                self._wrap_unary(handler.stream_unary, call, upload=True),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -193,7 +194,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         rbac.authorize(principal, call.full_method)
         return principal
 
-    def _wrap_unary(self, inner: Any, call: _Call) -> Any:
+    def _wrap_unary(self, inner: Any, call: _Call, upload: bool = False) -> Any:
+        """``upload``: the request is a client stream (an async iterator of messages)."""
         service, method = call.service, call.method
 
         async def wrapped(request: Any, context: Context) -> Any:
@@ -218,6 +220,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
                 # Counted before the status goes out: a caller that sees the error sees it counted.
                 _observe(service, method, code, started)
                 observed = True
+                if upload and isinstance(exc, VersusError):
+                    # Refused before the upload ended: take the rest first, so the client reads
+                    # this refusal and not a failed write (common/grpc/uploads.py).
+                    await uploads.drain(request, _message_size)
                 await _abort_for(exc, code, context, service, method)
                 raise
             finally:
@@ -288,6 +294,11 @@ class _Call:
 
     def __repr__(self) -> str:  # keep the token out of any log line
         return f"_Call({self.full_method!r})"
+
+
+def _message_size(message: Any) -> int:
+    size: int = message.ByteSize()
+    return size
 
 
 def _text(value: str | bytes | None) -> str | None:

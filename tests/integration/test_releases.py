@@ -19,6 +19,7 @@ from versus.fleet.v1 import fleet_pb2 as fpb
 
 from common.access.rbac import Role
 from common.db.schema import audit_events, collectors
+from common.grpc.client import STREAM_WINDOW_BYTES
 from common.trust import signed_doc
 from common.trust.keys import KeyPurpose, KeySet
 from router.releases.publishing import Releases
@@ -73,6 +74,21 @@ async def test_publish_checks_what_it_is_given(stack: Stack, admin: Ops, repo: U
     assert await _refused(admin, _messages("1.0.0", length=len(ARTIFACT) - 1)) == "artifact_length_mismatch"
     assert await _refused(admin, _messages("1.0.0", sha256="0" * 64)) == "artifact_sha256_mismatch"
     assert await _refused(admin, _messages("1.0.0", os="Linux OS")) == "os_invalid"
+    # Refused at the header while the client still has far more than a flow-control window to
+    # write: the server takes the rest before answering, so the client's writes all complete and
+    # it reads the refusal - not a failed write, which grpc.aio reports as INTERNAL without a code
+    # (common/grpc/uploads.py). Without that, the client's writes stop after about a window.
+    large = list(_messages("1.0.0", b"x" * (8 * STREAM_WINDOW_BYTES), os="Linux OS"))
+    taken = 0
+
+    def counted() -> Iterable[fpb.PublishReleaseRequest]:
+        nonlocal taken
+        for message in large:
+            yield message
+            taken += 1
+
+    assert await _refused(admin, counted()) == "os_invalid"
+    assert taken == len(large)
     assert not repo.exists() or repo.released() == {}  # nothing half-published
     published = (await admin.fleet.PublishRelease(iter(_messages("1.0.0", security_fix=True)))).release
     assert (published.version, published.target_name, published.length) == (
