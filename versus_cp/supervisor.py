@@ -40,7 +40,7 @@ from common.config.settings import Settings
 from common.config.state_dir import StateLock, ensure_writable
 from common.db import engine as db_engine
 from common.embedded.postgres import EmbeddedPostgres
-from common.embedded.process import parent_death_signal
+from common.embedded.process import death_signal_spawn
 from common.embedded.redis import EmbeddedRedis
 from common.errors import StartupError, Unavailable
 from common.material import shared as material
@@ -208,7 +208,9 @@ class Supervisor:
         return env
 
     async def _spawn(self, name: str, env: dict[str, str]) -> None:
+        prefix, spawn = death_signal_spawn(signal.SIGTERM)
         proc = await asyncio.create_subprocess_exec(
+            *prefix,
             sys.executable,
             "-m",
             "versus_cp",
@@ -218,7 +220,7 @@ class Supervisor:
             # Own session: a terminal Ctrl-C reaches only the supervisor, which
             # then stops the services in order.
             start_new_session=True,
-            preexec_fn=parent_death_signal(signal.SIGTERM),
+            **spawn,
         )
         self.children[name] = Child(name, proc)
         log.info("service started", service=name, pid=proc.pid)

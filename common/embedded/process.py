@@ -54,6 +54,17 @@ def run_as_prefix(run_as: tuple[int, int] | None) -> tuple[list[str], dict[str, 
     return [], {"user": run_as[0], "group": run_as[1], "extra_groups": []}
 
 
+def death_signal_spawn(death_signal: int) -> tuple[list[str], dict[str, Any]]:
+    """How to have Linux send ``death_signal`` to a child when its parent dies: a setpriv prefix
+    for its command (nothing runs in the forked child), or, without setpriv, the ``preexec_fn``
+    that does it. Every spawn in a process that may hold gRPC channels wants the prefix: a
+    ``preexec_fn`` makes CPython fork instead of vfork, and gRPC's at-fork handlers then run in
+    the child, which has been seen to hang there and never exec (an OpenBao that did not start)."""
+    if SETPRIV is not None:
+        return [SETPRIV, "--pdeathsig", signal.Signals(death_signal).name.removeprefix("SIG")], {}
+    return [], {"preexec_fn": parent_death_signal(death_signal)}
+
+
 def spawn_server(
     cmd: list[str],
     log_file: Path,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -9,7 +13,7 @@ import pytest
 import redis
 
 from common.embedded.postgres import EmbeddedPostgres
-from common.embedded.process import free_port, pid_alive
+from common.embedded.process import SETPRIV, death_signal_spawn, free_port, pid_alive
 from common.embedded.redis import EmbeddedRedis
 from common.errors import StartupError
 
@@ -111,3 +115,36 @@ def test_postgres_tools_run_as_the_server_user_without_python_in_the_child(
                 assert process.SETPRIV is not None and cmd[0] == process.SETPRIV, cmd
     finally:
         server.stop()
+
+
+def test_a_child_spawned_for_a_parent_death_signal_dies_with_its_parent(tmp_path: Path) -> None:
+    """The supervisor's services and the test helpers' servers are started this way: through
+    setpriv, so no Python runs in the forked child, and still ended when their parent dies."""
+    prefix, spawn = death_signal_spawn(signal.SIGTERM)
+    assert spawn == {} and prefix[:2] == [str(SETPRIV), "--pdeathsig"]  # Debian always has setpriv
+    pid_file = tmp_path / "child.pid"
+    # A parent that starts the child the same way, writes its pid, then is killed.
+    parent = subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import subprocess, sys; "
+            f"c = subprocess.Popen({[*prefix, 'sleep', '300']!r}); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); "
+            "import time; time.sleep(300)",
+        ]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < deadline, "the child was not started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert pid_alive(child)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while pid_alive(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()

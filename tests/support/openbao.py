@@ -21,7 +21,7 @@ from typing import Any
 
 import hvac
 
-from common.embedded.process import free_port, parent_death_signal
+from common.embedded.process import death_signal_spawn, free_port
 
 BAO = Path(sys.executable).parent / "bao"
 ROOT_TOKEN = "versus-test-root"
@@ -101,10 +101,11 @@ def openbao(directory: Path) -> Iterator[OpenBao]:
     directory.mkdir(parents=True, exist_ok=True)
     port = _pair()
     log = (directory / "bao.log").open("wb")
+    prefix, spawn = death_signal_spawn(signal.SIGTERM)
     process = subprocess.Popen(
-        [str(BAO), "server", "-dev", "-dev-tls", f"-dev-tls-cert-dir={directory}", "-dev-no-store-token",
-         f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=parent_death_signal(signal.SIGTERM),
+        [*prefix, str(BAO), "server", "-dev", "-dev-tls", f"-dev-tls-cert-dir={directory}",
+         "-dev-no-store-token", f"-dev-root-token-id={ROOT_TOKEN}", f"-dev-listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT, **spawn,
         env={"HOME": str(directory), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     address = f"https://127.0.0.1:{port}"
