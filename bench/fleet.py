@@ -18,7 +18,7 @@ import websockets
 from cryptography.hazmat.primitives import serialization
 from sqlalchemy import insert
 
-from bench.stack import HOLD_S, SimCollector, Stack
+from bench.stack import HOLD_S, SOCKET_HOLD_S, SimCollector, Stack
 from collector.agent_state import backoff
 from common.db import engine as db_engine
 from common.db.schema import collectors as collectors_table
@@ -66,7 +66,13 @@ class IdleFleet:
     for each collector, when it last came online (a storm measures from the kill).
     """
 
-    def __init__(self, fleet: list[SimCollector], wss: bool, claim_deadline_s: float | None = None) -> None:
+    def __init__(
+        self,
+        fleet: list[SimCollector],
+        wss: bool,
+        claim_deadline_s: float | None = None,
+        hold_s: float | None = None,
+    ) -> None:
         """``claim_deadline_s``: a claim unanswered this long is given up, its socket closed, and the
         collector comes back after a backoff (docs/protocol.md, "The client contract"); None: a
         claim is waited for however long it takes."""
@@ -80,6 +86,8 @@ class IdleFleet:
         self.online: set[str] = set()
         self.back_at: dict[str, float] = {}
         self.claim_deadline_s = claim_deadline_s
+        # What each claim asks for: an idle reference collector's hold on its transport.
+        self.hold_s = hold_s if hold_s is not None else SOCKET_HOLD_S if wss else HOLD_S
         self.counts = {"connect_retries": 0, "drops": 0, "claim_errors": 0, "claim_timeouts": 0}
         # Seconds past the hold at which each claim answered with nothing (a 204) was answered.
         self.late_s: list[float] = []
@@ -114,7 +122,7 @@ class IdleFleet:
                     attempt += 1
                     continue
                 attempt = 0
-            claim = c.claim_ws(HOLD_S) if self.wss else c.claim_https(HOLD_S)
+            claim = c.claim_ws(self.hold_s) if self.wss else c.claim_https(self.hold_s)
             self._mark(c, True)
             sent = time.monotonic()
             try:
@@ -140,7 +148,7 @@ class IdleFleet:
             else:
                 attempt = 0
                 if got is None:
-                    self.late_s.append(time.monotonic() - sent - HOLD_S)
+                    self.late_s.append(time.monotonic() - sent - self.hold_s)
 
     async def ramp(self, batch: int = 250, pause_s: float = 0.5) -> None:
         """Start every collector's loop, ``batch`` at a time, and wait until all are online."""

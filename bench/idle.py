@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from bench.fleet import IdleFleet, cpu_s, inbound, make_fleet, service_process
-from bench.stack import HOLD_S, Stack, pin_load_generator, running_stack, save_report
+from bench.stack import ROUTER_HOLD_S, Stack, pin_load_generator, running_stack, save_report
 
 # The share of collectors the gateway must hold a connection for before the window starts.
 READY_SHARE = 0.98
@@ -49,8 +49,10 @@ async def hold(stack: Stack, count: int, wss: bool, window: float, parking: bool
         await asyncio.sleep(1.0)
     ramp_s = time.monotonic() - ramp_started
     # Settled: a collector's first claim (a resume) goes to the router, which holds it for a whole
-    # hold; only the claims after it park in the gateway. The window starts once they all have.
-    await asyncio.sleep(HOLD_S + 5)
+    # hold (at most the router's); only the claims after it park in the gateway. The window starts
+    # once they all have, and spans at least one whole hold: every collector claims in it again.
+    await asyncio.sleep(min(runner.hold_s, ROUTER_HOLD_S) + 5)
+    window = max(window, runner.hold_s + 5)
     counts = runner.counts
     drops_before = counts["drops"]
     g0, r0, t0 = cpu_s(gateway), cpu_s(router), time.perf_counter()

@@ -51,7 +51,8 @@ async def overload(
     await asyncio.to_thread(gateway.start)
     fleet = await make_fleet(stack.database_url, gateway.url, stack.ssl_context(), count, f"ovl{count}")
     hog_proc = start_hog(0) if hog else None
-    runner = IdleFleet(fleet, wss=True, claim_deadline_s=deadline_s)
+    # Each claim asks for the long-poll's hold, so lateness is measured against a short cycle.
+    runner = IdleFleet(fleet, wss=True, claim_deadline_s=deadline_s, hold_s=HOLD_S)
     timeline: list[int] = []
     router = service_process(stack, "router")
     g0, r0 = cpu_s(gateway.process()), cpu_s(router)

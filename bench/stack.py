@@ -49,8 +49,12 @@ from common.trust.keys import PublicKey
 from tests.e2e.harness import ControlPlane, run_cli, service_env
 
 API = "/api/collector/v1"
-# Collectors hold each claim for the server's full hold (25 s by default), as real ones do.
+# Collectors hold each claim for the server's full hold (25 s by default), as real ones do; an idle
+# reference collector on the control socket asks for the socket's hold (120 s by default). The
+# router holds a claim it is sent for at most 30 s (router/dispatch/core.py MAX_CLAIM_WAIT_S).
 HOLD_S = 25.0
+SOCKET_HOLD_S = 120.0
+ROUTER_HOLD_S = 30.0
 RETRY_S = 0.2
 
 

@@ -38,7 +38,16 @@ import httpx
 import psutil
 
 from bench.fleet import IdleFleet, cpu_s, make_fleet, service_process
-from bench.stack import HOLD_S, SimCollector, Stack, pin_load_generator, running_stack, save_report, unpinned
+from bench.stack import (
+    HOLD_S,
+    ROUTER_HOLD_S,
+    SimCollector,
+    Stack,
+    pin_load_generator,
+    running_stack,
+    save_report,
+    unpinned,
+)
 from common.embedded.process import free_port
 
 # How long the storm may take before the run gives up and reports who is still away.
@@ -129,7 +138,8 @@ async def storm(
         ramp_started = time.monotonic()
         await runner.ramp()
         ramp_s = time.monotonic() - ramp_started
-        await asyncio.sleep(HOLD_S + 5)  # settled: first claims answered, the rest parked
+        # Settled: first claims answered by the router, the rest parked.
+        await asyncio.sleep(min(runner.hold_s, ROUTER_HOLD_S) + 5)
         before = dict(runner.counts)
         errors_before = dict(runner.errors)
         overloaded_before = sum(c.overloaded for c in fleet)

@@ -38,6 +38,8 @@ from common.trust.signed_doc import DocumentError
 class RunOptions:
     state_dir: Path
     claim_wait_s: float = 25.0
+    # An idle collector's claim on the control socket: the socket's pings are its heartbeat there.
+    socket_claim_wait_s: float = 120.0
     grace_s: float = 30.0
     max_backoff_s: float = 60.0
     ws_retry_s: float = 60.0

@@ -83,7 +83,13 @@ class ClaimLoop(Execution):
             report = self._update_report()
             if report is not None:
                 body["update_status"] = report
-            claim = asyncio.ensure_future(self.client.claim(body, wait_s))
+            # Idle (every slot free): on the socket the claim may wait long, as nothing it says can
+            # change until work comes, and the gateway keeps its heartbeat from the socket's pings.
+            # A partly busy one keeps the heartbeat interval: its capacity grows as tasks end, and
+            # only its next claim says so.
+            idle = wait_s > 0 and not any(self.in_flight.values())
+            socket_wait = self.options.socket_claim_wait_s if idle else None
+            claim = asyncio.ensure_future(self.client.claim(body, wait_s, socket_wait))
             stop = asyncio.ensure_future(self.stopping.wait())
             done, _ = await asyncio.wait([claim, stop], return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()

@@ -169,9 +169,14 @@ class GatewayClient:
             return None
 
     async def _call(
-        self, kind: str, body: dict[str, Any], timeout_s: float = 30
+        self,
+        kind: str,
+        body: dict[str, Any],
+        timeout_s: float = 30,
+        on_socket: tuple[dict[str, Any], float] | None = None,
     ) -> tuple[int, bytes, httpx.Headers]:
-        over_ws = await self._over_websocket(kind, body, timeout_s)
+        """``on_socket``: the body and timeout to use instead when the call goes over the socket."""
+        over_ws = await self._over_websocket(kind, *(on_socket or (body, timeout_s)))
         if over_ws is not None:
             status, raw, frame_headers = over_ws
             headers = httpx.Headers(frame_headers)
@@ -200,11 +205,19 @@ class GatewayClient:
             log.info("collector protocol settled", version=version)
         self.protocol = version
 
-    async def claim(self, body: dict[str, Any], hold_s: float) -> ClaimReply:
+    async def claim(
+        self, body: dict[str, Any], hold_s: float, socket_hold_s: float | None = None
+    ) -> ClaimReply:
+        """Claim with ``hold_s`` as the wait; on the control socket with ``socket_hold_s`` instead,
+        when given (an idle collector: the socket's pings are its heartbeat there)."""
         sent = time.time()
         offer = {"min": protocol.MIN_PROTOCOL_VERSION, "max": protocol.PROTOCOL_VERSION}
+        message = {**body, "protocol": offer}
+        on_socket = None
+        if socket_hold_s is not None:
+            on_socket = ({**message, "wait_s": socket_hold_s}, socket_hold_s + CLAIM_ANSWER_GRACE_S)
         status, raw, headers = await self._call(
-            "claim", {**body, "protocol": offer}, timeout_s=hold_s + CLAIM_ANSWER_GRACE_S
+            "claim", message, timeout_s=hold_s + CLAIM_ANSWER_GRACE_S, on_socket=on_socket
         )
         reply, settled = read_claim_answer(status, raw, headers, sent, time.time())
         self._settle(settled)

@@ -22,6 +22,7 @@ from collector.agent_state import CollectorError, RunOptions
 _KEYS = {
     "state_dir": ("VERSUS_COLLECTOR_STATE_DIR", Path),
     "claim_wait_s": ("VERSUS_COLLECTOR_CLAIM_WAIT_S", float),
+    "socket_claim_wait_s": ("VERSUS_COLLECTOR_SOCKET_CLAIM_WAIT_S", float),
     "grace_s": ("VERSUS_COLLECTOR_GRACE_S", float),
     "max_backoff_s": ("VERSUS_COLLECTOR_MAX_BACKOFF_S", float),
     "ws_retry_s": ("VERSUS_COLLECTOR_WS_RETRY_S", float),
@@ -63,9 +64,13 @@ def resolve(flags: dict[str, Any], config_file: Path | None) -> tuple[RunOptions
     )
     if (
         not 0 < options.claim_wait_s <= 55
+        or not 0 < options.socket_claim_wait_s <= 240
         or options.grace_s < 0
         or options.max_backoff_s <= 0
         or options.ws_retry_s <= 0
     ):
-        raise CollectorError("claim wait must be in (0, 55], grace >= 0, max backoff and ws retry > 0")
+        raise CollectorError(
+            "claim wait must be in (0, 55], socket claim wait in (0, 240], grace >= 0, "
+            "max backoff and ws retry > 0"
+        )
     return options, log_format

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--state-dir", type=Path)
     r.add_argument("--config", type=Path, help="TOML file with run settings")
     r.add_argument("--claim-wait", type=float, dest="claim_wait_s")
+    r.add_argument(
+        "--socket-claim-wait", type=float, dest="socket_claim_wait_s",
+        help="an idle collector's claim hold on the control socket (seconds)",
+    )  # fmt: skip
     r.add_argument("--grace", type=float, dest="grace_s")
     r.add_argument("--max-backoff", type=float, dest="max_backoff_s")
     r.add_argument("--ws-retry", type=float, dest="ws_retry_s", help="seconds on HTTPS before retrying WSS")
@@ -168,6 +172,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         for k in (
             "state_dir",
             "claim_wait_s",
+            "socket_claim_wait_s",
             "grace_s",
             "max_backoff_s",
             "ws_retry_s",

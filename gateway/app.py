@@ -76,8 +76,10 @@ class GatewayConfig:
     updates_dir: Path | None = None
     # A request body must arrive completely within this many seconds.
     body_deadline_s: float = BODY_DEADLINE_S
-    # Longest a claim is held waiting for work before answering 204.
+    # Longest a claim is held waiting for work before answering 204: over HTTPS, and on the
+    # control socket (whose pings keep the connection and the collector's liveness).
     claim_hold_s: float = 25.0
+    socket_claim_hold_s: float = 120.0
     # How often an open socket re-checks its collector's standing in PostgreSQL; revocations are
     # also broadcast over Redis and close sockets at once (gateway/revocations.py).
     revocation_check_s: float = 60.0
@@ -161,6 +163,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             config.enrollment_address, config.router_address, config.service_token, config.router_streams
         )
         app.state.claim_hold_s = config.claim_hold_s
+        app.state.socket_claim_hold_s = config.socket_claim_hold_s
         app.state.service_token = config.service_token
         app.state.revocation_check_s = config.revocation_check_s
         app.state.revocations = RevocationFeed(app.state.connections.redis)

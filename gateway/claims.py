@@ -48,7 +48,9 @@ async def claim_op(msg: ControlCall) -> ControlReply:
     settled = protocol.negotiate(body.offer())
     if any(len(t) > 128 for t in body.held_task_ids):
         raise InvalidArgument("held_task_ids entries are at most 128 characters", code="invalid_body")
-    max_hold: float = msg.state.claim_hold_s
+    # On the control socket the socket is the heartbeat (its pings), so a claim may wait longer
+    # there than a long-poll, which must end before proxies' idle timeouts.
+    max_hold: float = msg.state.socket_claim_hold_s if msg.transport == "wss" else msg.state.claim_hold_s
     hold = max_hold if body.wait_s is None else min(body.wait_s, max_hold)
     parking: ClaimParking = msg.state.parking
     news = news_of(body, msg.transport, settled)
@@ -57,7 +59,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
         async with parking.claim(msg.collector_id, news, resume=body.resume, hold_s=hold) as parked:
             if parked.forward is None:
                 beat = Beat(body.session_id, body.claim_seq, arrived)
-                if not await parking.park(parked, msg.collector_id, beat, hold):
+                if not await parking.park(parked, msg.collector_id, beat, hold, msg.heard_at):
                     CLAIM_OUTCOMES.labels("empty").inc()
                     return _empty(max_hold, settled, started)
             parking.forwarding(parked)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ class ControlCall:
     request_id: str | None
     transport: str = "https"  # "https" or "wss"
     version: int = 1  # the protocol version the message is written in (docs/protocol.md)
+    # On the control socket: when the connection last delivered anything (monotonic seconds).
+    heard_at: Callable[[], float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ class CollectorWebSocketProtocol(edge.EdgeWebSocketProtocol):
         self.session: ControlSession | None = None
         self._control = False
         self._opened_at = 0.0
+        self._heard_at = time.monotonic()  # when the peer last sent anything (a pong included)
 
     # The control socket's handshake --------------------------------------------------------
 
@@ -133,6 +134,10 @@ class CollectorWebSocketProtocol(edge.EdgeWebSocketProtocol):
 
     # Messages ------------------------------------------------------------------------------
 
+    def data_received(self, data: bytes) -> None:
+        self._heard_at = time.monotonic()
+        super().data_received(data)
+
     def send_receive_event_to_app(self) -> None:
         if not self._control:
             super().send_receive_event_to_app()
@@ -152,6 +157,9 @@ class CollectorWebSocketProtocol(edge.EdgeWebSocketProtocol):
         self.session.on_message(text)
 
     # SocketLink (gateway/control_ws.py) ----------------------------------------------------
+
+    def heard_at(self) -> float:
+        return self._heard_at
 
     def write_text(self, text: str) -> None:
         if self.close_sent or self.transport.is_closing():

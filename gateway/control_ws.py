@@ -75,6 +75,9 @@ class SocketLink(Protocol):
     def close_now(self, code: int, reason: str) -> None:
         """Start the closing handshake with ``code`` (nothing if closing already)."""
 
+    def heard_at(self) -> float:
+        """When the peer last sent anything (monotonic seconds; the gateway's pings get pongs)."""
+
 
 class ControlSession:
     """One admitted control socket: its frames answered, its collector's standing watched."""
@@ -164,7 +167,9 @@ class ControlSession:
             if len(raw) > limit:
                 raise PayloadTooLarge(f"{kind} body exceeds {limit} bytes", code="body_too_large")
             reply = await operation(
-                ControlCall(state, self.collector_id, raw, new_request_id(), "wss", version)
+                ControlCall(
+                    state, self.collector_id, raw, new_request_id(), "wss", version, self._link.heard_at
+                )
             )
         except VersusError as exc:
             reply = error_reply(exc)

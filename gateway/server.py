@@ -143,6 +143,7 @@ async def serve(settings: Settings) -> None:
             enrollment_address=settings.enrollment_address,
             router_address=settings.router_address,
             claim_hold_s=settings.claim_hold_s,
+            socket_claim_hold_s=settings.socket_claim_hold_s,
             park_claims=settings.gateway_park_claims,
             router_streams=settings.gateway_router_streams,
             trust_bundle=bundles.get,

@@ -153,6 +153,14 @@ class Settings(BaseSettings):
     claim_hold_s: float = Field(
         default=25.0, gt=0, le=55, description="Longest the gateway holds a claim waiting for work (seconds)."
     )
+    socket_claim_hold_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=240,
+        description="Longest the gateway holds a claim sent on the control socket (seconds). The "
+        "socket's pings keep the connection, and the gateway writes the parked claim's heartbeat "
+        "every 20 s while they are answered (docs/gateway.md, 'Where a claim waits').",
+    )
     gateway_park_claims: bool = Field(
         default=True,
         description="Idle claims wait in the gateway, not the router (docs/gateway.md, 'Where a claim "

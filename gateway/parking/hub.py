@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,12 @@ LINGER_S = 60.0
 # A claim goes to the router at least this often per collector, whatever else: the bound on how
 # long anything not announced by a wake-up (nothing known today) could stay unseen.
 REFRESH_S = 300.0
+# A claim parked on the control socket has its heartbeat written again this often (the router
+# calls a collector stale after 60 s without one: router/core/fleet_state.py STALE_AFTER_S) ...
+BEAT_REFRESH_S = 20.0
+# ... while its socket was heard from this recently: the gateway pings every 20 s and gives a pong
+# 20 s (gateway/server.py), so a live collector is heard at least every ~20 s plus a round trip.
+HEARD_WITHIN_S = 45.0
 # Local payload that ends a parked claim because a newer claim of its collector arrived.
 NEWER_CLAIM = "newer-claim"
 # Local payload that forwards parked claims: the subscription broke, or a heartbeat was refused.
@@ -76,10 +82,12 @@ class ClaimParking(KeyedFanout):
         linger_s: float = LINGER_S,
         beat_every_s: float = BEAT_EVERY_S,
         window_s: float = LIVENESS_WINDOW_S,
+        beat_refresh_s: float = BEAT_REFRESH_S,
     ):
         super().__init__(redis, prefix=WAKE, always=(FLEET_NEWS,))
         self.refresh_s = refresh_s
         self.linger_s = linger_s
+        self.beat_refresh_s = beat_refresh_s
         self._watches: dict[str, _Watch] = {}
         self.beats = BeatWriter(redis, window_s, self._refused, beat_every_s)
         self._reaper: asyncio.Task[None] | None = None
@@ -161,20 +169,37 @@ class ClaimParking(KeyedFanout):
             if watch.newest is token:
                 watch.newest = None
 
-    async def park(self, parked: Parked, collector_id: str, beat: Beat, hold_s: float) -> bool:
+    async def park(
+        self,
+        parked: Parked,
+        collector_id: str,
+        beat: Beat,
+        hold_s: float,
+        heard_at: Callable[[], float] | None = None,
+    ) -> bool:
         """Wait out a parked claim; True when it must now go to the router (woken), False when it
-        ends empty (its hold ran out, or a newer claim of the collector replaced it)."""
+        ends empty (its hold ran out, or a newer claim of the collector replaced it).
+
+        ``heard_at`` (monotonic time the collector's connection last delivered anything) is given
+        for a claim on the control socket, whose hold outlasts the router's staleness bound: every
+        :data:`BEAT_REFRESH_S` the claim's heartbeat is written again, as long as the socket was
+        heard from within :data:`HEARD_WITHIN_S` (the gateway's pings get answers)."""
         CLAIMS_PARKED.inc()
         self.beats.add(collector_id, beat)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(hold_s):
-                while True:
-                    await parked.woken.wait()
-                    if parked.watch.newest is not parked.token:
-                        return False
-                    if parked.woken.payloads - {NEWER_CLAIM}:
-                        return True
-                    parked.woken.clear()
+        deadline = time.monotonic() + hold_s
+        while (left := deadline - time.monotonic()) > 0:
+            slice_s = left if heard_at is None else min(left, self.beat_refresh_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(slice_s):
+                    while True:
+                        await parked.woken.wait()
+                        if parked.watch.newest is not parked.token:
+                            return False
+                        if parked.woken.payloads - {NEWER_CLAIM}:
+                            return True
+                        parked.woken.clear()
+            if heard_at is not None and time.monotonic() - heard_at() <= HEARD_WITHIN_S:
+                self.beats.add(collector_id, Beat(beat.session_id, beat.claim_seq, time.time()))
         return False
 
     def forwarding(self, parked: Parked) -> None:

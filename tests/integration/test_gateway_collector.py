@@ -202,6 +202,7 @@ async def running_stack(database_url: str, redis_url: str, tmp_path: Any) -> Asy
         grpc_server.address,
         grpc_server.address,
         claim_hold_s=HOLD_S,
+        socket_claim_hold_s=HOLD_S,  # tests that need the socket's longer hold set it
         revocation_check_s=REVOCATION_CHECK_S,
         service_token=await mint(router.engine, Role.SERVICE),
         updates_dir=tmp_path / "updates",

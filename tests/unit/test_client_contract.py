@@ -53,11 +53,16 @@ def _numbers_table() -> dict[str, list[float]]:
 
 def test_the_documented_numbers_are_the_ones_the_code_uses() -> None:
     hold = Settings.model_fields["claim_hold_s"]
+    socket_hold = Settings.model_fields["socket_claim_hold_s"]
     backoff_defaults = inspect.signature(backoff).parameters
     run = RunOptions(state_dir=Path("/nonexistent"))
     expected = {
         "claim answer deadline": [reference.CLAIM_ANSWER_GRACE_S],
         "default `wait_s`": [run.claim_wait_s, 0, max(m.le for m in hold.metadata if hasattr(m, "le"))],
+        "idle `wait_s` on the control socket": [
+            run.socket_claim_wait_s,
+            max(m.le for m in socket_hold.metadata if hasattr(m, "le")),
+        ],
         "backoff": [0, backoff_defaults["cap"].default, backoff_defaults["base"].default, 2, 0],
         "`Retry-After`": [gateway_errors.MAX_RETRY_AFTER_S, 2],
         "control socket opening": [ws_control.OPEN_TIMEOUT_S],
