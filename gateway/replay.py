@@ -22,6 +22,7 @@ from common.redis import revocations
 from common.telemetry.logs import get_logger
 from common.trust.collector_jwt import LEEWAY_S, BearerClaims, BearerError
 from gateway.metrics import REPLAY_CHECKS
+from gateway.replay_batch import batcher_for
 
 log = get_logger("versus.gateway.replay")
 
@@ -41,10 +42,10 @@ async def accept_once(redis: Redis, claims: BearerClaims, now: int, *, changes_s
     """
     ttl = max(1, claims.expires_at + LEEWAY_S - now + 1)
     try:
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.set(key(claims), b"1", nx=True, ex=ttl)
-            pipe.exists(revocations.flag_key(claims.collector_id))
-            fresh, flagged = await pipe.execute()
+        # With the checks of every request that arrived in the same turn of the loop: one round trip.
+        fresh, flagged = await batcher_for(redis).check(
+            key(claims), ttl, revocations.flag_key(claims.collector_id)
+        )
     except (RedisError, OSError, TimeoutError) as exc:
         if changes_state:
             REPLAY_CHECKS.labels("unavailable").inc()
