@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from common.redis.keys import LIVE
+from gateway.control_socket import CollectorWebSocketProtocol
 from gateway.parking import hub
 from tests.integration import test_gateway_collector as gw
 from tests.integration.test_claim_parking import Counted
@@ -59,6 +60,9 @@ async def test_a_parked_socket_claim_is_kept_live_while_its_socket_answers(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hub, "HEARD_WITHIN_S", SILENCE_S)
+    # The gateway's own keepalive pings (every 20 s) would make the collector answer during the
+    # silent phase on a slow machine: here only the test decides when the collector is heard.
+    monkeypatch.setattr(CollectorWebSocketProtocol, "send_keepalive_ping", lambda self: None)
     c = await stack.enroll("col-sock-beat")
     assert (await stack.publish(c)).status_code == 200
     counted = Counted(stack)
