@@ -26,6 +26,13 @@ from typing import Any
 
 from bench.fleet import IdleFleet, cpu_s, inbound, make_fleet, service_process
 from bench.stack import ROUTER_HOLD_S, Stack, pin_load_generator, running_stack, save_report
+from bench.targets import (
+    IDLE_FLEET,
+    IDLE_GATEWAY_CPU_PCT,
+    IDLE_GATEWAY_RSS_MIB,
+    IDLE_ROUTER_CPU_PCT,
+    idle_ratios,
+)
 
 # The share of collectors the gateway must hold a connection for before the window starts.
 READY_SHARE = 0.98
@@ -119,17 +126,25 @@ def main() -> None:
     save_report(args.json_path, pinning, args, results)
     print(
         "| Collectors | Transport | Parking | Gateway RSS | (idle gateway) | Gateway CPU | Router CPU "
-        "| Ramp | Handshake retries | Drops in window |"
+        "| Ramp | Handshake retries | Drops in window "
+        "| RSS / target | Gateway CPU / target | Router CPU / target |"
     )
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
+        rss, gateway_cpu, router_cpu = idle_ratios(r)
         print(
             f"| {r['collectors']} | {r['transport']} | {'on' if r['parking'] else 'off'} "
             f"| {r['gateway_rss_mib']:.0f} MiB "
             f"| {r['gateway_rss_idle_mib']:.0f} MiB "
             f"| {r['gateway_cpu_pct']:.0f} % | {r['router_cpu_pct']:.0f} % "
-            f"| {r['ramp_s']:.0f} s | {r['connect_retries']} | {r['drops_during_window']} |"
+            f"| {r['ramp_s']:.0f} s | {r['connect_retries']} | {r['drops_during_window']} "
+            f"| {rss} | {gateway_cpu} | {router_cpu} |"
         )
+    print(
+        f"Targets at {IDLE_FLEET:,} collectors: gateway RSS ≤ {IDLE_GATEWAY_RSS_MIB:.0f} MiB, gateway CPU "
+        f"≤ {IDLE_GATEWAY_CPU_PCT:.0f} %, router CPU ≤ {IDLE_ROUTER_CPU_PCT:.0f} % of a core "
+        "(bench/targets.py)."
+    )
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from bench.stack import (
     save_report,
     unpinned,
 )
+from bench.targets import STORM_BACK_ALL_S, STORM_BACK_P99_S, ratio
 from common.embedded.process import free_port
 
 # How long the storm may take before the run gives up and reports who is still away.
@@ -239,15 +240,20 @@ def main() -> None:
         return "—" if value is None else f"{value:.0f} s"
 
     print("| Collectors | Max handshakes | Router streams | Back p50 | p90 | p99 | all | Failed connects "
-          "| Failed claims | 5xx | Gateway CPU | Router CPU |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| Failed claims | 5xx | Gateway CPU | Router CPU | p99 / target | all / target |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['collectors']} | {r['max_handshakes']} | {r['router_streams']} "
             f"| {s(r['back_p50_s'])} | {s(r['back_p90_s'])} | {s(r['back_p99_s'])} "
             f"| {s(r['back_all_s'])} | {r['connect_retries']} | {r['claim_errors']} | {r['answers_5xx']} "
-            f"| {r['gateway_cpu_s']:.0f} s | {r['router_cpu_s']:.0f} s |"
+            f"| {r['gateway_cpu_s']:.0f} s | {r['router_cpu_s']:.0f} s "
+            f"| {ratio(r['back_p99_s'], STORM_BACK_P99_S)} | {ratio(r['back_all_s'], STORM_BACK_ALL_S)} |"
         )
+    print(
+        f"Targets: 99 % back within {STORM_BACK_P99_S:.0f} s, all within {STORM_BACK_ALL_S:.0f} s "
+        "(bench/targets.py)."
+    )
 
 
 if __name__ == "__main__":
