@@ -29,7 +29,14 @@ PACKAGES = (*SERVICES, "common", "versus_cp", "tools", "bench", "chaos")
 # package or a module (``common.errors``).
 COMMON_LEVELS: tuple[tuple[str, ...], ...] = (
     ("common.errors",),
-    ("common.limits", "common.error_mapping", "common.protocol", "common.embedded", "common.telemetry"),
+    (
+        "common.limits",
+        "common.error_mapping",
+        "common.protocol",
+        "common.tunnel",
+        "common.embedded",
+        "common.telemetry",
+    ),
     ("common.redis", "common.db"),
     ("common.config", "common.access"),
     ("common.trust", "common.updates"),
@@ -61,6 +68,8 @@ PURE = (
     "common.envelope.verify",
     "common.envelope.wire",
     "common.protocol",
+    "common.tunnel.frames",
+    "common.tunnel.stream",
     "common.access.rbac",
     "router.core.states",
     "router.core.fleet_state",
