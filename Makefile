@@ -105,10 +105,11 @@ console-screenshots: system-deps axe-deps $(STAMP)
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
 # start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a
 # collector is tested behind), Chromium (the console's browser tests, driven by Playwright) and
-# Node.js (npm installs axe-core; a control-socket client in another language, tests/support).
+# Node.js (npm installs axe-core; a control-socket client in another language, tests/support),
+# stunnel4 (the TLS-terminating relay make bench-tunnel measures beside the tunnel).
 # Installed once, as root, with apt. "Installed" means dpkg's status says so: a package removed
 # but not purged is still known to `dpkg -s`, which succeeds for it.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment and lock (locks/mitmproxy.in),
@@ -222,7 +223,7 @@ bench-latency: $(BENCH_STAMP)
 bench-enroll: $(BENCH_STAMP)
 	$(BENCH_BIN)/python -m bench.enroll
 
-bench-tunnel: $(BENCH_STAMP)
+bench-tunnel: $(BENCH_STAMP) system-deps
 	$(BENCH_BIN)/python -m bench.tunnel
 
 bench-idle: $(BENCH_STAMP)

@@ -7,6 +7,8 @@ Every path ends at the same local TCP echo server:
 - *raw*: a TCP connection straight to the echo server (the physical limit here);
 - *websockify*: a `websockify` process relaying an unencrypted WebSocket to it,
   driven by a `websockets` client (one hop, no TLS);
+- *stunnel*: Debian's `stunnel4` terminating TLS (the gateway's own certificate and key) and
+  relaying plain TCP to it (one hop that pays for TLS, as the gateway's does);
 - *ours*: `TunnelService/OpenTunnel` on the router (gRPC) → router → gateway
   (WSS, TLS on, as deployed) → a real `versus-collector` process → the echo
   server; every byte crosses four hops each way.
@@ -22,12 +24,14 @@ import argparse
 import asyncio
 import os
 import shutil
+import ssl
 import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import websockets
 from versus.router.v1 import tunnel_pb2 as pb
@@ -73,8 +77,11 @@ async def echo_server() -> tuple[asyncio.Server, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
-async def raw_pipe(port: int) -> Pipe:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def raw_pipe(port: int, context: ssl.SSLContext | None = None, server_name: str | None = None) -> Pipe:
+    """A TCP connection to ``port`` (the echo server, or with ``context`` the stunnel relay)."""
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=context, server_hostname=server_name
+    )
     pipe = Pipe()
 
     async def send(data: bytes) -> None:
@@ -89,6 +96,17 @@ async def raw_pipe(port: int) -> Pipe:
 
     pipe.send, pipe.recv, pipe.close = send, recv, close
     return pipe
+
+
+def _stunnel_config(stack: Stack, accept: int, connect: int) -> Path:
+    tls = stack.cp.state_dir / "tls"
+    config = stack.root / "stunnel.conf"
+    config.write_text(
+        "foreground = yes\npid =\n[relay]\n"
+        f"accept = 127.0.0.1:{accept}\nconnect = 127.0.0.1:{connect}\n"
+        f"cert = {tls / 'gateway.pem'}\nkey = {tls / 'gateway.key'}\n"
+    )
+    return config
 
 
 async def websockify_pipe(ws_port: int) -> Pipe:
@@ -197,10 +215,19 @@ async def _bench(stack: Stack, collector_id: str, token: str, args: argparse.Nam
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
+        tls_port = free_port()
+        stunnel = await asyncio.create_subprocess_exec(
+            shutil.which("stunnel") or "stunnel",
+            str(_stunnel_config(stack, tls_port, port)),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
     await asyncio.sleep(1.0)
+    server_name = urlsplit(stack.gateway_url).hostname or "127.0.0.1"
     paths: dict[str, Callable[[], Awaitable[Pipe]]] = {
         "raw": lambda: raw_pipe(port),
         "websockify": lambda: websockify_pipe(ws_port),
+        "stunnel": lambda: raw_pipe(tls_port, stack.ssl_context(), server_name),
         "ours": lambda: tunnel_pipe(stack, token, collector_id, port),
     }
     results: dict[str, Any] = {}
@@ -217,8 +244,9 @@ async def _bench(stack: Stack, collector_id: str, token: str, args: argparse.Nam
             results[f"{name}_rtt_p99_ms"] = statistics.median(r[1] for r in rtts)
             print(f"{name} rtt p50 {results[f'{name}_rtt_p50_ms']:.2f} ms", flush=True)
     finally:
-        relay.terminate()
-        await relay.wait()
+        for process in (relay, stunnel):
+            process.terminate()
+            await process.wait()
         server.close()
     return results
 
@@ -247,12 +275,12 @@ def main() -> None:
     save_report(args.json_path, pinning, args, results)
     print("| Path | " + " | ".join(f"{s} stream(s) MiB/s" for s in args.streams) + " | RTT p50 | RTT p99 |")
     print("|---|" + "---:|" * (len(args.streams) + 2))
-    for name in ("raw", "websockify", "ours"):
+    for name in ("raw", "websockify", "stunnel", "ours"):
         cells = " | ".join(f"{results[f'{name}_mibps_{s}']:.1f}" for s in args.streams)
         p50, p99 = results[f"{name}_rtt_p50_ms"], results[f"{name}_rtt_p99_ms"]
         print(f"| {name} | {cells} | {p50:.2f} ms | {p99:.2f} ms |")
-    ratio = results["ours_mibps_1"] / results["websockify_mibps_1"]
-    print(f"one stream, ours / websockify: {ratio:.2f}")
+    for peer in ("websockify", "stunnel"):
+        print(f"one stream, ours / {peer}: {results['ours_mibps_1'] / results[f'{peer}_mibps_1']:.2f}")
 
 
 if __name__ == "__main__":
