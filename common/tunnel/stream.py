@@ -23,14 +23,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from common.errors import FailedPrecondition, InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 
 class ResumeError(FailedPrecondition):
     """An offset from the peer that this end's history cannot answer: the session cannot go on."""
 
 
-class WindowFull(InvalidArgument):
+class WindowFull(ResourceExhausted):
     """More bytes pushed than the window has room for: the adapter must wait for an acknowledgement."""
 
     default_code = "tunnel_window_full"
@@ -49,7 +49,8 @@ class SendWindow:
     base: int = 0
     end: int = 0
     eof_at: int | None = None  # the offset the half-close takes, once closed
-    _chunks: deque[bytes] = field(default_factory=deque)
+    # Views, so that a partial acknowledgement drops a chunk's head without copying its tail.
+    _chunks: deque[memoryview] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if self.limit <= 0:
@@ -76,7 +77,7 @@ class SendWindow:
                 details={"room": self.room(), "limit": self.limit},
             )
         if data:
-            self._chunks.append(bytes(data))
+            self._chunks.append(memoryview(bytes(data)))
             self.end += len(data)
 
     def close(self) -> int:
@@ -126,7 +127,7 @@ class SendWindow:
             )
         self.ack(offset)
         eof = self.eof_at is not None and self.base <= self.eof_at
-        return list(self._chunks), eof
+        return [bytes(chunk) for chunk in self._chunks], eof
 
     @property
     def done(self) -> bool:
@@ -147,6 +148,10 @@ class ReceiveCounter:
     received: int = 0
     acked: int = 0
     eof: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ack_every <= 0:
+            raise InvalidArgument("acknowledgements need a positive interval", code="tunnel_window_invalid")
 
     def take(self, size: int) -> int | None:
         """``size`` bytes arrived; the offset to acknowledge now, if one is due."""

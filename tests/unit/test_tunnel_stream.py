@@ -126,6 +126,10 @@ def test_frames_written_are_read_back_and_versions_settle_on_the_lower() -> None
     assert (frames.negotiate(1), frames.negotiate(2), frames.negotiate(9)) == (1, 2, 2)
     with pytest.raises(InvalidArgument):
         frames.negotiate(0)
+    for bad in (lambda: SendWindow(limit=0), lambda: ReceiveCounter(ack_every=0)):
+        with pytest.raises(InvalidArgument) as refused:
+            bad()
+        assert refused.value.code == "tunnel_window_invalid"
     assert frames.MAX_FRAME_BYTES == {1: 64 * 1024, 2: 1024 * 1024}
 
 
