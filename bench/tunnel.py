@@ -42,9 +42,11 @@ from bench.measure import percentile
 from bench.stack import Stack, pin_load_generator, running_stack, save_report, unpinned
 from common.embedded.process import free_port
 from common.grpc.client import aio_channel
+from common.tunnel.attach import attach
 from tests.e2e.collector_harness import Collector
 
 CHUNK = 64 * 1024
+COALESCE_BYTES = 1024 * 1024
 
 
 class Pipe:
@@ -129,14 +131,15 @@ async def websockify_pipe(ws_port: int) -> Pipe:
     return pipe
 
 
-async def tunnel_pipe(stack: Stack, token: str, collector_id: str, port: int) -> Pipe:
+async def tunnel_pipe(stack: Stack, token: str, collector_id: str, port: int, direct: bool = True) -> Pipe:
+    """A session through the control plane: ``OpenTunnel`` on the router, then (``direct``) the
+    bytes on a WebSocket to the gateway holding the session, or on the router's stream."""
     channel = aio_channel(stack.router_address, token)
+    opened = pb.TunnelOpen(host="127.0.0.1", port=port, collector_id=collector_id, direct=direct)
     outbox: asyncio.Queue[pb.OpenTunnelRequest | None] = asyncio.Queue(16)
-    await outbox.put(
-        pb.OpenTunnelRequest(open=pb.TunnelOpen(host="127.0.0.1", port=port, collector_id=collector_id))
-    )
 
     async def requests() -> AsyncIterator[pb.OpenTunnelRequest]:
+        yield pb.OpenTunnelRequest(open=opened)
         while (item := await outbox.get()) is not None:
             yield item
 
@@ -145,6 +148,10 @@ async def tunnel_pipe(stack: Stack, token: str, collector_id: str, port: int) ->
     if first.WhichOneof("msg") != "ready":
         raise RuntimeError(f"tunnel did not open: {first}")
     pipe = Pipe()
+    if direct:
+        await outbox.put(None)
+        await channel.close(None)
+        return await _attached_pipe(pipe, first.ready)
 
     async def send(data: bytes) -> None:
         await outbox.put(pb.OpenTunnelRequest(data=data))
@@ -162,6 +169,41 @@ async def tunnel_pipe(stack: Stack, token: str, collector_id: str, port: int) ->
         await outbox.put(None)
         call.cancel()
         await channel.close(None)
+
+    pipe.send, pipe.recv, pipe.close = send, recv, close
+    return pipe
+
+
+async def _attached_pipe(pipe: Pipe, ready: pb.TunnelReady) -> Pipe:
+    """The pipe over the gateway's attach socket. Blocks written while the previous frame was being
+    sent leave together, up to 1 MiB a frame: a platform client moves data in large chunks (as
+    versus-cp does, reading stdin up to 1 MiB at a time)."""
+    ws = await attach(ready.attach_url, ready.ticket)
+    queued: asyncio.Queue[bytes] = asyncio.Queue(16)
+
+    async def writer() -> None:
+        while True:
+            blocks = [await queued.get()]
+            size = len(blocks[0])
+            while not queued.empty() and size < COALESCE_BYTES:
+                blocks.append(queued.get_nowait())
+                size += len(blocks[-1])
+            await ws.send(blocks[0] if len(blocks) == 1 else b"".join(blocks))
+
+    writing = asyncio.create_task(writer())
+
+    async def send(data: bytes) -> None:
+        await queued.put(data)
+
+    async def recv() -> bytes:
+        while True:
+            message = await ws.recv()
+            if isinstance(message, bytes):
+                return message
+
+    async def close() -> None:
+        writing.cancel()
+        await ws.close()
 
     pipe.send, pipe.recv, pipe.close = send, recv, close
     return pipe

@@ -14,7 +14,7 @@ from collector.agent_state import agent_version, backoff, log
 from collector.execution import Execution
 from collector.gateway_errors import GatewayRefused, GatewayUnavailable
 from collector.state import SUPERVISED_ENV, read_json, write_json
-from collector.tunnel import carry, dial_back_path
+from collector.tunnel import carry
 from collector.vault_settings import settings_key
 from common.envelope.fence import RoundTrip
 from common.envelope.verify import ServerClock
@@ -162,7 +162,7 @@ class ClaimLoop(Execution):
                         offer,
                         self.identity["gateway_url"],
                         self.context,
-                        self.client.bearer("GET", dial_back_path(offer["session_id"])),
+                        lambda path: self.client.bearer("GET", path),
                         self.credentials(),
                     )
                 )

@@ -9,6 +9,7 @@ shape ``{"error": {"code": "...", "message": "..."}}``.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from common.redis.client import create_async as create_redis
 from common.runtime.tasks import watched_step
 from common.telemetry.logs import get_logger
 from common.trust.trust_bundle import Bundle
+from common.tunnel.attach import attach_url
 from gateway import (
     collector_api,
     collector_bodies,
@@ -43,7 +45,6 @@ from gateway import (
     openapi_bodies,
     openapi_errors,
     output_api,
-    tunnel_ws,
     updates_api,
 )
 from gateway.auth import AdmissionGate
@@ -55,6 +56,9 @@ from gateway.revocations import RevocationFeed
 from gateway.sources import SourceCounts
 from gateway.standing import sweeping
 from gateway.store import GatewayStore
+from gateway.tunnels import socket as tunnel_socket
+from gateway.tunnels.attach import AttachListener
+from gateway.tunnels.held import TunnelRegistry
 
 # Each readiness probe of a dependency must answer within this bound.
 READINESS_TIMEOUT_S = 2.0
@@ -91,6 +95,11 @@ class GatewayConfig:
     park_claims: bool = True
     # Exchange streams to the routers (gateway/router_link.py); 0: one unary call per collector call.
     router_streams: int = 2
+    # The internal listener where platform ends attach to tunnel sessions (gateway/tunnels/attach.py):
+    # host, port (0: any free one) and the address advertised (None: host and the bound port).
+    attach_host: str = "127.0.0.1"
+    attach_port: int = 0
+    attach_address: Callable[[int], str] | None = None
 
 
 @dataclass
@@ -180,6 +189,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.trust_bundle = config.trust_bundle
         app.state.updates_dir = config.updates_dir
         app.state.body_deadline_s = config.body_deadline_s
+        app.state.tunnels = TunnelRegistry(app.state.connections.redis, f"gw-{secrets.token_hex(8)}")
+        attach = AttachListener(app.state.tunnels)
+        bound = await attach.start(config.attach_host, config.attach_port)
+        app.state.tunnels.attach_url = attach_url(
+            config.attach_address(bound) if config.attach_address else f"{config.attach_host}:{bound}"
+        )
         try:
             async with sweeping(app.state):
                 yield
@@ -187,6 +202,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             edge.stop_counting_sources(app.state.source_counts)
             # Each step watched: a shutdown seen to hang once in a test run says where next time.
             for name, step in (
+                ("tunnels", app.state.tunnels.close),
+                ("attach listener", attach.stop),
                 ("source counts", app.state.source_counts.stop),
                 ("revocations", app.state.revocations.stop),
                 ("parking", app.state.parking.stop),
@@ -275,7 +292,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app.include_router(collector_api.router)
     app.include_router(output_api.router)
     app.include_router(updates_api.router)
-    app.include_router(tunnel_ws.router)
+    app.include_router(tunnel_socket.router)
     openapi_bodies.install(
         app,
         {

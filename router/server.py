@@ -54,7 +54,8 @@ from router.releases.update_share import SharedUpdateRepository
 from router.releases.updates import Updates
 from router.trust.delivery import TrustDelivery
 from router.trust.key_chains import KeyChains
-from router.tunnels.relay import TunnelHub, TunnelServicer
+from router.tunnels.broker import TunnelHub
+from router.tunnels.service import TunnelServicer
 
 SWEEP_INTERVAL_S = 5.0
 
@@ -214,7 +215,7 @@ async def serve(settings: Settings) -> None:
     router.credential_store = CredentialStore(engine, MasterKeys.load_or_create(master_file, create=False))
     router.key_chains = KeyChains(state)
     router.trust = TrustDelivery(BundleSource.from_settings(settings, state), keys.get, engine)
-    router.tunnels = TunnelHub(router.redis, settings.router_advertise_address)
+    router.tunnels = TunnelHub(router.redis, router.wake)
     router.enrollment = EnrollmentClient(settings.enrollment_address)
     router.start()
     stop_sweeping = asyncio.Event()

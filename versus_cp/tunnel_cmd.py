@@ -3,8 +3,10 @@
     ssh -o ProxyCommand='versus-cp tunnel --target %h:%p --site site-… --tenant acme' ops@10.0.0.7
 
 The router offers the session to the collector (the one named, or a live one
-of the site); once the collector has dialled back, bytes flow both ways. End
-of stdin half-closes the platform's direction. Failures are one line on stderr.
+of the site); once the collector has dialled back, the router answers with the
+gateway holding the session and a single-use ticket, and bytes flow between
+this command and that gateway directly (docs/gateway.md, "Tunnels"). End of
+stdin half-closes the platform's direction. Failures are one line on stderr.
 """
 
 from __future__ import annotations
@@ -12,22 +14,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import sys
 import threading
 from collections.abc import AsyncIterator
+from typing import Any, BinaryIO
 
 import grpc
+import websockets
 from versus.router.v1 import tunnel_pb2 as pb
 from versus.router.v1 import tunnel_pb2_grpc
 
 from common.config.settings import Settings
-from common.errors import InvalidArgument
+from common.errors import InvalidArgument, Unavailable
 from common.grpc import token_files
 from common.grpc.client import aio_channel
+from common.tunnel import frames
+from common.tunnel.attach import attach, end_reason
 from versus_cp import rpc
 
-CHUNK_BYTES = 32 * 1024
+# stdin is read in pieces of up to this much (a pipe gives what it holds, often 64 KiB).
+CHUNK_BYTES = 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +55,8 @@ def _target(value: str) -> tuple[str, int]:
 _REASONS = {
     "target_unreachable": " (the collector could not connect to the target)",
     "collector_did_not_connect": " (no collector dialled back in time)",
+    "collector_gone": " (the collector's connection dropped and did not come back in time)",
+    "gateway_gone": " (the gateway holding the session went away)",
 }
 
 
@@ -79,36 +89,104 @@ async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
     host, port = _target(args.target)
     loop = asyncio.get_running_loop()
     stdout = os.fdopen(sys.stdout.fileno(), "wb", 0)
-    ready = asyncio.Event()
+    outbox: asyncio.Queue[pb.OpenTunnelRequest | None] = asyncio.Queue(4)
 
     async def requests() -> AsyncIterator[pb.OpenTunnelRequest]:
         yield pb.OpenTunnelRequest(
             open=pb.TunnelOpen(
-                host=host, port=port, collector_id=args.collector, site_id=args.site, tenant_id=args.tenant
+                host=host, port=port, collector_id=args.collector, site_id=args.site,
+                tenant_id=args.tenant, direct=True,
             )
-        )
-        await ready.wait()
-        chunks: asyncio.Queue[bytes] = asyncio.Queue(4)
-        _start_stdin_reader(loop, chunks)
-        while data := await chunks.get():
-            yield pb.OpenTunnelRequest(data=data)
-        yield pb.OpenTunnelRequest(close_write=True)
+        )  # fmt: skip
+        while (item := await outbox.get()) is not None:
+            yield item
 
     async with aio_channel(settings.router_address, token_files.operator_token(settings)) as channel:
+        call = tunnel_pb2_grpc.TunnelServiceStub(channel).OpenTunnel(requests())
+        first: pb.OpenTunnelResponse | None = None
         try:
-            async for reply in tunnel_pb2_grpc.TunnelServiceStub(channel).OpenTunnel(requests()):
-                kind = reply.WhichOneof("msg")
-                if kind == "ready":
-                    ready.set()
-                elif kind == "data":
-                    stdout.write(reply.data)
-                elif kind == "closed" and reply.closed.reason not in ("done", ""):
-                    why = _REASONS.get(reply.closed.reason, "")
-                    print(f"versus-cp: tunnel closed: {reply.closed.reason}{why}", file=sys.stderr)
-                    return 1
+            async for reply in call:
+                if reply.WhichOneof("msg") in ("ready", "closed"):
+                    first = reply
+                    break
         except grpc.aio.AioRpcError as exc:
             raise rpc.error_from(exc, settings.router_address) from None
+        if first is None or first.WhichOneof("msg") == "closed":
+            return _closed(first.closed.reason if first is not None else "router_gone")
+        chunks: asyncio.Queue[bytes] = asyncio.Queue(4)
+        if not first.ready.attach_url:
+            # A router from before direct attachment carries the bytes on this stream.
+            _start_stdin_reader(loop, chunks)
+            return await _relay(call, outbox, chunks, stdout, settings.router_address)
+        outbox.put_nowait(None)
+        call.cancel()
+        _start_stdin_reader(loop, chunks)
+        return await _attach(first.ready, chunks, stdout)
+
+
+async def _attach(ready: pb.TunnelReady, chunks: asyncio.Queue[bytes], stdout: BinaryIO) -> int:
+    """Bridge stdin/stdout with the session on the gateway that holds it (its ticket is the credential)."""
+    try:
+        ws = await attach(ready.attach_url, ready.ticket)
+    except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+        raise Unavailable(
+            f"cannot attach to the gateway holding the tunnel ({ready.attach_url}): {exc}",
+            code="tunnel_attach_failed",
+        ) from None
+
+    async def pump() -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            while data := await chunks.get():
+                await ws.send(data)
+            await ws.send(frames.EOF)
+
+    pumping = asyncio.create_task(pump())
+    try:
+        async for message in ws:  # ends when the gateway closes the socket: the session is over
+            if isinstance(message, bytes):
+                stdout.write(message)
+    except websockets.ConnectionClosed:
+        pass
+    finally:
+        pumping.cancel()
+    return _closed(end_reason(ws))
+
+
+async def _relay(
+    call: Any,
+    outbox: asyncio.Queue[pb.OpenTunnelRequest | None],
+    chunks: asyncio.Queue[bytes],
+    stdout: BinaryIO,
+    address: str,
+) -> int:
+    """Bridge stdin/stdout over the router's own stream (routers before direct attachment)."""
+
+    async def pump() -> None:
+        while data := await chunks.get():
+            await outbox.put(pb.OpenTunnelRequest(data=data))
+        await outbox.put(pb.OpenTunnelRequest(close_write=True))
+
+    pumping = asyncio.create_task(pump())
+    try:
+        async for reply in call:
+            kind = reply.WhichOneof("msg")
+            if kind == "data":
+                stdout.write(reply.data)
+            elif kind == "closed":
+                return _closed(reply.closed.reason)
+    except grpc.aio.AioRpcError as exc:
+        raise rpc.error_from(exc, address) from None
+    finally:
+        pumping.cancel()
     return 0
+
+
+def _closed(reason: str) -> int:
+    """The exit status for a session that ended with ``reason`` (anything but done is a failure)."""
+    if reason in ("done", ""):
+        return 0
+    print(f"versus-cp: tunnel closed: {reason}{_REASONS.get(reason, '')}", file=sys.stderr)
+    return 1
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -166,7 +166,6 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_CREDENTIAL}/GetRevocation": _PLATFORM | _VIEW,
     f"/{_CREDENTIAL}/ListRevocations": _PLATFORM | _VIEW,
     f"/{_TUNNEL}/OpenTunnel": _PLATFORM | _OPERATE,
-    f"/{_TUNNEL}/RelayTunnel": _SERVICE,
     # API tokens and audit.
     f"/{_ACCESS}/CreateApiToken": _ADMIN,
     f"/{_ACCESS}/ListApiTokens": _ADMIN,

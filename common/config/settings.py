@@ -116,6 +116,16 @@ class Settings(BaseSettings):
     # --- listeners -------------------------------------------------------------------------------
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8443, ge=1, le=65535)
+    # The gateway's internal gRPC listener where platform ends attach to the tunnel sessions it
+    # holds (docs/gateway.md, "Tunnels"). Port 0: one the system picks at start, advertised in
+    # each session's record; deployments across hosts set a fixed port and the advertise address.
+    gateway_attach_host: str = "127.0.0.1"
+    gateway_attach_port: int = Field(default=0, ge=0, le=65535)
+    gateway_attach_advertise: str | None = Field(
+        default=None,
+        description="host:port at which platform clients and routers reach this gateway's attach "
+        "listener. Default: its listen address and bound port.",
+    )
     router_host: str = "127.0.0.1"
     router_port: int = Field(default=50051, ge=1, le=65535)
     router_metrics_port: int = Field(default=9464, ge=1, le=65535)
@@ -385,6 +395,10 @@ class Settings(BaseSettings):
     def router_advertise_address(self) -> str:
         """Where other hosts reach this router process (tunnel session records carry it)."""
         return self.router_advertise or f"{_connectable(self.router_host)}:{self.router_port}"
+
+    def gateway_attach_address(self, bound_port: int) -> str:
+        """Where platform ends reach this gateway's attach listener, once bound to ``bound_port``."""
+        return self.gateway_attach_advertise or f"{_connectable(self.gateway_attach_host)}:{bound_port}"
 
     @property
     def enrollment_address(self) -> str:

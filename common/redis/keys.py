@@ -44,3 +44,14 @@ FLEET_VERSIONS = "versus:fleet:versions"
 def wake_channel(key: str) -> str:
     """The pub/sub channel that wakes waiters on ``key`` (a collector id or a task key)."""
     return WAKE + key
+
+
+# A tunnel session's record (JSON, common/tunnel/record.py), written by the router that opened it
+# and completed by the gateway that holds it; and which gateway holds it (SET NX: exactly one).
+TUNNEL = "versus:tunnel:"
+TUNNEL_HOLDER = "versus:tunnel-holder:"
+
+
+def tunnel_wake_key(session_id: str) -> str:
+    """The wake-up key on which a gateway tells the router that it holds (or failed) a session."""
+    return "tunnel:" + session_id

@@ -79,6 +79,11 @@ def error(reason: str) -> str:
     return ERROR_PREFIX + _reason(reason)
 
 
+def is_reason(text: str) -> bool:
+    """Whether ``text`` has the shape of a stable reason (snake_case, at most 64 characters)."""
+    return bool(_REASON.fullmatch(text))
+
+
 def _offset(text: str) -> int:
     if not _OFFSET.fullmatch(text):
         raise InvalidArgument("a tunnel offset is a decimal count of bytes", code="tunnel_frame_invalid")

@@ -129,6 +129,23 @@ class SendWindow:
         eof = self.eof_at is not None and self.base <= self.eof_at
         return [bytes(chunk) for chunk in self._chunks], eof
 
+    def since(self, offset: int) -> tuple[list[memoryview], bool]:
+        """The bytes kept from ``offset`` on (views, not copies) and whether the eof follows them:
+        what a leg that has sent up to ``offset`` sends next. Nothing is acknowledged by this."""
+        if not self.base <= offset <= self.end:
+            raise ResumeError(
+                f"offset {offset} is outside the {self.base}-{self.end} kept",
+                code="tunnel_resume_out_of_range",
+            )
+        views: list[memoryview] = []
+        at = self.base
+        for chunk in self._chunks:
+            if at + len(chunk) > offset:
+                views.append(chunk[max(0, offset - at) :])
+            at += len(chunk)
+        eof = self.eof_at is not None and offset <= self.eof_at
+        return views, eof
+
     @property
     def done(self) -> bool:
         """Closed, and the peer acknowledged everything, the eof included."""

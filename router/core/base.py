@@ -81,7 +81,7 @@ class RouterCore:
         self.wake = WakeHub(redis)
         self.task_wakes = TaskWakes(engine, self.wake, store.CHANGED_TASKS)
         self._background: set[asyncio.Task[Any]] = set()
-        # Set by the server when this process also serves tunnels (router/tunnels/relay.py).
+        # Set by the server when this process also serves tunnels (router/tunnels/broker.py).
         self.tunnels: Any = None
         # Set by the server: the enrollment service, owner of collector status
         # (router/fleet/enrollment_client.py).

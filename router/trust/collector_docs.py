@@ -32,7 +32,7 @@ from common.trust.trust_bundle import Bundle
 
 # A config document is signed when it is delivered; this only has to cover the trip and clock skew.
 CONFIG_LIFETIME_S = 15 * 60
-# Offers wait 30 s for the collector's dial-back (router/tunnels/relay.py); the document a little longer.
+# Offers wait 30 s for the collector's dial-back (router/tunnels/broker.py); the document a little longer.
 OFFER_LIFETIME_S = 90
 
 

@@ -46,7 +46,7 @@ from router.dispatch.service import Router
 from router.fleet.enrollment_client import EnrollmentClient
 from router.server import registrations as router_registrations
 from router.trust.delivery import TrustDelivery
-from router.tunnels.relay import TunnelHub
+from router.tunnels.broker import TunnelHub
 from tests.support.access import mint
 from tests.support.collector_auth import SigningSocket, SignRequests, bound_token, with_report_signature
 from tests.support.pki import csr_pem, p256
@@ -186,7 +186,7 @@ async def running_stack(database_url: str, redis_url: str, tmp_path: Any) -> Asy
     )
     clock = OffsetClock()
     grpc_port = free_port()
-    router.tunnels = TunnelHub(router.redis, f"127.0.0.1:{grpc_port}")
+    router.tunnels = TunnelHub(router.redis, router.wake)
     router.enrollment = EnrollmentClient(f"127.0.0.1:{grpc_port}")
     grpc_server = GrpcServer(
         "backends",

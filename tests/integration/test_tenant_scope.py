@@ -30,7 +30,7 @@ from common.error_mapping import GRPC_CODE_METADATA_KEY
 from common.grpc.client import aio_channel
 from common.grpc.server import GrpcServer
 from router.server import registrations
-from router.tunnels.relay import TunnelHub
+from router.tunnels.broker import TunnelHub
 from tests.support.access import mint
 from tests.support.router_env import RouterEnv, make_router
 
@@ -66,7 +66,7 @@ class Scoped:
 async def scoped(database_url: str, redis_url: str) -> AsyncIterator[Scoped]:
     router = make_router(database_url, redis_url)
     port = free_port()
-    router.tunnels = TunnelHub(router.redis, f"127.0.0.1:{port}")
+    router.tunnels = TunnelHub(router.redis, router.wake)
     server = GrpcServer("router", "127.0.0.1", port, registrations(router), TokenAuthenticator(router.engine))
     await server.start()
     tokens = {

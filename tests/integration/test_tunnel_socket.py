@@ -17,7 +17,10 @@ from versus.router.v1 import tunnel_pb2_grpc
 
 from common.db.schema import collectors
 from common.grpc.client import STREAM_WINDOW_BYTES, aio_channel
-from router.tunnels import relay
+from common.tunnel import attach as tunnel_attach
+from common.tunnel import end as tunnel_end
+from common.tunnel import frames
+from gateway.tunnels import attach
 from tests.integration import test_gateway_collector as gw
 
 pytestmark = pytest.mark.timeout(60)
@@ -153,7 +156,7 @@ async def test_an_oversized_frame_ends_the_tunnel_with_1009(stack: gw.Stack) -> 
                 await asyncio.wait_for(ws.recv(), 5)
             assert closed.value.rcvd is not None
             assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1009, "frame_too_large")
-        assert (await platform.next()).closed.reason == "collector_gone"
+        assert (await platform.next()).closed.reason == "frame_too_large"
     finally:
         await platform.close()
 
@@ -189,25 +192,33 @@ def _kernel_send_buffer_max() -> int:
 COLLECTOR_RCVBUF = 64 * 1024
 COLLECTOR_QUEUE_FRAMES = 4
 LOOP_READ_BYTES = 256 * 1024
+# websockets' default high-water mark of a connection's write buffer.
+WS_WRITE_LIMIT = 32 * 1024
 
 
 def _stalled_session_bound() -> int:
     """The most a session may take from the platform while its collector reads nothing.
 
-    Every buffer on the path, each with its own bound: two gRPC hops (platform to router, router
-    to gateway), each at most two fixed windows (the receiver's window, which gRPC widens by the
-    message being read, and what the sender's transport has taken; measured 1.4-1.6 windows per
-    hop when stalled); the router's queue toward the collector; the gateway's socket to the
-    collector (its transport's write buffer, which takes one more frame when just under its
-    limit, and the kernel's send buffer); a chunk in hand in each relaying loop; the test
-    collector's own buffers. Nothing grows with the amount the platform writes."""
-    chunk = relay.MAX_CHUNK_BYTES
-    grpc_hops = 2 * 2 * STREAM_WINDOW_BYTES
-    router_queue = relay.QUEUE_CHUNKS * chunk
+    Every buffer on the path, each with its own bound: the gRPC hop from the platform to the
+    router (at most two fixed windows: the receiver's, which gRPC widens by the message being
+    read, and what the sender's transport has taken); the router's socket to the gateway's attach
+    listener (its write buffer and a frame in hand, the kernel's send buffer, the gateway's pinned
+    receive buffer, which the kernel doubles, and the frames the gateway's socket queues); the
+    gateway's window toward the collector (on protocol 1: bytes not yet written to its socket);
+    the gateway's socket to the collector (its transport's write buffer, which takes one more
+    frame when just under its limit, and the kernel's send buffer); a chunk in hand in each
+    relaying loop; the test collector's own buffers. Nothing grows with what the platform writes."""
+    chunk = frames.MAX_FRAME_BYTES[frames.V1]
+    grpc_hop = 2 * STREAM_WINDOW_BYTES
+    attach_hop = (
+        WS_WRITE_LIMIT + chunk + _kernel_send_buffer_max()
+        + 2 * attach.ATTACH_RCVBUF_BYTES + tunnel_attach.MAX_QUEUE_FRAMES * chunk
+    )  # fmt: skip
+    gateway_window = tunnel_end.WINDOW_BYTES
     gateway_socket = 2 * chunk + _kernel_send_buffer_max()
     in_hand = 4 * chunk
     collector = 2 * COLLECTOR_RCVBUF + LOOP_READ_BYTES + COLLECTOR_QUEUE_FRAMES * chunk
-    return grpc_hops + router_queue + gateway_socket + in_hand + collector
+    return grpc_hop + attach_hop + gateway_window + gateway_socket + in_hand + collector
 
 
 async def _until_stalled(platform: Platform) -> None:

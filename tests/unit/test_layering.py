@@ -70,6 +70,7 @@ PURE = (
     "common.protocol",
     "common.tunnel.frames",
     "common.tunnel.stream",
+    "common.tunnel.record",
     "common.access.rbac",
     "router.core.states",
     "router.core.fleet_state",

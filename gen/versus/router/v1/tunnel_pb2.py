@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dversus/router/v1/tunnel.proto\x12\x10versus.router.v1\"b\n\nTunnelOpen\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x14\n\x0c\x63ollector_id\x18\x03 \x01(\t\x12\x0f\n\x07site_id\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\"o\n\x11OpenTunnelRequest\x12,\n\x04open\x18\x01 \x01(\x0b\x32\x1c.versus.router.v1.TunnelOpenH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x15\n\x0b\x63lose_write\x18\x03 \x01(\x08H\x00\x42\x05\n\x03msg\"7\n\x0bTunnelReady\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x02 \x01(\t\"\x1e\n\x0cTunnelClosed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa4\x01\n\x12OpenTunnelResponse\x12.\n\x05ready\x18\x01 \x01(\x0b\x32\x1d.versus.router.v1.TunnelReadyH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x15\n\x0b\x63lose_write\x18\x03 \x01(\x08H\x00\x12\x30\n\x06\x63losed\x18\x04 \x01(\x0b\x32\x1e.versus.router.v1.TunnelClosedH\x00\x42\x05\n\x03msg\"6\n\nRelayHello\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x02 \x01(\t\"\x83\x01\n\x12RelayTunnelRequest\x12-\n\x05hello\x18\x01 \x01(\x0b\x32\x1c.versus.router.v1.RelayHelloH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x15\n\x0b\x63lose_write\x18\x03 \x01(\x08H\x00\x12\x10\n\x06\x66\x61iled\x18\x04 \x01(\tH\x00\x42\x05\n\x03msg\"C\n\x13RelayTunnelResponse\x12\x0e\n\x04\x64\x61ta\x18\x01 \x01(\x0cH\x00\x12\x15\n\x0b\x63lose_write\x18\x02 \x01(\x08H\x00\x42\x05\n\x03msg2\xcc\x01\n\rTunnelService\x12[\n\nOpenTunnel\x12#.versus.router.v1.OpenTunnelRequest\x1a$.versus.router.v1.OpenTunnelResponse(\x01\x30\x01\x12^\n\x0bRelayTunnel\x12$.versus.router.v1.RelayTunnelRequest\x1a%.versus.router.v1.RelayTunnelResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dversus/router/v1/tunnel.proto\x12\x10versus.router.v1\"r\n\nTunnelOpen\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x14\n\x0c\x63ollector_id\x18\x03 \x01(\t\x12\x0f\n\x07site_id\x18\x04 \x01(\t\x12\x11\n\ttenant_id\x18\x05 \x01(\t\x12\x0e\n\x06\x64irect\x18\x06 \x01(\x08\"o\n\x11OpenTunnelRequest\x12,\n\x04open\x18\x01 \x01(\x0b\x32\x1c.versus.router.v1.TunnelOpenH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x15\n\x0b\x63lose_write\x18\x03 \x01(\x08H\x00\x42\x05\n\x03msg\"[\n\x0bTunnelReady\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x02 \x01(\t\x12\x12\n\nattach_url\x18\x03 \x01(\t\x12\x0e\n\x06ticket\x18\x04 \x01(\t\"\x1e\n\x0cTunnelClosed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xa4\x01\n\x12OpenTunnelResponse\x12.\n\x05ready\x18\x01 \x01(\x0b\x32\x1d.versus.router.v1.TunnelReadyH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x15\n\x0b\x63lose_write\x18\x03 \x01(\x08H\x00\x12\x30\n\x06\x63losed\x18\x04 \x01(\x0b\x32\x1e.versus.router.v1.TunnelClosedH\x00\x42\x05\n\x03msg2l\n\rTunnelService\x12[\n\nOpenTunnel\x12#.versus.router.v1.OpenTunnelRequest\x1a$.versus.router.v1.OpenTunnelResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'versus.router.v1.tunnel_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TUNNELOPEN']._serialized_start=51
-  _globals['_TUNNELOPEN']._serialized_end=149
-  _globals['_OPENTUNNELREQUEST']._serialized_start=151
-  _globals['_OPENTUNNELREQUEST']._serialized_end=262
-  _globals['_TUNNELREADY']._serialized_start=264
-  _globals['_TUNNELREADY']._serialized_end=319
-  _globals['_TUNNELCLOSED']._serialized_start=321
-  _globals['_TUNNELCLOSED']._serialized_end=351
-  _globals['_OPENTUNNELRESPONSE']._serialized_start=354
-  _globals['_OPENTUNNELRESPONSE']._serialized_end=518
-  _globals['_RELAYHELLO']._serialized_start=520
-  _globals['_RELAYHELLO']._serialized_end=574
-  _globals['_RELAYTUNNELREQUEST']._serialized_start=577
-  _globals['_RELAYTUNNELREQUEST']._serialized_end=708
-  _globals['_RELAYTUNNELRESPONSE']._serialized_start=710
-  _globals['_RELAYTUNNELRESPONSE']._serialized_end=777
-  _globals['_TUNNELSERVICE']._serialized_start=780
-  _globals['_TUNNELSERVICE']._serialized_end=984
+  _globals['_TUNNELOPEN']._serialized_end=165
+  _globals['_OPENTUNNELREQUEST']._serialized_start=167
+  _globals['_OPENTUNNELREQUEST']._serialized_end=278
+  _globals['_TUNNELREADY']._serialized_start=280
+  _globals['_TUNNELREADY']._serialized_end=371
+  _globals['_TUNNELCLOSED']._serialized_start=373
+  _globals['_TUNNELCLOSED']._serialized_end=403
+  _globals['_OPENTUNNELRESPONSE']._serialized_start=406
+  _globals['_OPENTUNNELRESPONSE']._serialized_end=570
+  _globals['_TUNNELSERVICE']._serialized_start=572
+  _globals['_TUNNELSERVICE']._serialized_end=680
 # @@protoc_insertion_point(module_scope)

@@ -27,6 +27,7 @@ class TunnelOpen(_message.Message):
     COLLECTOR_ID_FIELD_NUMBER: _builtins.int
     SITE_ID_FIELD_NUMBER: _builtins.int
     TENANT_ID_FIELD_NUMBER: _builtins.int
+    DIRECT_FIELD_NUMBER: _builtins.int
     host: _builtins.str
     """Device address as the collector sees it."""
     port: _builtins.int
@@ -34,6 +35,8 @@ class TunnelOpen(_message.Message):
     """Either a collector, or a site (and tenant) to pick a live collector from."""
     site_id: _builtins.str
     tenant_id: _builtins.str
+    direct: _builtins.bool
+    """Attach to the gateway directly (the bytes then never cross the router)."""
     def __init__(
         self,
         *,
@@ -42,10 +45,11 @@ class TunnelOpen(_message.Message):
         collector_id: _builtins.str = ...,
         site_id: _builtins.str = ...,
         tenant_id: _builtins.str = ...,
+        direct: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "host", b"host", "port", b"port", "site_id", b"site_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "direct", b"direct", "host", b"host", "port", b"port", "site_id", b"site_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -88,17 +92,27 @@ class TunnelReady(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    ATTACH_URL_FIELD_NUMBER: _builtins.int
+    TICKET_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     collector_id: _builtins.str
+    attach_url: _builtins.str
+    """Direct sessions only: the WebSocket URL of the gateway holding the session
+    (ws://host:port/v1/tunnel, an internal listener) and the single-use ticket
+    to present there as the bearer token, valid for 30 seconds.
+    """
+    ticket: _builtins.str
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         collector_id: _builtins.str = ...,
+        attach_url: _builtins.str = ...,
+        ticket: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach_url", b"attach_url", "collector_id", b"collector_id", "session_id", b"session_id", "ticket", b"ticket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -156,86 +170,3 @@ class OpenTunnelResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
 Global___OpenTunnelResponse: _TypeAlias = OpenTunnelResponse  # noqa: Y015
-
-@_typing.final
-class RelayHello(_message.Message):
-    """The gateway's first message for a collector's tunnel connection."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SESSION_ID_FIELD_NUMBER: _builtins.int
-    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
-    session_id: _builtins.str
-    collector_id: _builtins.str
-    """From the collector's verified bearer token."""
-    def __init__(
-        self,
-        *,
-        session_id: _builtins.str = ...,
-        collector_id: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "session_id", b"session_id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___RelayHello: _TypeAlias = RelayHello  # noqa: Y015
-
-@_typing.final
-class RelayTunnelRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    HELLO_FIELD_NUMBER: _builtins.int
-    DATA_FIELD_NUMBER: _builtins.int
-    CLOSE_WRITE_FIELD_NUMBER: _builtins.int
-    FAILED_FIELD_NUMBER: _builtins.int
-    data: _builtins.bytes
-    close_write: _builtins.bool
-    failed: _builtins.str
-    """The collector could not open the device connection: the session ends with this
-    stable reason ("target_unreachable") at once.
-    """
-    @_builtins.property
-    def hello(self) -> Global___RelayHello: ...
-    def __init__(
-        self,
-        *,
-        hello: Global___RelayHello | None = ...,
-        data: _builtins.bytes = ...,
-        close_write: _builtins.bool = ...,
-        failed: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "failed", b"failed", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "failed", b"failed", "hello", b"hello", "msg", b"msg"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "data", "close_write", "failed"]  # noqa: Y015
-    _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
-
-Global___RelayTunnelRequest: _TypeAlias = RelayTunnelRequest  # noqa: Y015
-
-@_typing.final
-class RelayTunnelResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    DATA_FIELD_NUMBER: _builtins.int
-    CLOSE_WRITE_FIELD_NUMBER: _builtins.int
-    data: _builtins.bytes
-    close_write: _builtins.bool
-    def __init__(
-        self,
-        *,
-        data: _builtins.bytes = ...,
-        close_write: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "msg", b"msg"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_write", b"close_write", "data", b"data", "msg", b"msg"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["data", "close_write"]  # noqa: Y015
-    _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
-
-Global___RelayTunnelResponse: _TypeAlias = RelayTunnelResponse  # noqa: Y015

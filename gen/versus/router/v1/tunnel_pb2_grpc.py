@@ -27,8 +27,11 @@ if _version_not_supported:
 
 class TunnelServiceStub:
     """Byte tunnels to devices, opened by platform modules and carried by a
-    collector: the router offers the session on the collector's next claim,
-    the collector dials back the gateway, and the two ends are relayed.
+    collector: the router offers the session on the collector's next claim and
+    the collector dials back a gateway, which holds the session. A caller that
+    asks for `direct` attachment gets the gateway's attach URL and a ticket in
+    `ready` and moves its bytes there over a WebSocket (docs/gateway.md,
+    "Attaching to a session"); otherwise the router carries them on this stream.
     """
 
     def __init__(self, channel):
@@ -42,28 +45,20 @@ class TunnelServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_tunnel__pb2.OpenTunnelRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_tunnel__pb2.OpenTunnelResponse.FromString,
                 _registered_method=True)
-        self.RelayTunnel = channel.stream_stream(
-                '/versus.router.v1.TunnelService/RelayTunnel',
-                request_serializer=versus_dot_router_dot_v1_dot_tunnel__pb2.RelayTunnelRequest.SerializeToString,
-                response_deserializer=versus_dot_router_dot_v1_dot_tunnel__pb2.RelayTunnelResponse.FromString,
-                _registered_method=True)
 
 
 class TunnelServiceServicer:
     """Byte tunnels to devices, opened by platform modules and carried by a
-    collector: the router offers the session on the collector's next claim,
-    the collector dials back the gateway, and the two ends are relayed.
+    collector: the router offers the session on the collector's next claim and
+    the collector dials back a gateway, which holds the session. A caller that
+    asks for `direct` attachment gets the gateway's attach URL and a ticket in
+    `ready` and moves its bytes there over a WebSocket (docs/gateway.md,
+    "Attaching to a session"); otherwise the router carries them on this stream.
     """
 
     def OpenTunnel(self, request_iterator, context):
-        """Platform side. The first request must be `open`; then `data` both ways.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def RelayTunnel(self, request_iterator, context):
-        """Gateway side: the collector's end of a session. The first request must be `hello`.
+        """Platform side. The first request must be `open`; then `data` both ways
+        (unless `direct`: then the stream ends after `ready`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,11 +72,6 @@ def add_TunnelServiceServicer_to_server(servicer, server):
                     request_deserializer=versus_dot_router_dot_v1_dot_tunnel__pb2.OpenTunnelRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_tunnel__pb2.OpenTunnelResponse.SerializeToString,
             ),
-            'RelayTunnel': grpc.stream_stream_rpc_method_handler(
-                    servicer.RelayTunnel,
-                    request_deserializer=versus_dot_router_dot_v1_dot_tunnel__pb2.RelayTunnelRequest.FromString,
-                    response_serializer=versus_dot_router_dot_v1_dot_tunnel__pb2.RelayTunnelResponse.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'versus.router.v1.TunnelService', rpc_method_handlers)
@@ -92,8 +82,11 @@ def add_TunnelServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TunnelService:
     """Byte tunnels to devices, opened by platform modules and carried by a
-    collector: the router offers the session on the collector's next claim,
-    the collector dials back the gateway, and the two ends are relayed.
+    collector: the router offers the session on the collector's next claim and
+    the collector dials back a gateway, which holds the session. A caller that
+    asks for `direct` attachment gets the gateway's attach URL and a ticket in
+    `ready` and moves its bytes there over a WebSocket (docs/gateway.md,
+    "Attaching to a session"); otherwise the router carries them on this stream.
     """
 
     @staticmethod
@@ -113,33 +106,6 @@ class TunnelService:
             '/versus.router.v1.TunnelService/OpenTunnel',
             versus_dot_router_dot_v1_dot_tunnel__pb2.OpenTunnelRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_tunnel__pb2.OpenTunnelResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def RelayTunnel(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/versus.router.v1.TunnelService/RelayTunnel',
-            versus_dot_router_dot_v1_dot_tunnel__pb2.RelayTunnelRequest.SerializeToString,
-            versus_dot_router_dot_v1_dot_tunnel__pb2.RelayTunnelResponse.FromString,
             options,
             channel_credentials,
             insecure,

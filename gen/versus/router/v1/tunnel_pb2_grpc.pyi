@@ -28,8 +28,11 @@ GRPC_VERSION: str
 
 class TunnelServiceStub:
     """Byte tunnels to devices, opened by platform modules and carried by a
-    collector: the router offers the session on the collector's next claim,
-    the collector dials back the gateway, and the two ends are relayed.
+    collector: the router offers the session on the collector's next claim and
+    the collector dials back a gateway, which holds the session. A caller that
+    asks for `direct` attachment gets the gateway's attach URL and a ticket in
+    `ready` and moves its bytes there over a WebSocket (docs/gateway.md,
+    "Attaching to a session"); otherwise the router carries them on this stream.
     """
 
     @_typing.overload
@@ -37,27 +40,33 @@ class TunnelServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TunnelServiceAsyncStub: ...
     OpenTunnel: _grpc.StreamStreamMultiCallable[_tunnel_pb2.OpenTunnelRequest, _tunnel_pb2.OpenTunnelResponse]
-    """Platform side. The first request must be `open`; then `data` both ways."""
-    RelayTunnel: _grpc.StreamStreamMultiCallable[_tunnel_pb2.RelayTunnelRequest, _tunnel_pb2.RelayTunnelResponse]
-    """Gateway side: the collector's end of a session. The first request must be `hello`."""
+    """Platform side. The first request must be `open`; then `data` both ways
+    (unless `direct`: then the stream ends after `ready`).
+    """
 
 @_typing.type_check_only
 class TunnelServiceAsyncStub(TunnelServiceStub):
     """Byte tunnels to devices, opened by platform modules and carried by a
-    collector: the router offers the session on the collector's next claim,
-    the collector dials back the gateway, and the two ends are relayed.
+    collector: the router offers the session on the collector's next claim and
+    the collector dials back a gateway, which holds the session. A caller that
+    asks for `direct` attachment gets the gateway's attach URL and a ticket in
+    `ready` and moves its bytes there over a WebSocket (docs/gateway.md,
+    "Attaching to a session"); otherwise the router carries them on this stream.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     OpenTunnel: _aio.StreamStreamMultiCallable[_tunnel_pb2.OpenTunnelRequest, _tunnel_pb2.OpenTunnelResponse]  # type: ignore[assignment]
-    """Platform side. The first request must be `open`; then `data` both ways."""
-    RelayTunnel: _aio.StreamStreamMultiCallable[_tunnel_pb2.RelayTunnelRequest, _tunnel_pb2.RelayTunnelResponse]  # type: ignore[assignment]
-    """Gateway side: the collector's end of a session. The first request must be `hello`."""
+    """Platform side. The first request must be `open`; then `data` both ways
+    (unless `direct`: then the stream ends after `ready`).
+    """
 
 class TunnelServiceServicer(metaclass=_abc_1.ABCMeta):
     """Byte tunnels to devices, opened by platform modules and carried by a
-    collector: the router offers the session on the collector's next claim,
-    the collector dials back the gateway, and the two ends are relayed.
+    collector: the router offers the session on the collector's next claim and
+    the collector dials back a gateway, which holds the session. A caller that
+    asks for `direct` attachment gets the gateway's attach URL and a ticket in
+    `ready` and moves its bytes there over a WebSocket (docs/gateway.md,
+    "Attaching to a session"); otherwise the router carries them on this stream.
     """
 
     @_abc_1.abstractmethod
@@ -66,14 +75,8 @@ class TunnelServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_tunnel_pb2.OpenTunnelRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_tunnel_pb2.OpenTunnelResponse], _abc.AsyncIterator[_tunnel_pb2.OpenTunnelResponse]]:
-        """Platform side. The first request must be `open`; then `data` both ways."""
-
-    @_abc_1.abstractmethod
-    def RelayTunnel(
-        self,
-        request_iterator: _MaybeAsyncIterator[_tunnel_pb2.RelayTunnelRequest],
-        context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_tunnel_pb2.RelayTunnelResponse], _abc.AsyncIterator[_tunnel_pb2.RelayTunnelResponse]]:
-        """Gateway side: the collector's end of a session. The first request must be `hello`."""
+        """Platform side. The first request must be `open`; then `data` both ways
+        (unless `direct`: then the stream ends after `ready`).
+        """
 
 def add_TunnelServiceServicer_to_server(servicer: TunnelServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
