@@ -203,14 +203,19 @@ async def _carry_legs(end: TunnelEnd, ws: Any, redial: Callable[[], Any]) -> Non
             end.end(broke.reason if broke.clean and frames.is_reason(broke.reason) else "gateway_gone")
             return
         log.info("tunnel socket dropped; dialling back", reason=str(broke))
-        ws = await redial()
+        try:
+            ws = await redial()
+        except _Refused:
+            end.end("gateway_gone")  # the gateway that held the session is gone (or it is over)
+            return
         if ws is None:
-            end.end("gateway_gone")
+            end.end("gateway_unreachable")  # no gateway answered within the resume window
             return
 
 
 async def _redial(session_id: str, gateway_url: str, context: ssl.SSLContext, bearer: Bearer) -> Any:
-    """A new socket for a dropped session within the resume window, or None (refused, or too late)."""
+    """A new socket for a dropped session within the resume window, or None (too late, or a
+    gateway that cannot resume); raises :class:`_Refused` when the gateway refuses the session."""
     deadline = time.monotonic() + RESUME_WINDOW_S
     for attempt in range(1_000_000):
         await asyncio.sleep(REDIAL_DELAYS_S[min(attempt, len(REDIAL_DELAYS_S) - 1)])
@@ -220,7 +225,7 @@ async def _redial(session_id: str, gateway_url: str, context: ssl.SSLContext, be
             ws, version = await _dial_back(session_id, gateway_url, context, bearer)
         except _Refused as exc:
             log.info("tunnel resume refused", session_id=session_id, reason=str(exc))
-            return None
+            raise
         except OSError:
             continue
         if version < frames.V2:  # a gateway that cannot resume: nothing to pick up there

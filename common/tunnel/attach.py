@@ -16,6 +16,7 @@ Flow control is the socket's: a side that stops reading stops the other's writes
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import websockets
@@ -28,13 +29,14 @@ MAX_FRAME_BYTES = frames.MAX_FRAME_BYTES[frames.V2]
 OPEN_TIMEOUT_S = 10.0
 # Frames the client library keeps unread before it stops reading the socket (the bound on what a
 # platform that does not read holds in this library: this many frames).
-MAX_QUEUE_FRAMES = 4
+MAX_QUEUE_FRAMES = 2
 # The socket options both ends use: large frames, no compression (tunnel bytes are usually
 # encrypted already, and no decompression bombs), a small read queue for backpressure.
 SOCKET_OPTIONS: dict[str, Any] = {
     "max_size": MAX_FRAME_BYTES,
     "max_queue": MAX_QUEUE_FRAMES,
     "compression": None,
+    "ping_interval": None,  # TCP keepalives instead (keep_alive)
 }
 
 
@@ -46,12 +48,27 @@ def attach_url(address: str) -> str:
 async def attach(url: str, ticket: str) -> ClientConnection:
     """An open socket on the session ``ticket`` was issued for (raises ``websockets``' errors:
     ``InvalidStatus`` carries a refusal's status and error body)."""
-    return await websockets.connect(
+    ws = await websockets.connect(
         url,
         additional_headers={"Authorization": f"Bearer {ticket}"},
         open_timeout=OPEN_TIMEOUT_S,
         **SOCKET_OPTIONS,
     )
+    keep_alive(ws.transport.get_extra_info("socket"))
+    return ws
+
+
+def keep_alive(sock: socket.socket | None) -> None:
+    """TCP keepalives on an attach socket: a peer host that vanished is noticed within a minute.
+
+    Not WebSocket pings: a side that stops reading (backpressure) would leave the other's ping
+    unanswered behind the data, and a stalled session is not a dead one."""
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def end_reason(ws: ClientConnection) -> str:

@@ -27,7 +27,7 @@ from websockets.http11 import Request, Response
 
 from common.telemetry.logs import get_logger
 from common.tunnel import frames
-from common.tunnel.attach import ATTACH_PATH, MAX_FRAME_BYTES, SOCKET_OPTIONS
+from common.tunnel.attach import ATTACH_PATH, MAX_FRAME_BYTES, SOCKET_OPTIONS, keep_alive
 from common.tunnel.end import SessionEnded, TunnelEnd
 from common.tunnel.record import ticket_matches, ticket_session
 from gateway.tunnels.held import HeldSession, TunnelRegistry
@@ -56,9 +56,7 @@ class AttachListener:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host``:``port`` (0: a free port); returns the port bound."""
-        self.server = await serve(
-            self._serve, host, port, process_request=self._admit, ping_interval=20, **SOCKET_OPTIONS
-        )
+        self.server = await serve(self._serve, host, port, process_request=self._admit, **SOCKET_OPTIONS)
         bound: int = self.server.sockets[0].getsockname()[1]
         return bound
 
@@ -81,6 +79,7 @@ class AttachListener:
         held.attached = True  # single use: a second attachment with the same ticket is refused
         self._attached[connection] = held
         sock = connection.transport.get_extra_info("socket")
+        keep_alive(sock)
         if sock is not None:
             # Pinned (no autotuning): what the kernel holds of a platform writing to a session whose
             # device does not read stays at this, beside the session's own window.

@@ -26,6 +26,7 @@ class CuttableProxy:
         self.relayed = 0  # bytes from the upstream to clients
         self.port = free_port()
         self.accepted = 0
+        self.refusing = False  # while set, new connections are reset at once (a link that is down)
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -36,6 +37,9 @@ class CuttableProxy:
         return await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            client_w.transport.abort()
+            return
         self.accepted += 1
         try:
             upstream_r, upstream_w = await self._connect_upstream()
