@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from common import protocol
 from router.dispatch.placement import _rendezvous
 from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane
+from tests.support.devices import EchoDevice
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -171,3 +173,31 @@ def _claim_as(cp: ControlPlane, c: Collector, offer: dict[str, int]) -> httpx.Re
             json={"wait_s": 0, "session_id": "s-future", "protocol": offer},
             auth=SignRequests(key, identity["collector_id"]),
         )
+
+
+def test_a_protocol_1_collector_still_carries_a_tunnel(
+    mixed: tuple[ControlPlane, Collector, Collector, Platform], tmp_path: Path
+) -> None:
+    """The collector from before resumable tunnels dials back without naming a tunnel protocol: the
+    gateway speaks protocol 1 to it (64 KiB frames, no acknowledgements), and `versus-cp tunnel`
+    attaching directly to that gateway moves bytes through it exactly."""
+    cp, old, _, _ = mixed
+    old.enroll()
+    echo = EchoDevice()
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    mark = cp.log_mark()
+    try:
+        old.start()
+        wait_for(lambda: "capabilities published" in old.log(), timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "versus_cp", "tunnel", "--target", f"127.0.0.1:{echo.port}",
+             "--site", old.site_id, "--tenant", "acme"],
+            env=cp.env, input=payload, capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr.decode()
+        assert done.stdout == payload
+        assert "tunnel open" in old.log()
+        taken = [line for line in cp.log_since(mark).splitlines() if "tunnel taken" in line]
+        assert len(taken) == 1 and "protocol=1" in taken[0], taken
+    finally:
+        echo.close()
