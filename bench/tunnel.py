@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import ssl
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -44,6 +46,7 @@ from common.embedded.process import free_port
 from common.grpc.client import aio_channel
 from common.tunnel.attach import attach
 from tests.e2e.collector_harness import Collector
+from tests.support import netns
 
 CHUNK = 64 * 1024
 COALESCE_BYTES = 1024 * 1024
@@ -293,6 +296,42 @@ async def _bench(stack: Stack, collector_id: str, token: str, args: argparse.Nam
     return results
 
 
+def _scp_seconds(image: Path, device: netns.OpenSsh, proxy_command: str | None) -> float:
+    """Seconds for OpenSSH's scp (the classic protocol, as a device's CLI takes it) to copy
+    ``image`` to the device's /dev/null, straight or through ``proxy_command``."""
+    known = device.client_key.parent / "known_hosts"
+    host = "device-behind-the-collector" if proxy_command else device.address
+    known.write_text(f"{host} {device.host_key}\n")
+    via = ["-o", f"ProxyCommand={proxy_command}"] if proxy_command else []
+    started = time.perf_counter()
+    scp = shutil.which("scp") or "/usr/bin/scp"
+    subprocess.run(
+        [scp, "-O", "-q", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known}",
+         *via, "-i", str(device.client_key), str(image), f"root@{host}:/dev/null"],
+        check=True, timeout=600,
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
+def scp_rows(stack: Stack, collector: Collector, args: argparse.Namespace) -> dict[str, float]:
+    """scp of ``--scp-mib`` MiB through `versus-cp tunnel` and straight to the same sshd (Debian's,
+    in a network namespace), medians of ``--runs``, MiB/s."""
+    image = stack.root / "image.bin"
+    with image.open("wb") as f:
+        for _ in range(args.scp_mib // 64):
+            f.write(os.urandom(64 * 1024 * 1024))
+    results: dict[str, float] = {}
+    with netns.host() as where, netns.openssh_server(where, stack.root / "sshd") as device:
+        proxy = shlex.join([sys.executable, "-m", "versus_cp", "tunnel", "--target", f"{device.address}:22",
+                            "--site", collector.site_id, "--tenant", "acme"])  # fmt: skip
+        for name, command in (("scp_direct", None), ("scp_ours", proxy)):
+            runs = [args.scp_mib / _scp_seconds(image, device, command) for _ in range(args.runs)]
+            results[f"{name}_mibps"] = statistics.median(runs)
+            print(f"{name}: {results[f'{name}_mibps']:.1f} MiB/s ({', '.join(f'{r:.0f}' for r in runs)})")
+    image.unlink()
+    return results
+
+
 def main() -> None:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
@@ -300,6 +339,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--pings", type=int, default=500)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--scp-mib", type=int, default=1024, help="scp rows: MiB copied (0: no scp rows)")
     parser.add_argument("--json", dest="json_path", default="bench/results/tunnel.json")
     args = parser.parse_args()
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -312,6 +352,9 @@ def main() -> None:
             time.sleep(3.0)  # capabilities published, first claim held
             token = stack.token("platform")
             results = asyncio.run(_bench(stack, collector_id, token, args))
+            if args.scp_mib:
+                os.environ.update(stack.cp.env)  # `versus-cp tunnel` finds the control plane
+                results.update(scp_rows(stack, collector, args))
         finally:
             collector.stop()
     save_report(args.json_path, pinning, args, results)
@@ -323,6 +366,11 @@ def main() -> None:
         print(f"| {name} | {cells} | {p50:.2f} ms | {p99:.2f} ms |")
     for peer in ("websockify", "stunnel"):
         print(f"one stream, ours / {peer}: {results['ours_mibps_1'] / results[f'{peer}_mibps_1']:.2f}")
+        if 8 in args.streams:
+            print(f"eight streams, ours / {peer}: {results['ours_mibps_8'] / results[f'{peer}_mibps_8']:.2f}")
+    if args.scp_mib:
+        ratio = results["scp_ours_mibps"] / results["scp_direct_mibps"]
+        print(f"scp of {args.scp_mib} MiB, ours / direct: {ratio:.2f}")
 
 
 if __name__ == "__main__":

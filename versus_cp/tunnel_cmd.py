@@ -15,7 +15,9 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import fcntl
 import os
+import stat
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -34,8 +36,11 @@ from common.tunnel import frames
 from common.tunnel.attach import attach, end_reason
 from versus_cp import rpc
 
-# stdin is read in pieces of up to this much (a pipe gives what it holds, often 64 KiB).
+# stdin is read in pieces of up to this much (a pipe gives what it holds), and sent in frames of
+# up to this much; reads wait while this many are queued.
 CHUNK_BYTES = 1024 * 1024
+QUEUED_READS = 16
+PIPE_BYTES = 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +118,8 @@ async def _bridge(settings: Settings, args: argparse.Namespace) -> int:
             raise rpc.error_from(exc, settings.router_address) from None
         if first is None or first.WhichOneof("msg") == "closed":
             return _closed(first.closed.reason if first is not None else "router_gone")
-        chunks: asyncio.Queue[bytes] = asyncio.Queue(4)
+        chunks: asyncio.Queue[bytes] = asyncio.Queue(QUEUED_READS)
+        _widen_pipes()
         if not first.ready.attach_url:
             # A router from before direct attachment carries the bytes on this stream.
             _start_stdin_reader(loop, chunks)
@@ -136,8 +142,12 @@ async def _attach(ready: pb.TunnelReady, chunks: asyncio.Queue[bytes], stdout: B
 
     async def pump() -> None:
         with contextlib.suppress(websockets.ConnectionClosed):
-            while data := await chunks.get():
-                await ws.send(data)
+            while True:
+                frame, more = _coalesced(chunks, await chunks.get())
+                if frame:
+                    await ws.send(frame)
+                if not more:
+                    break
             await ws.send(frames.EOF)
 
     pumping = asyncio.create_task(pump())
@@ -179,6 +189,30 @@ async def _relay(
     finally:
         pumping.cancel()
     return 0
+
+
+def _coalesced(chunks: asyncio.Queue[bytes], first: bytes) -> tuple[bytes, bool]:
+    """``first`` and what else stdin has queued, up to one frame (1 MiB): ssh writes in small
+    pieces, and a frame costs the same on every hop whatever its size. Returns the frame and
+    whether stdin goes on (b"" in the queue is its end)."""
+    if not first:
+        return b"", False
+    parts, size = [first], len(first)
+    while size < CHUNK_BYTES and not chunks.empty():
+        data = chunks.get_nowait()
+        if not data:
+            return b"".join(parts), False
+        parts.append(data)
+        size += len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts), True
+
+
+def _widen_pipes() -> None:
+    """Let the pipes to ssh hold 1 MiB (Linux's default is 64 KiB): fewer, larger reads and writes."""
+    for fd in (sys.stdin.fileno(), sys.stdout.fileno()):
+        with contextlib.suppress(OSError, AttributeError):
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
 
 
 def _closed(reason: str) -> int:
