@@ -182,21 +182,38 @@ async def _attached_pipe(pipe: Pipe, ready: pb.TunnelReady) -> Pipe:
     sent leave together, up to 1 MiB a frame: a platform client moves data in large chunks (as
     versus-cp does, reading stdin up to 1 MiB at a time)."""
     ws = await attach(ready.attach_url, ready.ticket)
-    queued: asyncio.Queue[bytes] = asyncio.Queue(16)
-
-    async def writer() -> None:
-        while True:
-            blocks = [await queued.get()]
-            size = len(blocks[0])
-            while not queued.empty() and size < COALESCE_BYTES:
-                blocks.append(queued.get_nowait())
-                size += len(blocks[-1])
-            await ws.send(blocks[0] if len(blocks) == 1 else b"".join(blocks))
-
-    writing = asyncio.create_task(writer())
+    pending: list[bytes] = []
+    sending = False
+    queued = sent = 0  # blocks handed to send(), blocks gone out
+    progress = asyncio.Condition()
 
     async def send(data: bytes) -> None:
-        await queued.put(data)
+        # The caller that finds no send in progress sends its block and whatever other callers
+        # added meanwhile (up to 1 MiB a frame); a caller arriving during a send adds its block
+        # and waits until it has left (that bounds what is pending).
+        nonlocal sending, queued, sent
+        pending.append(data)
+        queued += 1
+        mine = queued
+        if sending:
+            async with progress:
+                await progress.wait_for(lambda: sent >= mine)
+            return
+        sending = True
+        try:
+            while pending:
+                size, taken = 0, 0
+                while taken < len(pending) and size < COALESCE_BYTES:
+                    size += len(pending[taken])
+                    taken += 1
+                frame = pending[0] if taken == 1 else b"".join(pending[:taken])
+                del pending[:taken]
+                await ws.send(frame)
+                sent += taken
+                async with progress:
+                    progress.notify_all()
+        finally:
+            sending = False
 
     async def recv() -> bytes:
         while True:
@@ -205,7 +222,6 @@ async def _attached_pipe(pipe: Pipe, ready: pb.TunnelReady) -> Pipe:
                 return message
 
     async def close() -> None:
-        writing.cancel()
         await ws.close()
 
     pipe.send, pipe.recv, pipe.close = send, recv, close

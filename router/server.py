@@ -26,7 +26,6 @@ from common.access.api_tokens import TokenAuthenticator
 from common.config.settings import KeyMaterialMode, Settings
 from common.config.state_dir import ensure_writable
 from common.db import engine as db_engine
-from common.errors import ConfigError
 from common.grpc.server import ServiceRegistration
 from common.material import shared as material
 from common.redis.client import create_async as create_redis
@@ -187,12 +186,6 @@ def update_repository(
 async def serve(settings: Settings) -> None:
     database_url, redis_url = require_backends(settings, "router")
     check_backends(database_url, redis_url)
-    if settings.key_material is KeyMaterialMode.SHARED and settings.router_advertise is None:
-        # Replicas on several hosts: a gateway elsewhere must reach the tunnels this one holds.
-        raise ConfigError(
-            "VERSUS_ROUTER_ADVERTISE must name where gateways reach this router (host:port) when "
-            "routers run on several hosts (docs/deployment.md)"
-        )
     # Before any key is loaded: this host serves the deployment's material or none
     # (common/material/shared.py).
     follower = await material.start_service(settings, database_url, material.Role.CORE)

@@ -146,8 +146,8 @@ class Settings(BaseSettings):
     enrollment_target: str | None = None
     router_advertise: str | None = Field(
         default=None,
-        description="host:port at which gateways on other hosts reach this router replica (tunnel "
-        "sessions it holds are found there). Default: its listen address.",
+        description='Not used since gateways hold tunnel sessions (docs/gateway.md, "Tunnels"); '
+        "accepted so that existing configurations still start.",
     )
 
     # --- gateway TLS -----------------------------------------------------------------------------
@@ -393,7 +393,7 @@ class Settings(BaseSettings):
 
     @property
     def router_advertise_address(self) -> str:
-        """Where other hosts reach this router process (tunnel session records carry it)."""
+        """Where other hosts reach this router process (nothing needs it since gateways hold tunnels)."""
         return self.router_advertise or f"{_connectable(self.router_host)}:{self.router_port}"
 
     def gateway_attach_address(self, bound_port: int) -> str:

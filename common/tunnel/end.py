@@ -101,6 +101,12 @@ class TunnelEnd:
         self.legs = 0
         self.last_activity = time.monotonic()
         self._ack_due: int | None = None
+        # The leg carrying the session now, and the offset its sending has reached. One flush at a
+        # time sends on it: the sender task's, or the writer's own when the sender is idle (a
+        # frame then leaves without waking a task: one turn of the loop less per hop).
+        self._leg: Leg | None = None
+        self._sent_upto = 0
+        self._flushing = False
         self._room = asyncio.Event()  # the window may have room again
         self._arrived = asyncio.Event()  # the inbox got something
         self._drained = asyncio.Event()  # the inbox shrank (protocol 1 reads on)
@@ -143,6 +149,21 @@ class TunnelEnd:
             self._raise_if_ended()
             self.out.push(piece)
             self.last_activity = time.monotonic()
+            await self._send_now()
+
+    async def _send_now(self) -> None:
+        """Send what is pending from the writer's own task if no flush runs, else wake the sender."""
+        leg = self._leg
+        if leg is None or self._flushing:
+            self._wake.set()
+            return
+        self._flushing = True
+        try:
+            await self._flush(leg)
+        except LegClosed:
+            pass  # the leg's receiver notices too; the next leg resends what did not arrive
+        finally:
+            self._flushing = False
             self._wake.set()
 
     def write_eof(self) -> None:
@@ -193,7 +214,8 @@ class TunnelEnd:
         if sent is None:
             return None
         self.opened.set()
-        sender = asyncio.create_task(self._send_loop(leg, sent))
+        self._leg, self._sent_upto = leg, sent
+        sender = asyncio.create_task(self._send_loop(leg))
         receiver = asyncio.create_task(self._receive_loop(leg))
         ended = asyncio.create_task(self.ended.wait())
         try:
@@ -202,6 +224,8 @@ class TunnelEnd:
                 # Acknowledgements still due (the peer's eof, taken just now) leave before the close.
                 await asyncio.wait({sender}, timeout=1.0)
         finally:
+            if self._leg is leg:
+                self._leg = None
             for task in (sender, receiver, ended):
                 task.cancel()
             results = await asyncio.gather(sender, receiver, ended, return_exceptions=True)
@@ -234,31 +258,49 @@ class TunnelEnd:
         self._check_finished()
         return None if self.ended.is_set() else control.offset
 
-    async def _send_loop(self, leg: Leg, sent: int) -> None:
+    async def _send_loop(self, leg: Leg) -> None:
         while True:
             self._wake.clear()
+            if not self._flushing:
+                self._flushing = True
+                try:
+                    await self._flush(leg)
+                finally:
+                    self._flushing = False
+                if self.ended.is_set() and self._ack_due is None:
+                    return
+            await self._idle()
+
+    async def _flush(self, leg: Leg) -> None:
+        """Send on ``leg`` what is due: an acknowledgement first, then data and the eof, until
+        nothing is left (or the session ended, or another leg replaced this one: a send that
+        completes on a replaced leg must not move the new leg's offset)."""
+        while self._leg is leg:
             if self._ack_due is not None:
                 offset, self._ack_due = self._ack_due, None
                 await leg.send(frames.ack(offset))
                 continue
             if self.ended.is_set():
                 return
-            views, eof = self.out.since(sent)
+            views, eof = self.out.since(self._sent_upto)
             for view in views:
                 await leg.send(_payload(view))
-                sent += len(view)
-                self._sent(sent)
+                if self._leg is not leg:
+                    return
+                self._sent_upto += len(view)
+                self._sent(self._sent_upto)
                 if self._ack_waiting():
                     break  # an acknowledgement does not wait behind a long resend
             if views:
                 continue
-            if eof:
-                await leg.send(frames.EOF)
-                sent += 1
-                self._sent(sent)
-                self._check_finished()
-                continue
-            await self._idle()
+            if not eof:
+                return
+            await leg.send(frames.EOF)
+            if self._leg is not leg:
+                return
+            self._sent_upto += 1
+            self._sent(self._sent_upto)
+            self._check_finished()
 
     def _ack_waiting(self) -> bool:
         return self._ack_due is not None

@@ -34,6 +34,7 @@ HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 HOSTS = ("db", "core1", "core2", "edge1", "edge2", "lb", "site")
 CORES, EDGES = ("core1", "core2"), ("edge1", "edge2")
 ROUTER_PORT, ENROLLMENT_PORT, GATEWAY_PORT, LB_PORT = 50051, 50052, 8443, 443
+ATTACH_PORT = 8445
 GATEWAY_NAME = "gateway.versus.internal"
 TENANT = "chaos"
 
@@ -120,6 +121,11 @@ class Deployment:
             "VERSUS_STATE_DIR": str(self.root / host),
             "VERSUS_GATEWAY_HOST": "0.0.0.0",
             "VERSUS_GATEWAY_PORT": str(GATEWAY_PORT),
+            # Platform clients (here: `versus-cp tunnel` on the test's host) and routers attach to
+            # the tunnel sessions this gateway holds on its internal listener.
+            "VERSUS_GATEWAY_ATTACH_HOST": "0.0.0.0",
+            "VERSUS_GATEWAY_ATTACH_PORT": str(ATTACH_PORT),
+            "VERSUS_GATEWAY_ATTACH_ADVERTISE": f"{self.address(host)}:{ATTACH_PORT}",
             "VERSUS_TLS_CERT_FILE": str(tls / "server.pem"),
             "VERSUS_TLS_KEY_FILE": str(tls / "server.key"),
             "VERSUS_GATEWAY_MAX_ANONYMOUS_PER_SOURCE": "0",

@@ -55,16 +55,11 @@ def test_replicas_share_one_material_or_refuse_to_start(
         done = run_cli(["material", "share"], {**first_env, **shared})
         assert done.returncode == 0, done.stderr
 
-        # Shared, but without the material key, or without an address gateways can reach it at.
+        # Shared, but without the material key.
         said = _refused(
-            service_env(
-                tmp_path / "c", **backends, VERSUS_KEY_MATERIAL="shared", VERSUS_ROUTER_ADVERTISE="10.9.9.9:1"
-            ),
-            tmp_path / "c.log",
+            service_env(tmp_path / "c", **backends, VERSUS_KEY_MATERIAL="shared"), tmp_path / "c.log"
         )
         assert "needs VERSUS_MATERIAL_KEY_FILE" in said
-        said = _refused(service_env(tmp_path / "c", **backends, **shared), tmp_path / "c2.log")
-        assert "VERSUS_ROUTER_ADVERTISE must name" in said
 
         replica_env = service_env(tmp_path / "b", **backends, **shared, VERSUS_ROUTER_ADVERTISE="127.0.0.1:1")
         replica_env["VERSUS_ROUTER_ADVERTISE"] = f"127.0.0.1:{replica_env['VERSUS_ROUTER_PORT']}"
