@@ -203,7 +203,7 @@ async def _attached_pipe(pipe: Pipe, ready: pb.TunnelReady) -> Pipe:
         try:
             while pending:
                 size, taken = 0, 0
-                while taken < len(pending) and size < COALESCE_BYTES:
+                while taken < len(pending) and (not taken or size + len(pending[taken]) <= COALESCE_BYTES):
                     size += len(pending[taken])
                     taken += 1
                 frame = pending[0] if taken == 1 else b"".join(pending[:taken])

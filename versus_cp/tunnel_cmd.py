@@ -192,13 +192,13 @@ async def _relay(
 
 
 def _coalesced(chunks: asyncio.Queue[bytes], first: bytes) -> tuple[bytes, bool]:
-    """``first`` and what else stdin has queued, up to one frame (1 MiB): ssh writes in small
-    pieces, and a frame costs the same on every hop whatever its size. Returns the frame and
-    whether stdin goes on (b"" in the queue is its end)."""
+    """``first`` and what else stdin has queued, as long as it fits one frame (1 MiB): ssh writes
+    in small pieces, and a frame costs the same on every hop whatever its size. Returns the frame
+    and whether stdin goes on (b"" in the queue is its end)."""
     if not first:
         return b"", False
     parts, size = [first], len(first)
-    while size < CHUNK_BYTES and not chunks.empty():
+    while not chunks.empty() and size + len(chunks._queue[0]) <= CHUNK_BYTES:  # type: ignore[attr-defined]
         data = chunks.get_nowait()
         if not data:
             return b"".join(parts), False

@@ -24,7 +24,7 @@ from common.errors import InvalidArgument
 from common.grpc.server import Context
 from common.telemetry.logs import get_logger
 from common.tunnel import frames
-from common.tunnel.attach import attach, end_reason
+from common.tunnel.attach import MAX_FRAME_BYTES, attach, end_reason
 from router.tunnels.broker import Offered, TunnelHub
 
 log = get_logger("versus.router.tunnels")
@@ -83,7 +83,9 @@ async def _carry(
             async for request in requests:
                 kind = request.WhichOneof("msg")
                 if kind == "data":
-                    await ws.send(request.data)
+                    # gRPC takes messages up to 16 MiB; the attach socket, frames up to 1 MiB.
+                    for start in range(0, len(request.data), MAX_FRAME_BYTES):
+                        await ws.send(request.data[start : start + MAX_FRAME_BYTES])
                 elif kind == "close_write":
                     await ws.send(frames.EOF)
                     return

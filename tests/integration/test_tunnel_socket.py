@@ -119,6 +119,27 @@ async def test_bytes_flow_both_ways_and_half_close_is_carried(stack: gw.Stack) -
         await platform.close()
 
 
+async def test_a_platform_message_larger_than_a_frame_is_carried_in_frames(stack: gw.Stack) -> None:
+    """gRPC takes messages up to 16 MiB from a platform that does not attach itself; the router
+    carries one in frames the attach socket takes, and the collector's protocol-1 socket in 64 KiB."""
+    c = await _live(stack, "tun-large")
+    platform = Platform(stack.grpc_address, "tun-large", stack.platform_token)
+    payload = os.urandom(3 * 1024 * 1024 + 5)
+    try:
+        session_id = await _offered_session(stack, c, platform)
+        async with await _dial(stack, c, session_id) as ws:
+            await platform.next()  # ready
+            await platform.outbox.put(pb.OpenTunnelRequest(data=payload))
+            received = bytearray()
+            while len(received) < len(payload):
+                frame = await asyncio.wait_for(ws.recv(), 10)
+                assert len(frame) <= frames.MAX_FRAME_BYTES[frames.V1]
+                received += frame
+            assert bytes(received) == payload
+    finally:
+        await platform.close()
+
+
 async def test_strangers_and_unknown_sessions_are_refused(stack: gw.Stack) -> None:
     owner = await _live(stack, "tun-owner")
     stranger = await _live(stack, "tun-stranger")

@@ -173,3 +173,19 @@ async def test_an_error_as_the_first_frame_ends_the_session_with_its_reason() ->
     await pair[1].send(frames.error("target_unreachable"))
     assert await leg is None
     assert (gateway.reason, gateway.opened.is_set()) == ("target_unreachable", False)
+
+
+async def test_versus_cp_joins_queued_stdin_reads_but_never_past_one_frame() -> None:
+    from versus_cp.tunnel_cmd import CHUNK_BYTES, _coalesced
+
+    chunks: asyncio.Queue[bytes] = asyncio.Queue()
+    for size in (400_000, 400_000, 400_000, 10):
+        chunks.put_nowait(b"x" * size)
+    chunks.put_nowait(b"")
+    frames_sent, more = [], True
+    while more:
+        frame, more = _coalesced(chunks, chunks.get_nowait())
+        if frame:
+            frames_sent.append(len(frame))
+    assert frames_sent == [800_000, 400_010]
+    assert all(size <= CHUNK_BYTES for size in frames_sent)
