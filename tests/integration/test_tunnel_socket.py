@@ -30,12 +30,11 @@ stack = gw.stack  # the same real enrollment + router + gateway stack
 class Platform:
     """The platform's end of one tunnel: requests go in through a queue, replies are collected."""
 
-    def __init__(self, address: str, collector_id: str, token: str):
+    def __init__(self, address: str, collector_id: str, token: str, direct: bool = False):
         self.channel = aio_channel(address, token)
         self.outbox: asyncio.Queue[pb.OpenTunnelRequest | None] = asyncio.Queue()
-        self.outbox.put_nowait(
-            pb.OpenTunnelRequest(open=pb.TunnelOpen(host="10.0.0.7", port=22, collector_id=collector_id))
-        )
+        opened = pb.TunnelOpen(host="10.0.0.7", port=22, collector_id=collector_id, direct=direct)
+        self.outbox.put_nowait(pb.OpenTunnelRequest(open=opened))
         self.replies: asyncio.Queue[pb.OpenTunnelResponse] = asyncio.Queue()
         self.sent = 0  # bytes the gRPC stream has taken from the outbox
         self.task = asyncio.create_task(self._run())
