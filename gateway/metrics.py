@@ -58,3 +58,20 @@ LOOP_LAG = Gauge(
     "versus_gateway_event_loop_lag_seconds",
     "How late the gateway's event loop ran a 100 ms timer at its last sample.",
 )
+TUNNEL_SESSIONS = Gauge(
+    "versus_gateway_tunnel_sessions", "Tunnel sessions this gateway holds, by tunnel protocol.", ["protocol"]
+)
+TUNNEL_ENDS = Counter(
+    "versus_gateway_tunnel_sessions_ended_total",
+    'Tunnel sessions ended here, by reason (docs/gateway.md, "Tunnels").',
+    ["reason"],
+)
+TUNNEL_RESUMES = Counter(
+    "versus_gateway_tunnel_resumes_total",
+    "Collector sockets that picked a dropped tunnel session up again (its second and later legs).",
+)
+TUNNEL_BYTES = Counter(
+    "versus_gateway_tunnel_bytes_total",
+    "Tunnel bytes relayed between attached platforms and collectors, by direction.",
+    ["direction"],
+)

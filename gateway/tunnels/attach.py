@@ -30,6 +30,7 @@ from common.tunnel import frames
 from common.tunnel.attach import ATTACH_PATH, MAX_FRAME_BYTES, SOCKET_OPTIONS, keep_alive
 from common.tunnel.end import SessionEnded, TunnelEnd
 from common.tunnel.record import ticket_matches, ticket_session
+from gateway.metrics import TUNNEL_BYTES
 from gateway.tunnels.held import HeldSession, TunnelRegistry
 
 # The receive buffer of an attached platform's socket (the kernel doubles it for its bookkeeping).
@@ -92,9 +93,12 @@ class AttachListener:
         log.info("tunnel attached", session_id=held.session_id)
         reader = asyncio.create_task(_from_platform(ws, end))
         try:
+            to_platform = TUNNEL_BYTES.labels("to_platform")
             while True:
                 chunk = await end.read()
                 await ws.send(frames.EOF if chunk is None else chunk)
+                if chunk is not None:
+                    to_platform.inc(len(chunk))
         except SessionEnded:
             pass
         except websockets.ConnectionClosed:
@@ -109,6 +113,7 @@ class AttachListener:
 
 async def _from_platform(ws: ServerConnection, end: TunnelEnd) -> None:
     """The platform's frames toward the device; its socket closing first ends the session."""
+    to_device = TUNNEL_BYTES.labels("to_device")
     try:
         async for message in ws:
             if isinstance(message, str):
@@ -121,6 +126,7 @@ async def _from_platform(ws: ServerConnection, end: TunnelEnd) -> None:
                 return
             else:
                 await end.write(message)
+                to_device.inc(len(message))
     except SessionEnded:
         return
     except websockets.ConnectionClosed:

@@ -28,6 +28,7 @@ from common.telemetry.logs import get_logger
 from common.tunnel import frames
 from common.tunnel.end import RESUME_WINDOW_S, TunnelEnd
 from common.tunnel.record import TICKET_TTL_S, Record
+from gateway.metrics import TUNNEL_ENDS, TUNNEL_SESSIONS
 
 IDLE_TIMEOUT_S = 300.0
 MAX_SESSION_S = 8 * 3600.0
@@ -36,6 +37,17 @@ OPEN_WAIT_S = 10.0
 # A failed session's record stays this long for the router to read the reason, then expires.
 FAILED_RECORD_S = 30
 _TICK_S = 1.0
+# The reasons a session ends with (docs/gateway.md, "Tunnels"); a collector closing its socket
+# with a reason of its own is counted as "other" (the label's values stay few).
+REASONS = frozenset(
+    {
+        "done", "target_unreachable", "collector_did_not_connect", "collector_gone", "gateway_gone",
+        "platform_gone", "platform_did_not_attach", "device_closed", "collector_stopped",
+        "idle_timeout", "max_age", "frame_too_large", "tunnel_frame_invalid", "tunnel_window_exceeded",
+        "tunnel_data_after_eof", "tunnel_ack_out_of_range", "tunnel_resume_out_of_range",
+        "gateway_error",
+    }
+)  # fmt: skip
 
 log = get_logger("versus.gateway.tunnel")
 
@@ -52,6 +64,7 @@ class HeldSession:
     attached: bool = False
     leg_lost_at: float | None = None  # the collector's socket dropped; a re-dial may resume
     leg: asyncio.Task[Any] | None = None  # the leg being carried now
+    supervisor: asyncio.Task[None] | None = None  # ends and forgets the session
 
     @property
     def collector_id(self) -> str:
@@ -115,7 +128,8 @@ class TunnelRegistry:
             )
         held = HeldSession(session_id, record, TunnelEnd(version))
         self.sessions[session_id] = held
-        supervisor = asyncio.create_task(self._supervise(held))
+        TUNNEL_SESSIONS.labels(str(version)).inc()
+        supervisor = held.supervisor = asyncio.create_task(self._supervise(held))
         self._supervisors.add(supervisor)
         supervisor.add_done_callback(self._supervisors.discard)
         log.info("tunnel taken", session_id=session_id, collector_id=collector_id, protocol=version)
@@ -150,6 +164,8 @@ class TunnelRegistry:
             end.end("gateway_error")
         finally:
             self.sessions.pop(held.session_id, None)
+            TUNNEL_SESSIONS.labels(str(end.version)).dec()
+            TUNNEL_ENDS.labels(end.reason if end.reason in REASONS else "other").inc()
             with contextlib.suppress(Exception):
                 if announced:
                     await self.redis.delete(TUNNEL + held.session_id, TUNNEL_HOLDER + held.session_id)

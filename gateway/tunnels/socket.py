@@ -22,6 +22,7 @@ from common.errors import InvalidArgument, VersusError
 from common.tunnel import frames
 from common.tunnel.end import LegClosed, TunnelEnd
 from gateway.auth import admit_socket, close_socket, deny
+from gateway.metrics import TUNNEL_RESUMES
 from gateway.standing import standing_lapsed
 from gateway.tunnels.held import HeldSession, TunnelRegistry
 
@@ -93,6 +94,8 @@ async def tunnel(ws: WebSocket) -> None:
     end = held.end
     await ws.accept(headers=[(PROTOCOL_HEADER.encode(), str(end.version).encode())])
     await held.stop_leg()  # a previous leg still running was half-open: the collector is back
+    if end.legs:
+        TUNNEL_RESUMES.inc()
     carrying = held.leg = asyncio.create_task(end.run_leg(SocketLeg(ws)))
     held.leg_lost_at = None
     watcher = asyncio.create_task(standing_lapsed(state, claims.collector_id))

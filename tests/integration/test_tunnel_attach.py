@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import websockets
+from prometheus_client import REGISTRY
 
 from common.tunnel import frames
 from common.tunnel.attach import attach, end_reason
@@ -37,8 +38,15 @@ async def _ready(stack: gw.Stack, name: str) -> tuple[gw.Collector, Platform, st
     return c, platform, session_id, ws
 
 
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 async def test_a_direct_session_moves_bytes_without_the_router(stack: gw.Stack) -> None:
+    to_device = _sample("versus_gateway_tunnel_bytes_total", direction="to_device")
+    done = _sample("versus_gateway_tunnel_sessions_ended_total", reason="done")
     _, platform, session_id, ws = await _ready(stack, "att-1")
+    supervisor = stack.app.state.tunnels.sessions[session_id].supervisor
     try:
         ready = (await platform.next()).ready
         assert (ready.session_id, ready.attach_url.startswith("ws://")) == (session_id, True)
@@ -58,6 +66,12 @@ async def test_a_direct_session_moves_bytes_without_the_router(stack: gw.Stack) 
         with pytest.raises(websockets.ConnectionClosed):
             await asyncio.wait_for(attached.recv(), 5)
         assert end_reason(attached) == "done"
+        # The gateway's metrics saw the session's bytes and its end.
+        assert _sample("versus_gateway_tunnel_bytes_total", direction="to_device") - to_device == len(big)
+        # The session's supervisor counts its end once it has forgotten it (a moment later).
+        await asyncio.wait_for(supervisor, 5)
+        assert session_id not in stack.app.state.tunnels.sessions
+        assert _sample("versus_gateway_tunnel_sessions_ended_total", reason="done") == done + 1
     finally:
         await ws.close()
         await platform.close()
