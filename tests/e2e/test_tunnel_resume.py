@@ -39,6 +39,13 @@ GIB = 1024 * 1024 * 1024
 # What one session may hold in the gateway's and in the collector's memory (docs/gateway.md,
 # "Tunnels"): the window each way, the frames a socket queues, a frame in hand each way.
 SESSION_BOUND_BYTES = 8 * 1024 * 1024
+# What the process's RSS may show beyond the sessions' buffers: the allocator keeps blocks it freed,
+# and each 1 MiB frame is copied for a moment as it is framed, masked and encrypted.
+RSS_SLACK_BYTES = 8 * 1024 * 1024
+# After this long stalled every buffer on the path is full; from then on the RSS stays flat (within
+# this much: a frame's transient copies).
+SETTLE_S = 20
+FLAT_SLACK_BYTES = 3 * 1024 * 1024
 STALL_S = 60.0
 
 
@@ -206,23 +213,30 @@ def test_stalled_readers_hold_the_sessions_memory_bounded_for_a_minute(
         with open("/dev/zero", "rb") as zeros:
             not_read = _tunnel_cli(cp, collector, stalled.port, zeros, subprocess.DEVNULL)
         reader = psutil.Process(not_read.pid)
-        peak = dict(before)
+        samples: list[dict[str, int]] = []
         fed: list[int] = []
         started = time.monotonic()
         while time.monotonic() - started < STALL_S:
             time.sleep(1.0)
-            now = {"gateway": _rss(gateway), "collector": _rss(agent)}
-            peak = {name: max(peak[name], now[name]) for name in peak}
+            samples.append({"gateway": _rss(gateway), "collector": _rss(agent)})
             fed.append(source.sent + reader.io_counters().read_chars)
             for proc in (not_reading, not_read):
                 assert proc.poll() is None, proc.communicate()
         # Both writers stopped at the bounds: nothing more went in over the last half minute.
         assert fed[-1] == fed[len(fed) // 2], fed
-        grew = {n: peak[n] - before[n] for n in peak}
-        print(f"stalled for {STALL_S:.0f} s: RSS grew by", grew, "bytes")  # noqa: T201 - the measured bound
+        settled = samples[SETTLE_S - 1]
         for name in ("gateway", "collector"):
-            grown = peak[name] - before[name]
-            assert grown <= 2 * SESSION_BOUND_BYTES, (name, grown)
+            peak = max(sample[name] for sample in samples)
+            late = max(sample[name] for sample in samples[SETTLE_S:])
+            grew, crept = peak - before[name], late - settled[name]
+            print(f"{name}: RSS grew {grew} bytes in all, {crept} after {SETTLE_S} s")  # noqa: T201 - quoted in docs
+            # Nothing accumulates while the sessions stay stalled ...
+            assert crept <= FLAT_SLACK_BYTES, (name, crept)
+            # ... and what they hold is two sessions' buffers, with the allocator's own overhead.
+            assert peak - before[name] <= 2 * SESSION_BOUND_BYTES + RSS_SLACK_BYTES, (
+                name,
+                peak - before[name],
+            )
         for proc in (not_reading, not_read):
             proc.kill()
             proc.communicate(timeout=10)
