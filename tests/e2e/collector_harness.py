@@ -79,6 +79,14 @@ class Collector:
             assert done.returncode == 0, done.stderr
         return str(json.loads((self.state / "identity.json").read_text())["collector_id"])
 
+    def use_gateway(self, url: str) -> None:
+        """Reach the gateway at ``url`` from now on (a proxy in front of it, say): the enrolled
+        identity's ``gateway_url``, as the collector reads it at start."""
+        path = self.state / "identity.json"
+        identity = json.loads(path.read_text())
+        identity["gateway_url"] = url
+        path.write_text(json.dumps(identity))
+
     def _enroll_here(self, argv: list[str], plaintext: str) -> None:
         """`versus-collector enroll ...` run in this process (its ``main``, the token from a file):
         the same code and the same state directory, without a process importing the collector

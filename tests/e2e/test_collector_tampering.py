@@ -29,10 +29,7 @@ def _run_through(cp: ControlPlane, tmp_path: Path, rewrite: Rewrite) -> tuple[Co
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     proxy = TamperingProxy(tmp_path / "proxy", cp.state_dir / "tls", cp.gateway_url, rewrite)
-    identity_path = collector.state / "identity.json"
-    identity = json.loads(identity_path.read_text())
-    identity["gateway_url"] = proxy.url
-    identity_path.write_text(json.dumps(identity))
+    collector.use_gateway(proxy.url)
     platform = Platform(cp)
     collector.start()
     try:

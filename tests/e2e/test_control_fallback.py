@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -31,10 +30,7 @@ def test_dropped_control_socket_falls_back_without_losing_or_repeating_work(
     collector.enroll()
     # Route the collector through a proxy the test can cut (TLS passes through untouched).
     proxy = CuttableProxy(cp.port("gateway"))
-    identity_path = collector.state / "identity.json"
-    identity = json.loads(identity_path.read_text())
-    identity["gateway_url"] = f"https://localhost:{proxy.port}"
-    identity_path.write_text(json.dumps(identity))
+    collector.use_gateway(f"https://localhost:{proxy.port}")
     platform = Platform(cp)
     try:
         collector.start("--ws-retry", str(WS_RETRY_S))

@@ -38,9 +38,7 @@ def test_an_inspecting_proxy_can_neither_replay_nor_alter_anything(
     collector_id = collector.enroll()
     with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
         (collector.state / "extra-ca.pem").write_bytes(mitm.ca_pem)
-        identity = json.loads((collector.state / "identity.json").read_text())
-        identity["gateway_url"] = mitm.url
-        (collector.state / "identity.json").write_text(json.dumps(identity))
+        collector.use_gateway(mitm.url)
         collector.start()
         platform = Platform(cp)
         n = 0
@@ -143,9 +141,7 @@ def test_an_inspecting_proxy_cannot_redirect_a_tunnel(
     with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
         (mitm.root / "evil_port").write_text(str(evil.port))
         (collector.state / "extra-ca.pem").write_bytes(mitm.ca_pem)
-        identity = json.loads((collector.state / "identity.json").read_text())
-        identity["gateway_url"] = mitm.url
-        (collector.state / "identity.json").write_text(json.dumps(identity))
+        collector.use_gateway(mitm.url)
         collector.start()
         try:
             wait_for(lambda: "capabilities published" in collector.log())

@@ -11,7 +11,6 @@ answered 5xx, every task succeeded and each device holds exactly one application
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import statistics
 import time
@@ -40,10 +39,7 @@ def _real_collectors(cp: ControlPlane, tmp_path: Path, url: str) -> list[Collect
     for i in range(2):
         c = Collector(cp, tmp_path / f"real-{i}", tmp_path / f"real-{i}.log", devices=devices)
         c.enroll(collectors[0].site_id if collectors else "")
-        identity_path = c.state / "identity.json"
-        identity = json.loads(identity_path.read_text())
-        identity["gateway_url"] = url
-        identity_path.write_text(json.dumps(identity))
+        c.use_gateway(url)
         c.start()
         collectors.append(c)
     for c in collectors:

@@ -12,7 +12,6 @@ the stated per-session bound for 60 s while the other side keeps writing.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import socket
@@ -49,14 +48,13 @@ FLAT_SLACK_BYTES = 3 * 1024 * 1024
 STALL_S = 60.0
 
 
-def _through_proxy(cp: ControlPlane, collector: Collector) -> CuttableProxy:
-    """Route the collector's connections to the gateway through a proxy the test can cut."""
+def _behind_a_proxy(cp: ControlPlane, tmp_path: Path) -> tuple[Collector, CuttableProxy]:
+    """An enrolled collector whose connections to the gateway go through a proxy the test can cut."""
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
     proxy = CuttableProxy(cp.port("gateway"))
-    identity_path = collector.state / "identity.json"
-    identity = json.loads(identity_path.read_text())
-    identity["gateway_url"] = f"https://localhost:{proxy.port}"
-    identity_path.write_text(json.dumps(identity))
-    return proxy
+    collector.use_gateway(f"https://localhost:{proxy.port}")
+    return collector, proxy
 
 
 def _sha256(path: Path) -> str:
@@ -71,9 +69,7 @@ def test_a_1_gib_scp_survives_a_cut_collector_link(
     shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     cp = shared_control_plane
-    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
-    collector.enroll()
-    proxy = _through_proxy(cp, collector)
+    collector, proxy = _behind_a_proxy(cp, tmp_path)
     image = tmp_path / "firmware.bin"
     with image.open("wb") as f:
         for _ in range(GIB // (64 * 1024 * 1024)):
@@ -132,9 +128,7 @@ def test_a_link_down_past_the_resume_window_ends_the_session_with_its_reason(
     shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     cp = shared_control_plane
-    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
-    collector.enroll()
-    proxy = _through_proxy(cp, collector)
+    collector, proxy = _behind_a_proxy(cp, tmp_path)
     echo = EchoDevice()
     try:
         collector.start()

@@ -104,9 +104,7 @@ def test_ssh_logs_in_to_openssh_with_a_credential_from_each_vault_mode(
 
     with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
         (collector.state / "extra-ca.pem").write_bytes(mitm.ca_pem)
-        identity = json.loads((collector.state / "identity.json").read_text())
-        identity["gateway_url"] = mitm.url
-        (collector.state / "identity.json").write_text(json.dumps(identity))
+        collector.use_gateway(mitm.url)
         secret_id = "approle-secret-" + secrets.token_hex(8)  # chosen here, so the greps know it
         try:
             # Mode A: sealed on the collector's disk, set by the operator on the collector host.
