@@ -168,8 +168,9 @@ class ClaimLoop(Execution):
                 )
             if reply.envelope is not None and reply.dispatch_id is not None:
                 refusal = self._accept(
-                    reply.dispatch_id, reply.envelope, reply.credentials.get(reply.dispatch_id)
-                )
+                    reply.dispatch_id, reply.envelope, reply.credentials.get(reply.dispatch_id),
+                    reply.traceparent,
+                )  # fmt: skip
                 if refusal is not None:
                     # Delivered before the next claim: a claim that does not list the dispatch as
                     # held would otherwise tell the router it was never received, and it would

@@ -63,6 +63,9 @@ class ClaimReply:
     revokes: list[dict[str, Any]] = field(default_factory=list)
     # Protocol 6 (vault mode B): per dispatch id, the signed document relaying its credential.
     credentials: dict[str, Any] = field(default_factory=dict)
+    # The gateway's hand-out span (W3C traceparent) beside the envelope: telemetry only, never
+    # trusted (common/telemetry/span_record.py); "" when the task is not traced.
+    traceparent: str = ""
 
 
 def ssl_context(paths: StatePaths) -> ssl.SSLContext:
@@ -314,7 +317,15 @@ def read_claim_answer(
         return ClaimReply(None, None, trip, offers, **held), settled
     marker = b'"envelope":'
     envelope = raw[raw.index(marker) + len(marker) : -1]
-    return ClaimReply(str(head["dispatch_id"]), envelope, trip, offers, **held), settled
+    traced = head.get("traceparent")
+    return ClaimReply(
+        str(head["dispatch_id"]),
+        envelope,
+        trip,
+        offers,
+        **held,
+        traceparent=traced if isinstance(traced, str) else "",
+    ), settled
 
 
 VERDICTS = frozenset({"continue", "cancel", "terminate"})

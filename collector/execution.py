@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine
+from contextlib import nullcontext
 from typing import Any
+
+from structlog.contextvars import bind_contextvars
 
 from collector.agent_state import log
 from collector.drivers.base import Outcome, Supplied, Task, WindowClosed
@@ -19,6 +22,8 @@ from common.envelope.canonical import OpClass
 from common.envelope.codes import EnvelopeError, Rejection
 from common.envelope.verify import VerifyContext, verify
 from common.protocol import floor_of
+from common.telemetry import trace_context
+from common.telemetry.span_record import TaskTrace
 from common.trust import signed_doc
 from common.trust.credential_relay import RelayError, open_for
 from common.trust.signed_doc import RELAYED_CREDENTIAL, DocumentError
@@ -28,11 +33,13 @@ class Execution(Reporting):
     """One claimed task from its envelope to its result."""
 
     def _accept(
-        self, dispatch_id: str, raw: bytes, relayed: object = None
+        self, dispatch_id: str, raw: bytes, relayed: object = None, traceparent: str = ""
     ) -> Coroutine[Any, Any, None] | None:
         """Verify and journal the receipt before anything runs; execution continues in the background.
 
         Returns the refusal report to send (before the next claim) when the envelope is refused.
+        ``traceparent``: the gateway's hand-out span, when the task is traced (its spans are
+        recorded here and sent home with the report; common/telemetry/span_record.py).
         """
         ctx = VerifyContext(
             collector_id=self.collector_id,
@@ -41,14 +48,19 @@ class Execution(Reporting):
             seen=self.journal,
             journal=self.journal,
         )
+        handed = trace_context.parse(traceparent)
+        trace = TaskTrace(handed) if handed is not None and handed.sampled else None
         try:
-            accepted = verify(raw, ctx)
+            with trace.span("versus.collector.verify") if trace else nullcontext():
+                accepted = verify(raw, ctx)
         except EnvelopeError as exc:
+            if trace is not None:
+                trace.root.set("versus.error_code", exc.code.value)
             if exc.code == Rejection.WRONG_COLLECTOR:
                 log.error("envelope addressed to another collector: possible attack", dispatch_id=dispatch_id)
             else:
                 log.warning("envelope refused", dispatch_id=dispatch_id, code=exc.code.value)
-            return self._report_refusal(dispatch_id, exc.code.value, exc.message)
+            return self._report_refusal(dispatch_id, exc.code.value, exc.message, trace)
         f = accepted.envelope.fields
         read = f.op_class == OpClass.READ.value
         try:
@@ -75,7 +87,7 @@ class Execution(Reporting):
         if self.vault_mode == "relayed":
             self._open_relayed(relayed, f.task_id, task.supplied)
         self.in_flight[f.provider] = self.in_flight.get(f.provider, 0) + 1
-        self._spawn(self._execute(f.provider, task, read))
+        self._spawn(self._execute(f.provider, task, read, trace))
         return None
 
     def _open_relayed(self, document: object, dispatch_id: str, supplied: Supplied) -> None:
@@ -96,19 +108,26 @@ class Execution(Reporting):
             return
         supplied.set(value)
 
-    async def _execute(self, provider: str, task: Task, read: bool) -> None:
+    async def _execute(self, provider: str, task: Task, read: bool, trace: TaskTrace | None = None) -> None:
+        if trace is not None:
+            # This task's log lines name its trace (the task runs in a context of its own).
+            bind_contextvars(trace_id=f"{trace.trace_id:032x}", span_id=f"{trace.root.span_id:016x}")
+            trace.root.set("versus.dispatch_id", task.task_id)
+            trace.root.set("versus.operation", task.operation)
         try:
             try:
-                outcome = await self._run_driver(provider, task)
+                with trace.span("versus.collector.execute", provider=provider) if trace else nullcontext():
+                    outcome = await self._run_driver(provider, task)
                 if outcome.status == "unknown":
-                    outcome = await self._reconcile_locally(provider, task, outcome)
+                    with trace.span("versus.collector.reconcile") if trace else nullcontext():
+                        outcome = await self._reconcile_locally(provider, task, outcome)
             except WindowClosed as exc:
                 # Not attempted: a refusal, journaled apart from the key so a retry may still run it.
                 log.warning("envelope window passed before the device write; not executed",
                             task_id=task.task_id, expires_at=task.expires_at)  # fmt: skip
                 refusal = Result("refused", b"", exc.code, str(exc))
                 self.journal.record_result(task.task_id, task_key(task.task_id), refusal)
-                await self._report(task.task_id, refusal)
+                await self._report(task.task_id, refusal, trace=trace)
                 return
         finally:
             self.in_flight[provider] -= 1
@@ -136,7 +155,7 @@ class Execution(Reporting):
         # is a cancel that changed nothing, which leaves the key free for a later attempt.
         key = task_key(task.task_id) if read or outcome.status == "cancelled" else task.idempotency_key
         self.journal.record_result(task.task_id, key, result)
-        await self._report(task.task_id, result, digest, stream)
+        await self._report(task.task_id, result, digest, stream, trace)
 
     async def _run_driver(self, provider: str, task: Task) -> Outcome:
         driver = self.drivers.get(provider)

@@ -13,6 +13,7 @@ from collector.agent_state import AgentState, backoff, log
 from collector.gateway_errors import GatewayRefused, GatewayUnavailable
 from collector.journal import Result
 from collector.output import TaskOutput, UploadFailed
+from common.telemetry.span_record import TaskTrace
 
 # Refusals of a report that a fresh request can fix: the token was altered, moved or replayed on the
 # way, or the clocks disagree (docs/threat-model.md). Any other refusal is final.
@@ -32,6 +33,7 @@ class Reporting(AgentState):
         result: Result,
         digest: tuple[int, str] | None = None,
         stream: TaskOutput | None = None,
+        trace: TaskTrace | None = None,
     ) -> None:
         body: dict[str, Any] = {
             "task_id": task_id,
@@ -43,6 +45,8 @@ class Reporting(AgentState):
             body["result_b64"] = base64.b64encode(result.result).decode()
         if digest is not None:
             body["output"] = {"length": digest[0], "sha256": digest[1]}
+        if trace is not None:
+            body["trace"] = trace.finish(result.outcome)
         await self._send_report(task_id, body, stream=stream)
         if digest is not None:
             (stream or TaskOutput(self.options.state_dir, task_id, self.client.output)).remove()
@@ -64,8 +68,14 @@ class Reporting(AgentState):
                 )
                 attempt += 1
 
-    async def _report_refusal(self, task_id: str, code: str, message: str) -> None:
-        body = {"task_id": task_id, "outcome": "refused", "error_code": code, "error_message": message[:4000]}
+    async def _report_refusal(
+        self, task_id: str, code: str, message: str, trace: TaskTrace | None = None
+    ) -> None:
+        body: dict[str, Any] = {
+            "task_id": task_id, "outcome": "refused", "error_code": code, "error_message": message[:4000]
+        }  # fmt: skip
+        if trace is not None:
+            body["trace"] = trace.finish("refused")
         await self._send_report(task_id, body, journaled=False)
 
     async def _send_report(

@@ -18,6 +18,7 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 
 from common import protocol
 from common.errors import InvalidArgument
+from gateway import traces
 from gateway.clients import CALL_TIMEOUT_S
 from gateway.collector_bodies import ClaimBody, UpdateStatusBody
 from gateway.control_call import ControlCall, ControlReply, server_time
@@ -65,7 +66,7 @@ async def claim_op(msg: ControlCall) -> ControlReply:
             parking.forwarding(parked)
             remaining = max(hold - (time.monotonic() - started), 0.0)
             reply = await _forward(msg, body, settled, remaining)
-            answer = _answer(reply, max_hold, settled, started)
+            answer = _answer(reply, max_hold, settled, started, msg.collector_id, msg.transport)
             parking.answered(parked, news, empty=answer.status == 204)
             return answer
     finally:
@@ -115,7 +116,13 @@ def _empty(max_hold: float, settled: int, started: float) -> ControlReply:
     )
 
 
-def _answer(reply: Any, max_hold: float, settled: int, started: float) -> ControlReply:
+def _traceparent_member(value: str) -> bytes:
+    return b',"traceparent":' + json.dumps(value).encode() if value else b""
+
+
+def _answer(
+    reply: Any, max_hold: float, settled: int, started: float, collector_id: str, transport: str
+) -> ControlReply:
     """The router's ``ClaimResponse`` as the collector reads it."""
     # Offers and config are signed documents (common/trust/signed_doc.py): passed on, never trusted here.
     offers = [
@@ -168,6 +175,10 @@ def _answer(reply: Any, max_hold: float, settled: int, started: float) -> Contro
     }
     if not reply.HasField("envelope"):
         return ControlReply(200, json.dumps(fields, separators=(",", ":")).encode())
+    # Trace context rides beside each envelope, never in it (gateway/traces.py).
+    traced = traces.handout(reply.traceparent, collector_id, reply.dispatch_id, transport)
+    if traced:
+        fields["traceparent"] = traced
     # Envelopes are embedded byte for byte: the gateway never re-serialises signed material.
     head = json.dumps({"dispatch_id": reply.dispatch_id, **fields}, separators=(",", ":"))
     payload = head[:-1].encode() + b',"envelope":' + reply.envelope.envelope_json
@@ -175,6 +186,7 @@ def _answer(reply: Any, max_hold: float, settled: int, started: float) -> Contro
         items = (
             b'{"dispatch_id":'
             + json.dumps(m.dispatch_id).encode()
+            + _traceparent_member(traces.handout(m.traceparent, collector_id, m.dispatch_id, transport))
             + b',"envelope":'
             + m.envelope.envelope_json
             + b"}"

@@ -27,6 +27,8 @@ from versus.router.v1 import task_pb2
 
 from common import protocol
 from common.errors import InvalidArgument
+from common.telemetry import tracing
+from gateway import traces
 from gateway.auth import authenticate, check_body
 from gateway.body import read_json_body
 from gateway.claims import claim_op
@@ -80,6 +82,19 @@ async def report_op(msg: ControlCall) -> ControlReply:
         result = binascii.a2b_base64(body.result_b64, strict_mode=True)
     except ValueError:  # binascii.Error, or text that is not ASCII at all
         raise InvalidArgument("result_b64 is not valid base64", code="invalid_body") from None
+    trace = traces.report_trace(body.trace)
+    if trace is None:
+        return await _report(msg, body, result)
+    attributes = {"versus.collector_id": msg.collector_id, "versus.dispatch_id": body.task_id,
+                  "versus.reported": body.outcome}  # fmt: skip
+    with tracing.span(
+        "versus.gateway.report", parent=trace.traceparent, kind="server", attributes=attributes
+    ):
+        traces.export_collector_spans(trace, msg.collector_id)
+        return await _report(msg, body, result)
+
+
+async def _report(msg: ControlCall, body: ReportBody, result: bytes) -> ControlReply:
     reply = await msg.state.backends.bridge_call(
         "report",
         bpb.ReportRequest(

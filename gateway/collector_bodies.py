@@ -6,14 +6,24 @@ fields without breaking an older gateway (docs/protocol.md, compatibility rules)
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
 from common import protocol
 from common.limits import MAX_CLAIM_BATCH
 from common.protocol import Offer
+from common.telemetry import span_record
 from gateway.body_fields import FreeText, Int64, Name
+from gateway.metrics import TRACES_DROPPED
 
 # Limits (docs/gateway.md).
 MAX_HELD_TASK_IDS = 1000
@@ -144,6 +154,45 @@ class OutputDigestBody(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
 
 
+_HEX16 = r"^[0-9a-f]{16}$"
+_NS = Field(ge=0, le=MAX_REPORT_TIME_S * 1_000_000_000)
+AttributeKey = Annotated[
+    str, Field(min_length=1, max_length=span_record.MAX_ATTRIBUTE_KEY, pattern=r"^[a-z_.]+$")
+]
+AttributeValue = StrictBool | Int64 | Annotated[str, Field(max_length=span_record.MAX_ATTRIBUTE_TEXT)]
+
+
+class SpanBody(BaseModel):
+    """One span a collector recorded for a task (common/telemetry/span_record.py)."""
+
+    name: str = Field(pattern=span_record.SPAN_NAME_PATTERN)
+    span_id: str = Field(pattern=_HEX16)
+    parent_id: str = Field(pattern=_HEX16)
+    start_ns: int = _NS
+    end_ns: int = _NS
+    status: Literal["ok", "error"] = "ok"
+    attributes: dict[AttributeKey, AttributeValue] = Field(
+        default_factory=dict, max_length=span_record.MAX_ATTRIBUTES
+    )
+
+
+class TraceBody(BaseModel):
+    """A report's ``trace`` member: the collector's task span and its children."""
+
+    traceparent: str = Field(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$")
+    spans: list[SpanBody] = Field(default_factory=list, max_length=span_record.MAX_SPANS)
+
+
+def _dropped_if_invalid(value: Any, handler: ValidatorFunctionWrapHandler) -> TraceBody | None:
+    """A trace member that does not fit its limits is dropped (and counted), never the report."""
+    try:
+        trace: TraceBody | None = handler(value)
+    except ValidationError:
+        TRACES_DROPPED.inc()
+        return None
+    return trace
+
+
 class ReportBody(BaseModel):
     task_id: Name = _ID
     outcome: Literal["running", "success", "failed", "unknown", "refused", "cancelled"] = Field(
@@ -163,6 +212,12 @@ class ReportBody(BaseModel):
         default=None,
         description="protocol 4: the length and SHA-256 of the output streamed for this task (POST output); "
         "checked against what the control plane stored",
+    )
+    trace: Annotated[TraceBody | None, WrapValidator(_dropped_if_invalid)] = Field(
+        default=None,
+        description="any protocol: the collector's spans for this task when it was handed out with a sampled "
+        "traceparent (docs/protocol.md, trace context). Telemetry only: a trace that "
+        "does not fit is dropped, never the report",
     )
 
     def check_version(self, version: int) -> None:

@@ -17,6 +17,7 @@ from versus.enrollment.v1 import enrollment_pb2 as pb
 
 from common.errors import InvalidArgument, NotFound
 from common.redis import revocations
+from common.telemetry import tracing
 from gateway.auth import ANY_ENROLLED, authenticate, check_body
 from gateway.body import read_json_body
 from gateway.body_fields import Name
@@ -153,17 +154,22 @@ async def enroll(request: Request) -> EnrollOut:
     """Redeem an enrollment token and a CSR for a certificate and the trust bootstrap."""
     body = parse_body(EnrollBody, await read_json_body(request, MAX_ENROLL_BODY))
     c = body.collector
-    reply = await call(
-        request.app.state.backends.enrollment.Enroll,
-        pb.EnrollRequest(
-            token=body.token,
-            csr_pem=body.csr_pem,
-            collector=pb.CollectorInfo(
-                hostname=c.hostname, os=c.os, arch=c.arch, version=c.version, fips_requested=c.fips_requested
+    with tracing.span("versus.gateway.enroll", root=True, kind="server"):
+        reply = await call(
+            request.app.state.backends.enrollment.Enroll,
+            pb.EnrollRequest(
+                token=body.token,
+                csr_pem=body.csr_pem,
+                collector=pb.CollectorInfo(
+                    hostname=c.hostname,
+                    os=c.os,
+                    arch=c.arch,
+                    version=c.version,
+                    fips_requested=c.fips_requested,
+                ),
             ),
-        ),
-        request.state.request_id,
-    )
+            request.state.request_id,
+        )
     return EnrollOut(
         collector_id=reply.collector_id,
         status=reply.status,
@@ -208,11 +214,13 @@ async def renew(request: Request) -> RenewOut:
     raw = await read_json_body(request, MAX_RENEW_BODY)
     check_body(claims, raw)
     body = parse_body(RenewBody, raw)
-    reply = await call(
-        request.app.state.backends.enrollment.RenewCertificate,
-        pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),
-        request.state.request_id,
-    )
+    attributes = {"versus.collector_id": claims.collector_id}
+    with tracing.span("versus.gateway.renew", root=True, kind="server", attributes=attributes):
+        reply = await call(
+            request.app.state.backends.enrollment.RenewCertificate,
+            pb.RenewCertificateRequest(collector_id=claims.collector_id, csr_pem=body.csr_pem),
+            request.state.request_id,
+        )
     # The key may be new: no gateway may go on accepting the old one from a record it keeps.
     request.app.state.store.forget(claims.collector_id)
     await revocations.standing_changed(request.app.state.connections.redis, claims.collector_id)

@@ -58,6 +58,10 @@ LOOP_LAG = Gauge(
     "versus_gateway_event_loop_lag_seconds",
     "How late the gateway's event loop ran a 100 ms timer at its last sample.",
 )
+TRACES_DROPPED = Counter(
+    "versus_gateway_report_traces_dropped_total",
+    "Reports whose trace member did not fit its limits: the spans were dropped, the report recorded.",
+)
 TUNNEL_SESSIONS = Gauge(
     "versus_gateway_tunnel_sessions", "Tunnel sessions this gateway holds, by tunnel protocol.", ["protocol"]
 )

@@ -35,6 +35,7 @@ from versus.router.v1 import collector_bridge_pb2_grpc
 from common import error_mapping
 from common.errors import Unavailable, VersusError
 from common.grpc.bridge_calls import BRIDGE_CALLS
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 
 log = get_logger("versus.gateway.router_link")
@@ -104,6 +105,8 @@ class _Stream:
                 call_id=call_id,
                 timeout=Duration(seconds=seconds, nanos=int((timeout_s - seconds) * 1e9)),
                 request_id=request_id or "",
+                # The current span's context (a traced report's), when tracing is on.
+                traceparent=tracing.current_traceparent(),
             )
             getattr(message, kind).CopyFrom(request)
             self._outbox.append(message)

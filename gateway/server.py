@@ -17,7 +17,14 @@ from common.errors import StartupError
 from common.grpc import token_files
 from common.material import shared as material
 from common.runtime import early_signals
-from common.runtime.service import PARENT_PID_ENV, check_backends, require_backends, setup_logging
+from common.runtime.service import (
+    PARENT_PID_ENV,
+    check_backends,
+    require_backends,
+    setup_logging,
+    start_tracing,
+)
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from common.telemetry.metrics import SERVICE_UP
 from common.trust.ca_store import CaStore
@@ -116,6 +123,7 @@ async def _watch_parent(server: uvicorn.Server) -> None:
 
 async def serve(settings: Settings) -> None:
     setup_logging(settings, "gateway")
+    start_tracing("gateway")
     database_url, redis_url = require_backends(settings, "gateway")
     check_backends(database_url, redis_url)
     # The gateway takes the public material only: no private key lives on an edge host.
@@ -211,5 +219,6 @@ async def serve(settings: Settings) -> None:
             reloading.cancel()
         SERVICE_UP.labels("gateway").set(0)
         sock.close()
+        tracing.shutdown()
     if not server.started:
         raise StartupError("gateway failed to start; see the log above")

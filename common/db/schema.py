@@ -220,6 +220,9 @@ tasks = Table(
     # A cancel asked for while the task was with a collector (docs/protocol.md, cancel): the
     # collector is told on its next claim; the task ends when it answers.
     Column("cancel_requested_at", DateTime(timezone=True), nullable=True),
+    # The submit span's W3C trace context, which every later span of the task continues (placed
+    # later, reported, reconciled); NULL while tracing is off (docs/operations.md, "Tracing").
+    Column("traceparent", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("op_class IN ('read', 'mutate_reconcilable', 'mutate_terminal')", name="op_class"),
@@ -258,6 +261,8 @@ dispatches = Table(
     # Vault mode B: the device credential relayed with it, encrypted to its collector and signed
     # (common/trust/credential_relay.py); never a value in the clear.
     Column("relayed_credential", Text, nullable=True),
+    # The lease span's W3C trace context, which the gateway's hand-out span continues.
+    Column("traceparent", Text, nullable=True),
     Column("reported_at", DateTime(timezone=True), nullable=True),
     Column("result", LargeBinary, nullable=True),
     Column("error_code", Text, nullable=True),

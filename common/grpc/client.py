@@ -20,6 +20,7 @@ from common import error_mapping
 from common.config.targets import grpc_target
 from common.errors import Unavailable, VersusError
 from common.grpc.headers import AUTHORIZATION_HEADER
+from common.telemetry import tracing
 
 T = TypeVar("T")
 
@@ -71,6 +72,7 @@ def _current(token: Token) -> str:
 
 def _with_token(metadata: Any, token: str) -> grpc.aio.Metadata:
     pairs = [(k, v) for k, v in (metadata or ()) if k != AUTHORIZATION_HEADER]
+    tracing.inject(pairs)  # the current span's context, when tracing is on
     return grpc.aio.Metadata(*pairs, (AUTHORIZATION_HEADER, f"Bearer {token}"))
 
 
@@ -136,6 +138,7 @@ class _SyncBearer(
 
     def _details(self, d: Any) -> _SyncDetails:
         pairs = [(k, v) for k, v in (d.metadata or ()) if k != AUTHORIZATION_HEADER]
+        tracing.inject(pairs)
         return _SyncDetails(d, (*pairs, (AUTHORIZATION_HEADER, f"Bearer {_current(self._token)}")))
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:

@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -30,6 +31,7 @@ from common.errors import StartupError, Unauthenticated, VersusError
 from common.grpc import uploads
 from common.grpc.client import FIXED_WINDOW_OPTIONS
 from common.grpc.headers import AUTHORIZATION_HEADER
+from common.telemetry import trace_context, tracing
 from common.telemetry.logs import (
     REQUEST_ID_HEADER,
     bind_request_id,
@@ -59,6 +61,10 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 log = get_logger("versus.grpc")
+
+# Services whose calls get no server span of their own: the gateways' bridge calls are traced by
+# the sites that handle them, under the context each call carries (an idle claim starts no trace).
+UNTRACED_SERVICES = frozenset({"versus.router.v1.CollectorBridgeService"})
 
 # The stubs make these generic; at runtime they are not subscriptable, hence string aliases.
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
@@ -154,6 +160,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         call = _Call(
             service, method, handler_call_details.method, request_id,
             bearer_token(_text(metadata.get(AUTHORIZATION_HEADER))),
+            _text(metadata.get(trace_context.HEADER)) if service not in UNTRACED_SERVICES else None,
+            service not in UNTRACED_SERVICES,
         )  # fmt: skip
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
@@ -210,9 +218,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             observed = False
             try:
                 rbac.bind(await self._authorize(call))
-                result = inner(request, context)
-                if inspect.isawaitable(result):
-                    result = await result
+                with _server_span(call, current=True):
+                    result = inner(request, context)
+                    if inspect.isawaitable(result):
+                        result = await result
                 code = _context_code(context)
                 return result
             except BaseException as exc:
@@ -256,13 +265,17 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
             result: Any = None
             try:
                 rbac.bind(await self._authorize(call))
-                result = inner(request, context)
-                if inspect.isasyncgen(result):
-                    async for item in result:
-                        yield item
-                else:
-                    for item in result:
-                        yield item
+                # Current across the generator's yields: grpc.aio runs a call's handler, and
+                # this wrapper's close, in the call's one task, so the context is detached where
+                # it was attached.
+                with _server_span(call, current=True):
+                    result = inner(request, context)
+                    if inspect.isasyncgen(result):
+                        async for item in result:
+                            yield item
+                    else:
+                        for item in result:
+                            yield item
                 code = _context_code(context)
             except BaseException as exc:
                 code = _code_for(exc, context)
@@ -291,9 +304,21 @@ class _Call:
     full_method: str
     request_id: str
     token: str | None
+    traceparent: str | None = None
+    traced: bool = False
 
     def __repr__(self) -> str:  # keep the token out of any log line
         return f"_Call({self.full_method!r})"
+
+
+def _server_span(call: _Call, *, current: bool) -> AbstractContextManager[tracing.SpanHandle]:
+    """The RPC's server span, continuing the caller's ``traceparent`` (when tracing is on)."""
+    if not call.traced:
+        return tracing.OFF
+    return tracing.span(
+        call.full_method.lstrip("/"), parent=call.traceparent, root=True, kind="server", current=current,
+        attributes={"rpc.system": "grpc", "rpc.service": call.service, "rpc.method": call.method},
+    )  # fmt: skip
 
 
 def _message_size(message: Any) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import Sequence
 
 from common.config.settings import Settings
@@ -18,6 +19,7 @@ from common.errors import ConfigError, StartupError, Unavailable
 from common.grpc.server import Authenticator, GrpcServer, ServiceRegistration
 from common.redis.client import check_reachable as redis_reachable
 from common.runtime import early_signals, sd_notify
+from common.telemetry import tracing
 from common.telemetry.logs import configure_logging, get_logger
 from common.telemetry.metrics import SERVICE_UP, MetricsServer
 
@@ -64,6 +66,16 @@ def check_backends(database_url: str, redis_url: str) -> None:
 
 def setup_logging(settings: Settings, service: str) -> None:
     configure_logging(fmt=settings.log_format.value, level=settings.log_level, service=service)
+
+
+def start_tracing(service: str) -> None:
+    """Tracing for a service process, when the ``OTEL_*`` settings turn it on (docs/operations.md,
+    "Tracing"): its spans under ``service.name`` ``versus-<service>``, one instance per host and pid."""
+    if tracing.settings_from(os.environ) is None:
+        return  # off: nothing of OpenTelemetry is imported
+    from common.telemetry import otel
+
+    otel.configure(f"versus-{service}", f"{socket.gethostname()}:{os.getpid()}")
 
 
 def shutdown_signals() -> asyncio.Future[str]:
@@ -123,6 +135,7 @@ async def serve_grpc_service(
 ) -> None:
     """Run one gRPC service process from startup checks to graceful shutdown."""
     setup_logging(settings, name)
+    start_tracing(name)
     database_url, redis_url = require_backends(settings, name)
     check_backends(database_url, redis_url)
     metrics = MetricsServer(host, metrics_port)
@@ -142,3 +155,4 @@ async def serve_grpc_service(
         await server.stop(settings.shutdown_grace_s)
     finally:
         metrics.stop()
+        tracing.shutdown()

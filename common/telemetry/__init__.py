@@ -1,1 +1,1 @@
-"""What a process tells its operators: structured logs with secrets scrubbed, and Prometheus metrics."""
+"""What a process tells its operators: logs with secrets scrubbed, Prometheus metrics, and traces."""

@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 from structlog.contextvars import bind_contextvars, merge_contextvars, unbind_contextvars
 
+from common.telemetry import tracing
 from common.telemetry.redaction import redact
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -42,6 +43,8 @@ def configure_logging(
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        # The current span's ids, while tracing is on (common/telemetry/tracing.py).
+        tracing.log_ids,
     ]
     if service:
         shared.append(_add_service(service))

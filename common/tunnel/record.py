@@ -29,6 +29,7 @@ class Record:
     gateway: str = ""  # the holding gateway's attach URL (common/tunnel/attach.py)
     gateway_id: str = ""
     failed: str = ""  # the stable reason the session ended before it was ready
+    traceparent: str = ""  # the router's OpenTunnel span, which the holding gateway's span continues
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -45,6 +46,7 @@ class Record:
                 gateway=str(data.get("gateway", "")),
                 gateway_id=str(data.get("gateway_id", "")),
                 failed=str(data.get("failed", "")),
+                traceparent=str(data.get("traceparent", "")),
             )
         except (ValueError, KeyError, TypeError):
             return None

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 
 from common.errors import FailedPrecondition, PermissionDenied
 from common.redis.keys import TUNNEL, TUNNEL_HOLDER, tunnel_wake_key, wake_channel
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from common.tunnel import frames
 from common.tunnel.end import RESUME_WINDOW_S, TunnelEnd
@@ -65,6 +66,9 @@ class HeldSession:
     leg_lost_at: float | None = None  # the collector's socket dropped; a re-dial may resume
     leg: asyncio.Task[Any] | None = None  # the leg being carried now
     supervisor: asyncio.Task[None] | None = None  # ends and forgets the session
+    # The session's span while tracing is on (under the router's OpenTunnel span), ended with it.
+    trace: contextlib.AbstractContextManager[tracing.SpanHandle] = tracing.OFF
+    span: tracing.SpanHandle = tracing.NO_SPAN
 
     @property
     def collector_id(self) -> str:
@@ -127,6 +131,16 @@ class TunnelRegistry:
                 "the gateway that held this tunnel session is gone; the session is over", code="gateway_gone"
             )
         held = HeldSession(session_id, record, TunnelEnd(version))
+        if record.traceparent:
+            attributes: dict[str, tracing.ATTRIBUTE] = {
+                "versus.session_id": session_id, "versus.collector_id": collector_id,
+                "versus.tunnel.protocol": version,
+            }  # fmt: skip
+            held.trace = tracing.span(
+                "versus.gateway.tunnel", parent=record.traceparent, kind="server", current=False,
+                attributes=attributes,
+            )  # fmt: skip
+            held.span = held.trace.__enter__()
         self.sessions[session_id] = held
         TUNNEL_SESSIONS.labels(str(version)).inc()
         supervisor = held.supervisor = asyncio.create_task(self._supervise(held))
@@ -172,6 +186,9 @@ class TunnelRegistry:
                 else:  # the router is still waiting: it reads the reason, then the record expires
                     await self._announce(held, failed=end.reason or "collector_gone")
             log.info("tunnel closed", session_id=held.session_id, reason=end.reason, legs=end.legs)
+            held.span.set("versus.tunnel.reason", end.reason)
+            held.span.set("versus.tunnel.legs", end.legs)
+            held.trace.__exit__(None, None, None)
 
     async def _announce(self, held: HeldSession, failed: str) -> None:
         """Complete the record (held here, or why it failed) and wake the router waiting for it."""
@@ -182,6 +199,7 @@ class TunnelRegistry:
             gateway="" if failed else self.attach_url,
             gateway_id="" if failed else self.gateway_id,
             failed=failed,
+            traceparent=held.record.traceparent,
         )
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(

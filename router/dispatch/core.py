@@ -49,6 +49,8 @@ class Claimed:
     envelope: bytes
     # Vault mode B: the signed document relaying its device credential (JSON), if any.
     credential: str | None = None
+    # The lease span's trace context, which the gateway's hand-out span continues ("": untraced).
+    traceparent: str = ""
 
 
 Offer = Mapping[str, Any]
@@ -77,8 +79,9 @@ class ReportResult:
     state: State
 
 
-def _task_values(req: SubmitRequest, digest: bytes) -> dict[str, Any]:
+def _task_values(req: SubmitRequest, digest: bytes, traceparent: str = "") -> dict[str, Any]:
     return {
+        "traceparent": traceparent or None,
         "task_id": f"tsk-{secrets.token_hex(10)}",
         "idempotency_key": req.idempotency_key,
         "request_sha256": digest,

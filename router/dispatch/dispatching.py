@@ -18,6 +18,7 @@ from common.envelope.canonical import OpClass
 from common.envelope.sign import EnvelopeDraft, sign
 from common.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from common.redis.keys import WORK
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from common.trust import signed_doc
 from common.trust.credential_relay import seal_for
@@ -52,9 +53,18 @@ class Dispatching(DispatchCore):
         now = _now()
         validate(req, now)
         digest = fingerprint(req)
+        with tracing.span("versus.task.submit", root=True, attributes=_submit_attributes(req)) as span:
+            task, existing = await self._submit(req, digest, span.traceparent())
+            span.set("versus.task_id", task["task_id"])
+            span.set("versus.state", task["state"])
+            if existing:
+                span.set("versus.existing", True)
+            return task, existing
+
+    async def _submit(self, req: SubmitRequest, digest: bytes, traceparent: str) -> tuple[Row, bool]:
         effects = Effects()
         async with self.engine.begin() as conn:
-            created = await sql_tasks.insert_task(conn, _task_values(req, digest))
+            created = await sql_tasks.insert_task(conn, _task_values(req, digest, traceparent))
             # None: the key exists (a retry, or another submitter a moment ago).
             existing = (
                 await sql_tasks.task_by_key(conn, req.tenant_id, req.idempotency_key)
@@ -80,6 +90,16 @@ class Dispatching(DispatchCore):
         With ``refuse`` (at submit) a lease conflict or class mismatch raises, so
         nothing is written; later re-placements fail the task with that code instead.
         """
+        with tracing.span(
+            "versus.task.place",
+            parent=task.get("traceparent"),
+            attributes={"versus.task_id": task["task_id"]},
+        ) as span:
+            state = await self._placed(conn, task, effects, refuse)
+            span.set("versus.state", state.value)
+            return state
+
+    async def _placed(self, conn: AsyncConnection, task: Row, effects: Effects, refuse: bool) -> State:
         if task["deadline"] <= _now():
             await sql_leases.release_lease(conn, task["target_ref"], task["task_id"])
             effects.moved(
@@ -196,6 +216,19 @@ class Dispatching(DispatchCore):
         kind: str = "execute",
         from_state: State = S.QUEUED,
     ) -> State:
+        attributes = {"versus.task_id": task["task_id"], "versus.collector_id": chosen.collector_id,
+                      "versus.dispatch_kind": kind}  # fmt: skip
+        with tracing.span(
+            "versus.dispatch.lease", parent=task.get("traceparent"), attributes=attributes
+        ) as span:
+            return await self._leased_and_signed(
+                conn, task, chosen, op, effects, refuse, kind, from_state, span
+            )
+
+    async def _leased_and_signed(
+        self, conn: AsyncConnection, task: Row, chosen: Candidate, op: OperationCap, effects: Effects,
+        refuse: bool, kind: str, from_state: State, span: tracing.SpanHandle,
+    ) -> State:  # fmt: skip
         task_id = task["task_id"]
         epoch = 0
         if kind == "reconcile":
@@ -264,7 +297,10 @@ class Dispatching(DispatchCore):
             "envelope": envelope,
             "expires_at": expires,
             "relayed_credential": relayed,
+            "traceparent": span.traceparent() or None,
         }
+        span.set("versus.dispatch_id", dispatch_id)
+        span.set("versus.lease_epoch", epoch)
         DISPATCH_STATES.labels(S.LEASED.value).inc()
         # The dispatch, the lease's note of it and the task's move: one statement.
         if kind == "execute":
@@ -388,6 +424,15 @@ def _lease_refusal(target_ref: str, held: sql_leases.LeaseHeld) -> DeviceLeased:
         "answered and could still run until then",
         details={"fenced_until": until},
     )
+
+
+def _submit_attributes(req: SubmitRequest) -> dict[str, str]:
+    """What a submit span says about the request (never its parameters: they may hold secrets)."""
+    return {
+        "versus.tenant_id": req.tenant_id, "versus.site_id": req.site_id,
+        "versus.provider": req.provider, "versus.operation": req.operation,
+        "versus.op_class": req.op_class, "versus.target_ref": req.target_ref,
+    }  # fmt: skip
 
 
 def placement_request(task: Row) -> PlacementRequest:

@@ -32,6 +32,7 @@ from versus.router.v1 import collector_bridge_pb2 as bpb
 from common import error_mapping
 from common.grpc.bridge_calls import BRIDGE_CALLS, SERVICE
 from common.grpc.server import observe, public_failure, status_of
+from common.telemetry import tracing
 from common.telemetry.logs import bind_request_id, clean_request_id, get_logger
 
 log = get_logger("versus.router.exchange")
@@ -141,9 +142,16 @@ class _Stream:
                 self._out.put_nowait(_failure(call.call_id, _unknown_call()))
                 return
             timeout = call.timeout.seconds + call.timeout.nanos / 1e9 if call.HasField("timeout") else 0.0
+            # A call the gateway traced (a sampled task's report) continues the gateway's span.
+            span = (
+                tracing.span(f"versus.router.{kind}", parent=call.traceparent, kind="server")
+                if (call.traceparent)
+                else tracing.OFF
+            )
             try:
                 async with asyncio.timeout(timeout if timeout > 0 else DEFAULT_TIMEOUT_S):
-                    reply = await self._handlers[kind](getattr(call, kind), None)
+                    with span:
+                        reply = await self._handlers[kind](getattr(call, kind), None)
             except TimeoutError:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
                 self._out.put_nowait(_failure(call.call_id, _deadline()))

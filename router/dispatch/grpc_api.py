@@ -388,8 +388,11 @@ class CollectorBridgeServicer(collector_bridge_pb2_grpc.CollectorBridgeServiceSe
             first, *more = claimed
             reply.envelope.envelope_json = first.envelope
             reply.dispatch_id = first.dispatch_id
+            reply.traceparent = first.traceparent
             for c in more:
-                reply.more.add(dispatch_id=c.dispatch_id).envelope.envelope_json = c.envelope
+                reply.more.add(
+                    dispatch_id=c.dispatch_id, traceparent=c.traceparent
+                ).envelope.envelope_json = c.envelope
         return reply
 
     async def Report(self, request: bridge_pb.ReportRequest, context: Context) -> bridge_pb.ReportResponse:

@@ -365,7 +365,13 @@ class HandOut(Cancels, Revocations):
             DISPATCH_STATES.labels(S.DISPATCHED.value).inc()
             SUBMIT_TO_CLAIM.observe((now - row["created_at"]).total_seconds())
         return tuple(
-            Claimed(row["dispatch_id"], bytes(row["envelope"]), row["relayed_credential"]) for row in rows
+            Claimed(
+                row["dispatch_id"],
+                bytes(row["envelope"]),
+                row["relayed_credential"],
+                row["traceparent"] or "",
+            )
+            for row in rows
         )
 
     async def _requeue_never_received(self, collector_id: str, claim_seq: int, held: frozenset[str]) -> None:

@@ -7,6 +7,7 @@ import datetime as dt
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from router.core import store
 from router.core.base import Effects, _now
@@ -44,9 +45,22 @@ class Outcomes(Requeue):
         ``fenced_until``: the lost envelope could still run on its silent holder until then,
         so a reconcile-read waits for it (the sweeper climbs again once ``retry_at`` passes).
         """
+        attributes = {"versus.task_id": task["task_id"], "versus.evidence": evidence[:200]}
+        with tracing.span(
+            "versus.ladder.step", parent=task.get("traceparent"), attributes=attributes
+        ) as span:
+            state = await self._climbed(conn, task, evidence, effects, fenced_until, span)
+            span.set("versus.state", state.value)
+            return state
+
+    async def _climbed(
+        self, conn: AsyncConnection, task: Row, evidence: str, effects: Effects,
+        fenced_until: dt.datetime | None, span: tracing.SpanHandle,
+    ) -> State:  # fmt: skip
         fresh = await store.get_task(conn, task["task_id"])
         assert fresh is not None
         step = ladder.on_unknown(fresh["op_class"], fresh["attempts"], self.max_attempts)
+        span.set("versus.ladder.step", step.value)
         task_id = fresh["task_id"]
         if step == ladder.Step.RECONCILE and fresh["deadline"] <= _now():
             return await self._indeterminate(
@@ -102,6 +116,14 @@ class Outcomes(Requeue):
     async def _dispatch_reconcile(self, conn: AsyncConnection, task_id: str, effects: Effects) -> State:
         task = await store.get_task(conn, task_id)
         assert task is not None
+        with tracing.span(
+            "versus.task.reconcile", parent=task["traceparent"], attributes={"versus.task_id": task_id}
+        ) as span:
+            state = await self._reconcile_dispatched(conn, task, effects)
+            span.set("versus.state", state.value)
+            return state
+
+    async def _reconcile_dispatched(self, conn: AsyncConnection, task: Row, effects: Effects) -> State:
         req = placement_request(task)
         cands = [c for c in await self._candidates(conn, req) if c.live and not c.draining]
         usable = [c for c in cands if (op := operation_of(c, req)) is not None and op.reconcile_operation]
@@ -133,6 +155,21 @@ class Outcomes(Requeue):
     ) -> State:
         if task["state"] != S.RECONCILING:
             return State(task["state"])
+        attributes = {"versus.task_id": task["task_id"], "versus.dispatch_id": d["dispatch_id"],
+                      "versus.reported": "refused" if refused else outcome.value}  # fmt: skip
+        with tracing.span(
+            "versus.reconcile.answer", parent=task["traceparent"], attributes=attributes
+        ) as span:
+            state = await self._reconcile_answered(
+                conn, task, d, outcome, result, effects, refused, error_code
+            )
+            span.set("versus.state", state.value)
+            return state
+
+    async def _reconcile_answered(
+        self, conn: AsyncConnection, task: Row, d: Row, outcome: State, result: bytes, effects: Effects,
+        refused: bool, error_code: str,
+    ) -> State:  # fmt: skip
         # The read answers "not applied" by failing without an error code; failing with one means
         # the read itself went wrong, which says nothing about the device.
         applied: bool | None = None

@@ -10,6 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from common.errors import Conflict, FailedPrecondition, NotFound, PermissionDenied
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from common.trust import report_signature
 from common.trust.report_signature import ReportSignatureError, ReportStatement
@@ -56,6 +57,29 @@ class Reports(Outcomes, Outputs):
         ``output``: the (length, SHA-256 hex) of the output the collector streamed (protocol 4),
         checked against what is stored (router/output/streams.py).
         """
+        attributes = {"versus.dispatch_id": dispatch_id, "versus.collector_id": collector_id,
+                      "versus.reported": "refused" if refused else outcome.value}  # fmt: skip
+        with tracing.span("versus.task.outcome", attributes=attributes) as span:
+            answer = await self._reported(
+                collector_id,
+                dispatch_id,
+                outcome,
+                result,
+                error_code,
+                error_message,
+                refused,
+                signature,
+                output,
+            )
+            span.set("versus.state", answer.state.value)
+            if answer.duplicate:
+                span.set("versus.duplicate", True)
+            return answer
+
+    async def _reported(
+        self, collector_id: str, dispatch_id: str, outcome: State, result: bytes, error_code: str,
+        error_message: str, refused: bool, signature: str | None, output: tuple[int, str] | None,
+    ) -> ReportResult:  # fmt: skip
         statement = ReportStatement(
             collector_id,
             dispatch_id,

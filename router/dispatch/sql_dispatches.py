@@ -64,7 +64,7 @@ WITH picked AS (
     SET state = 'dispatched', handed_claim_seq = %(claim_seq)s, handed_at = now(), updated_at = now(),
         handed_protocol = %(protocol)s
     FROM picked WHERE d.dispatch_id = picked.dispatch_id
-    RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at, d.relayed_credential
+    RETURNING d.dispatch_id, d.task_id, d.kind, d.envelope, d.created_at, d.relayed_credential, d.traceparent
 ), moved AS (
     UPDATE tasks t SET state = 'dispatched', updated_at = now()
     FROM handed WHERE t.task_id = handed.task_id AND handed.kind = 'execute'
@@ -73,7 +73,8 @@ WITH picked AS (
     INSERT INTO task_transitions (task_id, dispatch_id, from_state, to_state, reason)
     SELECT task_id, dispatch_id, 'leased', 'dispatched', 'claimed' FROM moved
 )
-SELECT dispatch_id, task_id, kind, envelope, created_at, relayed_credential FROM handed ORDER BY created_at
+SELECT dispatch_id, task_id, kind, envelope, created_at, relayed_credential, traceparent FROM handed
+ORDER BY created_at
 """
 
 

@@ -99,10 +99,11 @@ _RELEASING = f"""released AS ({release_sql("r_target_ref", skip_answered=True)}
 _NEW_DISPATCH = """created_dispatch AS (
     INSERT INTO dispatches (dispatch_id, task_id, kind, attempt, collector_id, site_id, target_ref, provider,
                             operation, op_class, state, lease_epoch, envelope, expires_at,
-                            relayed_credential)
+                            relayed_credential, traceparent)
     VALUES (%(dispatch_id)s, %(task_id)s, %(d_kind)s, %(d_attempt)s, %(d_collector_id)s, %(d_site_id)s,
             %(d_target_ref)s, %(d_provider)s, %(d_operation)s, %(d_op_class)s, %(d_state)s,
-            %(d_lease_epoch)s, %(d_envelope)s, %(d_expires_at)s, %(d_relayed_credential)s)
+            %(d_lease_epoch)s, %(d_envelope)s, %(d_expires_at)s, %(d_relayed_credential)s,
+            %(d_traceparent)s)
 ), noted_on_lease AS (
     UPDATE device_leases SET holder_dispatch_id = %(dispatch_id)s
     WHERE %(d_kind)s = 'execute' AND %(d_lease_epoch)s > 0
@@ -240,10 +241,10 @@ _INSERT_TASK = """
 WITH created AS (
     INSERT INTO tasks (task_id, idempotency_key, request_sha256, provider, operation, op_class,
                        target_ref, site_id, tenant_id, params, deadline, requires_fips, labels, features,
-                       protocol_floor, state)
+                       protocol_floor, state, traceparent)
     VALUES (%(task_id)s, %(idempotency_key)s, %(request_sha256)s, %(provider)s, %(operation)s,
             %(op_class)s, %(target_ref)s, %(site_id)s, %(tenant_id)s, %(params)s, %(deadline)s,
-            %(requires_fips)s, %(labels)s, %(features)s, %(protocol_floor)s, %(state)s)
+            %(requires_fips)s, %(labels)s, %(features)s, %(protocol_floor)s, %(state)s, %(traceparent)s)
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING *
 ), history AS (

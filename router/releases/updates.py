@@ -28,6 +28,7 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common.errors import FailedPrecondition, InvalidArgument, NotFound
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from router.core import audit, store
 from router.releases import store as release_store
@@ -205,6 +206,12 @@ class Updates:
         """Store a report from the claim when it says something new; failures are audited."""
         if self._reported.get(collector_id) == report:
             return
+        attributes = {"versus.collector_id": collector_id, "versus.update.state": report.state,
+                      "versus.update.version": report.version[:64]}  # fmt: skip
+        with tracing.span("versus.update.report", root=True, attributes=attributes):
+            await self._record(collector_id, report)
+
+    async def _record(self, collector_id: str, report: Report) -> None:
         if report.state not in UPDATE_STATES:
             raise InvalidArgument(
                 f"update_status.state must be one of {', '.join(UPDATE_STATES)}", code="update_status_invalid"

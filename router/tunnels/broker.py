@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from common.redis.fanout import KeyedFanout
 from common.redis.keys import TUNNEL, WORK, tunnel_wake_key, wake_channel
+from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from common.tunnel.record import Record, new_ticket
 
@@ -46,7 +47,10 @@ class Offered:
 def _prepare(collector_id: str, direct: bool) -> tuple[Offered, Record]:
     session_id = f"tun-{secrets.token_hex(12)}"
     ticket, digest = new_ticket(session_id)
-    record = Record(collector_id=collector_id, ticket_sha256=digest, direct=direct)
+    record = Record(
+        collector_id=collector_id, ticket_sha256=digest, direct=direct,
+        traceparent=tracing.current_traceparent(),
+    )  # fmt: skip
     return Offered(session_id, collector_id, ticket), record
 
 

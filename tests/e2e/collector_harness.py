@@ -168,14 +168,14 @@ class Platform:
 
     def submit(self, site_id: str, operation: str, op_class: str, target: str, params: dict[str, Any],
                key: str, provider: str = "stub", deadline_s: float = 300,
-               features: Sequence[str] = ()) -> str:  # fmt: skip
+               features: Sequence[str] = (), metadata: Sequence[tuple[str, str]] = ()) -> str:  # fmt: skip
         deadline = Timestamp()
         deadline.FromDatetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=deadline_s))
         reply = self.stub.SubmitTask(pb.SubmitTaskRequest(
             provider=provider, operation=operation, op_class=OP_CLASSES[op_class], target_ref=target,
             site_id=site_id, tenant_id="acme", params=json.dumps(params).encode(), idempotency_key=key,
             deadline=deadline, features=list(features),
-        ), timeout=10)  # fmt: skip
+        ), timeout=10, metadata=tuple(metadata) or None)  # fmt: skip
         return str(reply.task.task_id)
 
     def cancel(self, task_id: str, reason: str = "") -> Any:

@@ -141,6 +141,7 @@ class BridgeCall(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     CLAIM_FIELD_NUMBER: _builtins.int
     REPORT_FIELD_NUMBER: _builtins.int
     PUBLISH_CAPABILITIES_FIELD_NUMBER: _builtins.int
@@ -151,6 +152,10 @@ class BridgeCall(_message.Message):
     """Numbered by the gateway, unique on the stream; the answer carries it back."""
     request_id: _builtins.str
     """The collector request's id, for the router's log lines."""
+    traceparent: _builtins.str
+    """W3C trace context of the gateway's span for this call (a traced report); empty when untraced.
+    Continued by the router's spans, never trusted for anything else.
+    """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """How long the router may take before the gateway stops waiting (as a unary call's deadline)."""
@@ -173,6 +178,7 @@ class BridgeCall(_message.Message):
         call_id: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
         request_id: _builtins.str = ...,
+        traceparent: _builtins.str = ...,
         claim: Global___ClaimRequest | None = ...,
         report: Global___ReportRequest | None = ...,
         publish_capabilities: Global___PublishCapabilitiesRequest | None = ...,
@@ -182,7 +188,7 @@ class BridgeCall(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "append_output", b"append_output", "call", b"call", "claim", b"claim", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "append_output", b"append_output", "call", b"call", "call_id", b"call_id", "claim", b"claim", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report", "request_id", b"request_id", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_revocation", b"ack_revocation", "append_output", b"append_output", "call", b"call", "call_id", b"call_id", "claim", b"claim", "goodbye", b"goodbye", "publish_capabilities", b"publish_capabilities", "report", b"report", "request_id", b"request_id", "timeout", b"timeout", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["claim", "report", "publish_capabilities", "goodbye", "append_output", "ack_revocation"]  # noqa: Y015
     _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
@@ -581,6 +587,7 @@ class ClaimResponse(_message.Message):
     CANCEL_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     REVOKES_FIELD_NUMBER: _builtins.int
     CREDENTIALS_JSON_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
     """The envelope's task_id (one dispatch attempt), empty when there is no envelope."""
     config_json: _builtins.str
@@ -595,6 +602,10 @@ class ClaimResponse(_message.Message):
     """
     cancel_grace_seconds: _builtins.int
     """How long a cancelled task's driver may take to stop before it is stopped by force."""
+    traceparent: _builtins.str
+    """W3C trace context of the dispatch's lease span (the first dispatch); empty when untraced. The
+    gateway's hand-out span continues it, and hands the collector its own (docs/operations.md).
+    """
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope:
         """Unset when no task became available within the wait."""
@@ -642,10 +653,11 @@ class ClaimResponse(_message.Message):
         cancel_grace_seconds: _builtins.int = ...,
         revokes: _abc.Iterable[Global___CredentialRevoke] | None = ...,
         credentials_json: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope", "server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "credentials_json", b"credentials_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "revokes", b"revokes", "server_time", b"server_time", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_grace_seconds", b"cancel_grace_seconds", "config_json", b"config_json", "credentials_json", b"credentials_json", "dispatch_id", b"dispatch_id", "envelope", b"envelope", "key_sets_json", b"key_sets_json", "more", b"more", "offers", b"offers", "revokes", b"revokes", "server_time", b"server_time", "traceparent", b"traceparent", "trust_json", b"trust_json", "verdicts", b"verdicts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -762,7 +774,10 @@ class HandedDispatch(_message.Message):
 
     DISPATCH_ID_FIELD_NUMBER: _builtins.int
     ENVELOPE_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     dispatch_id: _builtins.str
+    traceparent: _builtins.str
+    """As ClaimResponse.traceparent, for this dispatch."""
     @_builtins.property
     def envelope(self) -> Global___SignedEnvelope: ...
     def __init__(
@@ -770,10 +785,11 @@ class HandedDispatch(_message.Message):
         *,
         dispatch_id: _builtins.str = ...,
         envelope: Global___SignedEnvelope | None = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["envelope", b"envelope"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatch_id", b"dispatch_id", "envelope", b"envelope", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
