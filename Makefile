@@ -109,7 +109,7 @@ console-screenshots: system-deps axe-deps $(STAMP)
 # stunnel4 (the TLS-terminating relay make bench-tunnel measures beside the tunnel).
 # Installed once, as root, with apt. "Installed" means dpkg's status says so: a package removed
 # but not purged is still known to `dpkg -s`, which succeeds for it.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4 prometheus
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment and lock (locks/mitmproxy.in),

@@ -13,9 +13,10 @@ from versus.enrollment.v1 import enrollment_pb2 as pb
 from versus.enrollment.v1 import enrollment_pb2_grpc
 
 from common.access import rbac
-from common.errors import InvalidArgument
+from common.errors import InvalidArgument, VersusError
 from common.grpc.server import Context
 from enrollment import tokens
+from enrollment.metrics import ENROLLMENTS, REFUSALS, RENEWALS
 from enrollment.service import CollectorInfo, EnrollmentService, TrustBootstrap
 from enrollment.store import Site, Token
 
@@ -110,7 +111,13 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
     async def Enroll(self, request: pb.EnrollRequest, context: Context) -> pb.EnrollResponse:
         c = request.collector
         info = CollectorInfo(c.hostname, c.os, c.arch, c.version, c.fips_requested)
-        return bootstrap_pb(await self.service.enroll(request.token, request.csr_pem, info))
+        try:
+            bootstrap = await self.service.enroll(request.token, request.csr_pem, info)
+        except VersusError as exc:
+            REFUSALS.labels("enroll", exc.code).inc()
+            raise
+        ENROLLMENTS.labels(bootstrap.status).inc()
+        return bootstrap_pb(bootstrap)
 
     async def CreateSite(self, request: pb.CreateSiteRequest, context: Context) -> pb.CreateSiteResponse:
         policy = _POLICY_FROM_PB.get(request.update_policy, "manual")
@@ -213,7 +220,12 @@ class EnrollmentServicer(enrollment_pb2_grpc.EnrollmentServiceServicer):
     async def RenewCertificate(
         self, request: pb.RenewCertificateRequest, context: Context
     ) -> pb.RenewCertificateResponse:
-        chain, not_after = await self.service.renew(request.collector_id, request.csr_pem)
+        try:
+            chain, not_after = await self.service.renew(request.collector_id, request.csr_pem)
+        except VersusError as exc:
+            REFUSALS.labels("renew", exc.code).inc()
+            raise
+        RENEWALS.inc()
         return pb.RenewCertificateResponse(
             collector_id=request.collector_id,
             cert_chain_pem=chain,

@@ -16,12 +16,14 @@ from common.db import engine as db_engine
 from common.grpc.server import ServiceRegistration
 from common.material import shared as material
 from common.runtime.service import check_backends, require_backends, serve_grpc_service
+from common.telemetry import capacity
 from common.trust.keys import KeyPurpose
 from common.trust.keystore import KeyStore, ReloadingKeySet
 from common.trust.trust_bundle import BundleSource
 from enrollment.authority import Authority
 from enrollment.ca import CollectorCA
 from enrollment.grpc_api import EnrollmentServicer
+from enrollment.metrics import watch_authority
 from enrollment.service import EnrollmentConfig, EnrollmentService
 from enrollment.store import EnrollmentStore
 
@@ -77,6 +79,9 @@ async def serve(settings: Settings) -> None:
     stop = asyncio.Event()
     following = asyncio.create_task(follower.run(stop)) if follower is not None else None
     engine = db_engine.create_async(database_url, application_name="versus-enrollment")
+    capacity.watch_db("enrollment", engine)
+    service = build_service(settings, engine)
+    watch_authority(service.authority.bundle)
     try:
         await serve_grpc_service(
             settings,
@@ -84,7 +89,7 @@ async def serve(settings: Settings) -> None:
             host=settings.enrollment_host,
             port=settings.enrollment_port,
             metrics_port=settings.enrollment_metrics_port,
-            registrations=registrations(build_service(settings, engine)),
+            registrations=registrations(service),
             authenticator=TokenAuthenticator(engine),
         )
     finally:

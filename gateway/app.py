@@ -34,6 +34,7 @@ from common.errors import InvalidArgument, VersusError
 from common.grpc.client import Token
 from common.redis.client import create_async as create_redis
 from common.runtime.tasks import watched_step
+from common.telemetry import capacity
 from common.telemetry.logs import get_logger
 from common.trust.trust_bundle import Bundle
 from common.tunnel.attach import attach_url
@@ -53,6 +54,7 @@ from gateway.clients import Backends
 from gateway.middleware import RequestContextMiddleware
 from gateway.parking.hub import ClaimParking
 from gateway.revocations import RevocationFeed
+from gateway.router_link import RouterLink
 from gateway.sources import SourceCounts
 from gateway.standing import sweeping
 from gateway.store import GatewayStore
@@ -123,6 +125,16 @@ class Connections:
         await self.engine.dispose()
 
 
+def watch_capacity(connections: Connections, link: RouterLink) -> None:
+    """The gateway's pools and its link to the router, usage beside limit (docs/operations.md)."""
+    capacity.watch_db("gateway", connections.engine)
+    capacity.watch_redis("gateway", connections.redis)
+    capacity.watch(
+        capacity.GRPC_IN_FLIGHT, capacity.GRPC_LIMIT, ("gateway", "router_link"),
+        lambda: float(link.pending()), lambda: float(link.pending_limit()),
+    )  # fmt: skip
+
+
 class Health(BaseModel):
     status: str
 
@@ -172,6 +184,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         app.state.backends = Backends(
             config.enrollment_address, config.router_address, config.service_token, config.router_streams
         )
+        watch_capacity(app.state.connections, app.state.backends.router_link)
         app.state.claim_hold_s = config.claim_hold_s
         app.state.socket_claim_hold_s = config.socket_claim_hold_s
         app.state.service_token = config.service_token

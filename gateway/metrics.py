@@ -79,3 +79,8 @@ TUNNEL_BYTES = Counter(
     "Tunnel bytes relayed between attached platforms and collectors, by direction.",
     ["direction"],
 )
+CONNECTIONS = Gauge("versus_gateway_connections", "Connections open (TLS done), collectors' and others'.")
+CONNECTIONS_LIMIT = Gauge(
+    "versus_gateway_connections_limit",
+    "Most connections the gateway keeps open (past it, new ones are shed).",
+)

@@ -226,6 +226,14 @@ class RouterLink:
         self._unary_until = 0.0
         self._closed = False
 
+    def pending(self) -> int:
+        """Calls waiting for the router's answer on the open streams."""
+        return sum(len(stream._pending) for stream in self._slots if stream is not None)
+
+    def pending_limit(self) -> int:
+        """Most calls the streams take at once (each admits MAX_PENDING)."""
+        return MAX_PENDING * len(self._slots)
+
     async def call(self, kind: str, request: Any, request_id: str | None, timeout_s: float) -> Any:
         """One bridge call (``kind`` one of :data:`KINDS`); a failure is the domain error the unary
         call would raise."""

@@ -37,6 +37,7 @@ from gateway.app import GatewayConfig, create_app
 from gateway.control_socket import CollectorWebSocketProtocol
 from gateway.edge import MAX_HEADER_BYTES, TLS_HANDSHAKE_TIMEOUT_S, EdgeHttpProtocol
 from gateway.listener import AdmittingServer
+from gateway.metrics import CONNECTIONS, CONNECTIONS_LIMIT
 from gateway.tls_buffer import share_tls_read_buffer
 from gateway.tls_reload import follow_cert_files, follow_gateway_ca
 
@@ -188,6 +189,8 @@ async def serve(settings: Settings) -> None:
         TLS_HANDSHAKE_TIMEOUT_S,
     )
     app.state.draining = lambda: server.draining
+    CONNECTIONS.set_function(lambda: float(len(server.server_state.connections)))
+    CONNECTIONS_LIMIT.set(MAX_CONCURRENT_CONNECTIONS)
     reloading = None
     if tls is not None and tls_context is not None and settings.tls_cert_file is None:
         reloading = asyncio.create_task(

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from versus.access.v1 import access_pb2, access_pb2_grpc
@@ -30,20 +29,20 @@ from common.grpc.server import ServiceRegistration
 from common.material import shared as material
 from common.redis.client import create_async as create_redis
 from common.runtime.service import check_backends, require_backends, serve_grpc_service
+from common.telemetry import capacity
 from common.telemetry.logs import get_logger
 from common.trust.keys import KeyPurpose, KeySet
 from common.trust.keystore import KeyStore, ReloadingKeySet
 from common.trust.trust_bundle import BundleSource
 from common.updates.repo_sync import SharedDirectory
 from router.access.grpc_api import AccessServicer
-from router.core.metrics import CERT_SOONEST_EXPIRY, QUEUE_DEPTH
 from router.credentials.grpc_api import CredentialServicer
 from router.credentials.store import CredentialStore
 from router.credentials.vault import DEFAULT_FILE as DEFAULT_MASTER_FILE
 from router.credentials.vault import MasterKeys
-from router.dispatch import sql_collectors, sql_tasks
 from router.dispatch.grpc_api import CollectorBridgeServicer, TaskRouterServicer
 from router.dispatch.service import Router
+from router.fleet import gauges
 from router.fleet.enrollment_client import EnrollmentClient
 from router.fleet.grpc_api import FleetServicer
 from router.fleet.operations import Fleet
@@ -73,6 +72,12 @@ def registrations(router: Router, clock: Callable[[], float] | None = None) -> l
                 tunnel_pb2_grpc.add_TunnelServiceServicer_to_server,
             )
         )
+    bridge = CollectorBridgeServicer(router)
+    exchange = bridge.exchange
+    capacity.watch(
+        capacity.GRPC_IN_FLIGHT, capacity.GRPC_LIMIT, ("router", "exchange"),
+        lambda: float(exchange.in_flight()), lambda: float(exchange.in_flight_limit()),
+    )  # fmt: skip
     return [
         *tunnels,
         ServiceRegistration(
@@ -82,7 +87,7 @@ def registrations(router: Router, clock: Callable[[], float] | None = None) -> l
         ),
         ServiceRegistration(
             collector_bridge_pb2.DESCRIPTOR.services_by_name["CollectorBridgeService"].full_name,
-            CollectorBridgeServicer(router),
+            bridge,
             collector_bridge_pb2_grpc.add_CollectorBridgeServiceServicer_to_server,
         ),
         ServiceRegistration(
@@ -103,12 +108,25 @@ def registrations(router: Router, clock: Callable[[], float] | None = None) -> l
     ]
 
 
-async def sample_gauges(router: Router) -> None:
-    """Gauges read from PostgreSQL: the queue depth and the soonest collector certificate expiry."""
-    async with router.engine.connect() as conn:
-        QUEUE_DEPTH.set(await sql_tasks.queued_count(conn))
-        soonest = await sql_collectors.soonest_cert_expiry(conn)
-    CERT_SOONEST_EXPIRY.set(soonest.timestamp() if soonest is not None else math.nan)
+async def sample_gauges(router: Router, key_sets: Callable[[], Mapping[str, KeySet]] | None = None) -> None:
+    """The fleet gauges (router/fleet/gauges.py): collectors, rollout, queues, leases, certificates, keys."""
+    sets = key_sets() if key_sets is not None else {"dispatch": router.dispatch_keys()}
+    await gauges.sample(router.engine, router.liveness, sets)
+
+
+async def sample_forever(
+    router: Router, key_sets: Callable[[], Mapping[str, KeySet]], stop: asyncio.Event,
+    interval_s: float = gauges.SAMPLE_INTERVAL_S,
+) -> None:  # fmt: skip
+    """Sample the fleet gauges until ``stop``; a failed sample is logged and the last one stays."""
+    while not stop.is_set():
+        try:
+            await sample_gauges(router, key_sets)
+        except Exception:
+            log.exception("sampling the fleet gauges failed; retrying next interval")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
 
 
 # How often the router re-signs the update repository's timestamp and snapshot when they near
@@ -148,7 +166,6 @@ async def sweep_forever(
         try:
             counts = await router.sweep()
             await router.reevaluate()
-            await sample_gauges(router)
             if any(counts.values()):
                 log.info("sweep", **counts)
         except asyncio.CancelledError:
@@ -201,6 +218,8 @@ async def serve(settings: Settings) -> None:
         application_name="versus-router",
     )
     router = Router(engine, create_redis(redis_url), keys.get)
+    capacity.watch_db("router", engine)
+    capacity.watch_redis("router", router.redis)
     router.output_task_limit = settings.output_task_limit_bytes
     router.output_tenant_quota = settings.output_tenant_quota_bytes
     router.output_retention_s = float(settings.output_retention_s)
@@ -220,6 +239,9 @@ async def serve(settings: Settings) -> None:
     router.releases = Releases(engine, repo, releases.get, router.updates)
     refresher = asyncio.create_task(keep_updates_fresh(repo, releases.get, stop_sweeping))
     reconciler = asyncio.create_task(router.updates.run(stop_sweeping))
+    sampler = asyncio.create_task(
+        sample_forever(router, lambda: {"dispatch": keys.get(), "release": releases.get()}, stop_sweeping)
+    )
     following = asyncio.create_task(follower.run(stop_sweeping)) if follower is not None else None
     updates_following = (
         asyncio.create_task(shared_updates.follow(stop_sweeping)) if shared_updates is not None else None
@@ -237,7 +259,7 @@ async def serve(settings: Settings) -> None:
     finally:
         await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
         extra = [t for t in (following, updates_following) if t is not None]
-        await asyncio.wait({refresher, reconciler, *extra}, timeout=5.0)
+        await asyncio.wait({refresher, reconciler, sampler, *extra}, timeout=5.0)
         if shared_updates is not None:
             shared_updates.engine.dispose()
         await router.aclose()

@@ -29,7 +29,7 @@ from common.telemetry.logs import get_logger
 from common.tunnel import frames
 from common.tunnel.end import RESUME_WINDOW_S, TunnelEnd
 from common.tunnel.record import TICKET_TTL_S, Record
-from gateway.metrics import TUNNEL_ENDS, TUNNEL_SESSIONS
+from gateway.metrics import TUNNEL_BYTES, TUNNEL_ENDS, TUNNEL_SESSIONS
 
 IDLE_TIMEOUT_S = 300.0
 MAX_SESSION_S = 8 * 3600.0
@@ -49,6 +49,13 @@ REASONS = frozenset(
         "gateway_error",
     }
 )  # fmt: skip
+# Every series exists from the start, at 0 (alerts and dashboards see a rate, not an absence).
+for _protocol in ("1", "2"):
+    TUNNEL_SESSIONS.labels(_protocol)
+for _reason in (*REASONS, "other"):
+    TUNNEL_ENDS.labels(_reason)
+for _direction in ("to_platform", "to_device"):
+    TUNNEL_BYTES.labels(_direction)
 
 log = get_logger("versus.gateway.tunnel")
 

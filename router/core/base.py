@@ -79,7 +79,7 @@ class RouterCore:
         self.liveness = Liveness(redis)
         self.in_flight = InFlight(redis, self._load_in_flight)
         self.wake = WakeHub(redis)
-        self.task_wakes = TaskWakes(engine, self.wake, store.CHANGED_TASKS)
+        self.task_wakes = TaskWakes(engine, self.wake, store.CHANGED_TASKS, store.TASK_OUTCOMES)
         self._background: set[asyncio.Task[Any]] = set()
         # Set by the server when this process also serves tunnels (router/tunnels/broker.py).
         self.tunnels: Any = None

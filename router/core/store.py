@@ -25,6 +25,9 @@ from router.core.states import IN_FLIGHT
 IN_FLIGHT_VALUES = [s.value for s in IN_FLIGHT]
 # Connection.info key: ids of tasks this transaction moved (published on commit).
 CHANGED_TASKS = "versus_changed_tasks"
+# (op_class, state) of each task a transaction moved into a final state (or to an operator), counted
+# once the transaction has committed (router/core/wakes.py TaskWakes).
+TASK_OUTCOMES = "versus_task_outcomes"
 
 
 _GET_TASK = {

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from common.redis.fanout import KeyedFanout
 from common.redis.keys import CANDIDATES_CHANGED, WAKE, WORK, WORK_NOTE, WORK_NOTE_MS, WORK_TEXT
 from common.telemetry.logs import get_logger
+from router.core.metrics import TASK_OUTCOMES
 
 log = get_logger("versus.router.live")
 
@@ -93,10 +94,13 @@ class TaskWakes:
     counts as the commit.
     """
 
-    def __init__(self, engine: AsyncEngine, wake: WakeHub, changed_key: str):
+    def __init__(self, engine: AsyncEngine, wake: WakeHub, changed_key: str, outcomes_key: str = ""):
         self.wake = wake
         self.changed_key = changed_key
         self.committed_key = changed_key + ":committed"
+        # The same journey for the outcomes a transaction reached: counted once committed.
+        self.outcomes_key = outcomes_key
+        self.committed_outcomes = outcomes_key + ":committed"
         self._pending: set[asyncio.Task[None]] = set()
         event.listen(engine.sync_engine, "commit", self._on_commit)
         event.listen(engine.sync_engine, "rollback", self._on_rollback)
@@ -108,6 +112,9 @@ class TaskWakes:
         ids = conn.info.pop(self.changed_key, None)
         if ids:
             conn.info.setdefault(self.committed_key, set()).update(ids)
+        outcomes = conn.info.pop(self.outcomes_key, None)
+        if outcomes:
+            conn.info.setdefault(self.committed_outcomes, []).extend(outcomes)
 
     def _on_rollback(self, conn: Connection) -> None:
         if conn.invalidated:
@@ -120,12 +127,16 @@ class TaskWakes:
             self._on_commit(conn)
             return
         conn.info.pop(self.changed_key, None)
+        conn.info.pop(self.outcomes_key, None)
 
     def _on_checkin(self, dbapi_connection: Any, record: Any) -> None:
         if record is None:
             return
         ids = record.info.pop(self.committed_key, None)
         record.info.pop(self.changed_key, None)
+        record.info.pop(self.outcomes_key, None)
+        for op_class, state in record.info.pop(self.committed_outcomes, ()):
+            TASK_OUTCOMES.labels(op_class, state).inc()
         if not ids:
             return
         try:

@@ -26,7 +26,7 @@ from common.trust.keys import SigningKey
 from common.trust.signed_doc import RELAYED_CREDENTIAL
 from router.core import store
 from router.core.base import Effects, _now
-from router.core.metrics import DISPATCH_STATES, NO_ELIGIBLE_TOTAL
+from router.core.metrics import DISPATCH_STATES, LEASE_CONFLICTS, NO_ELIGIBLE_TOTAL
 from router.core.sql import Row
 from router.core.states import State
 from router.credentials.vault import CredentialUnreadable
@@ -159,6 +159,7 @@ class Dispatching(DispatchCore):
             )
             if isinstance(acquired, sql_leases.LeaseHeld):
                 refusal = _lease_refusal(task["target_ref"], acquired)
+                LEASE_CONFLICTS.labels("submit" if refuse else "placement").inc()
                 if refuse:
                     raise refusal
                 effects.moved(
@@ -241,6 +242,7 @@ class Dispatching(DispatchCore):
             )
             if isinstance(acquired, sql_leases.LeaseHeld):
                 refusal = _lease_refusal(task["target_ref"], acquired)
+                LEASE_CONFLICTS.labels("submit" if refuse else "placement").inc()
                 if refuse:
                     raise refusal
                 effects.moved(

@@ -59,6 +59,14 @@ class BridgeExchange:
         self._streams: set[_Stream] = set()
         self.draining = False
 
+    def in_flight(self) -> int:
+        """Calls running on every open stream now (held claims count)."""
+        return sum(len(stream._running) for stream in list(self._streams))
+
+    def in_flight_limit(self) -> int:
+        """Most calls the open streams admit at once."""
+        return self._max_in_flight * len(self._streams)
+
     def begin_shutdown(self) -> None:
         """Tell every open stream's gateway to send new calls elsewhere; what runs is answered."""
         self.draining = True

@@ -11,7 +11,7 @@ from common.telemetry import tracing
 from common.telemetry.logs import get_logger
 from router.core import store
 from router.core.base import Effects, _now
-from router.core.metrics import DISPATCH_STATES
+from router.core.metrics import DISPATCH_STATES, LADDER_STEPS
 from router.core.sql import Row
 from router.core.states import State
 from router.dispatch import ladder, placement, sql_collectors, sql_dispatches, sql_leases, sql_tasks
@@ -61,6 +61,7 @@ class Outcomes(Requeue):
         assert fresh is not None
         step = ladder.on_unknown(fresh["op_class"], fresh["attempts"], self.max_attempts)
         span.set("versus.ladder.step", step.value)
+        LADDER_STEPS.labels(step.value).inc()
         task_id = fresh["task_id"]
         if step == ladder.Step.RECONCILE and fresh["deadline"] <= _now():
             return await self._indeterminate(
@@ -178,6 +179,7 @@ class Outcomes(Requeue):
         elif not refused and outcome == S.FAILED and not error_code:
             applied = False
         task_id = task["task_id"]
+        LADDER_STEPS.labels({True: "applied", False: "not_applied", None: "inconclusive"}[applied]).inc()
         if applied is None:
             why = "reconcile-read refused" if refused else "reconcile-read was inconclusive"
             return await self._reconcile_again(conn, task, why, d, effects)

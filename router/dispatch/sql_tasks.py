@@ -27,8 +27,8 @@ from common.db.schema import (
     tasks,
 )
 from router.core.sql import Db, sql
-from router.core.states import State
-from router.core.store import CHANGED_TASKS
+from router.core.states import TERMINAL, State
+from router.core.store import CHANGED_TASKS, TASK_OUTCOMES
 from router.dispatch.sql_leases import release_sql, release_sql_of
 
 _TASK_COLUMNS = frozenset(tasks.c.keys())
@@ -160,7 +160,19 @@ async def transitions(
         params.update({f"a_{k}": v for k, v in answered.items()})
     if release_lease_of is not None:
         params["r_target_ref"] = release_lease_of
-    return await db.one(query, params)
+    row = await db.one(query, params)
+    _note_outcome(db.info, row, steps[-1][0], steps[-1][1])
+    return row
+
+
+# The states a task's outcome is counted in (versus_router_task_outcomes_total): where it ends,
+# and where it waits for an operator.
+OUTCOME_STATES = frozenset({*TERMINAL, State.INDETERMINATE})
+
+
+def _note_outcome(info: dict[str, Any], row: Mapping[str, Any] | None, before: State, after: State) -> None:
+    if row is not None and after in OUTCOME_STATES and before != after:
+        info.setdefault(TASK_OUTCOMES, []).append((row["op_class"], after.value))
 
 
 # A collector's final answer on its execution dispatch, in one statement outside any transaction:
@@ -234,6 +246,7 @@ async def answer_at_once(
     row = await db.one(_ANSWER_AT_ONCE, params)
     if row is not None:
         db.info.setdefault(CHANGED_TASKS, set()).add(row["task_id"])
+        _note_outcome(db.info, row, State(row["from_state"]), State(answered["state"]))
     return row
 
 

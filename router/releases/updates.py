@@ -56,7 +56,9 @@ class Report:
     at: float
 
 
-def release_facts(rows: Sequence[RowMapping], os: str, arch: str) -> list[ReleaseFacts]:
+def release_facts(
+    rows: Sequence[Mapping[str, Any]] | Sequence[RowMapping], os: str, arch: str
+) -> list[ReleaseFacts]:
     return [
         ReleaseFacts(r["version"], r["channel"], bool(r["security_fix"]), r["published_at"])
         for r in rows
