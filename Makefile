@@ -106,10 +106,12 @@ console-screenshots: system-deps axe-deps $(STAMP)
 # start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a
 # collector is tested behind), Chromium (the console's browser tests, driven by Playwright) and
 # Node.js (npm installs axe-core; a control-socket client in another language, tests/support),
-# stunnel4 (the TLS-terminating relay make bench-tunnel measures beside the tunnel).
+# stunnel4 (the TLS-terminating relay make bench-tunnel measures beside the tunnel), Prometheus
+# (promtool checks and unit-tests the shipped rules; the server scrapes a control plane in e2e) and
+# rsyslog with its TLS driver (the syslog receiver of the audit export drill).
 # Installed once, as root, with apt. "Installed" means dpkg's status says so: a package removed
 # but not purged is still known to `dpkg -s`, which succeeds for it.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4 prometheus
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4 prometheus rsyslog rsyslog-gnutls
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment and lock (locks/mitmproxy.in),

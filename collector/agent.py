@@ -11,37 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from pathlib import Path
-from typing import Any
 
 from collector.agent_state import agent_version, backoff, log
 from collector.claim_loop import ClaimLoop
 from collector.drivers import registry
 from collector.gateway_errors import GatewayRefused, GatewayUnavailable
-from collector.journal import Journal, Result, task_key
+from collector.journal import Result, task_key
 from collector.output import saved_digest
-from collector.state import StatePaths, read_json, write_json
-
-
-def summary(state_dir: Path) -> dict[str, Any]:
-    """Local facts for `versus-collector status`: journal size, in-flight work, last claim."""
-    paths = StatePaths(state_dir)
-    runtime_path = paths.root / "runtime.json"
-    runtime = read_json(runtime_path) if runtime_path.exists() else {}
-    journal_path = state_dir / "journal.sqlite3"
-    counts = {"received": 0, "results": 0, "held": 0}
-    if journal_path.exists():
-        journal = Journal(journal_path)
-        counts = journal.counts()
-        journal.close()
-    identity = read_json(paths.identity) if paths.identity.exists() else {}
-    return {
-        "gateway_url": identity.get("gateway_url", ""),
-        "journal": counts,
-        "last_claim_at": runtime.get("last_claim_at"),
-        "clock_offset_s": runtime.get("clock_offset_s"),
-        "clock_uncertainty_s": runtime.get("clock_uncertainty_s"),
-    }
+from collector.state import read_json, write_json
 
 
 class Agent(ClaimLoop):

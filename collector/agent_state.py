@@ -44,6 +44,8 @@ class RunOptions:
     max_backoff_s: float = 60.0
     ws_retry_s: float = 60.0
     drivers: tuple[str, ...] | None = None
+    # A loopback /metrics for the host's own agent (collector/local_metrics.py); 0: none.
+    metrics_port: int = 0
 
 
 class CollectorError(Exception):
@@ -189,6 +191,11 @@ class AgentState:
         # Ask for a verdict on every held task: at start, and after any claim that failed (an
         # answer carrying a cancel may have been lost with it).
         self.resume = True
+        # For the loopback /metrics (collector/local_metrics.py): the last answered claim, the
+        # tasks held at the last claim, the version this process runs.
+        self.last_claim_at: float | None = None
+        self.held_count = 0
+        self.version = agent_version()
 
     # --- claiming -------------------------------------------------------------------------------
     def _free(self) -> dict[str, int]:

@@ -68,13 +68,15 @@ class ClaimLoop(Execution):
                 if any(v > 0 for v in self._free().values()):
                     continue
                 wait_s = 0.0
+            held = self.journal.held_task_ids()
+            self.held_count = len(held)
             body = {
                 "session_id": self.session_id,
                 "vault_mode": self.vault_mode,
                 "config_version": self.config.version,
                 "key_versions": {**self.pinned.versions(), "trust": self.trust.version},
                 "claim_seq": self.journal.next_claim_seq(),
-                "held_task_ids": self.journal.held_task_ids(),
+                "held_task_ids": held,
                 "capacity": self._free(),
                 "agent_version": agent_version(),
                 "wait_s": wait_s,
@@ -253,6 +255,7 @@ class ClaimLoop(Execution):
         return True
 
     def _write_runtime(self) -> None:
+        self.last_claim_at = time.time()
         write_json(
             self.paths.runtime,
             {
@@ -262,6 +265,12 @@ class ClaimLoop(Execution):
                 # Which process answered: the supervisor's health window waits for its child's own.
                 "pid": os.getpid(),
                 "agent_version": agent_version(),
+                # What `versus-collector status` shows (collector/status.py).
+                "session_id": self.session_id,
+                "protocol": self.client.protocol,
+                "transport": self.client.transport,
+                "vault_mode": self.vault_mode,
+                "in_flight": {p: n for p, n in self.in_flight.items() if n},
             },
         )
 

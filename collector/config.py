@@ -8,6 +8,7 @@
 | longest reconnect backoff | ``--max-backoff`` | ``VERSUS_COLLECTOR_MAX_BACKOFF_S`` | 60 s |
 | drivers to load | ``--drivers`` | ``VERSUS_COLLECTOR_DRIVERS`` | every installed driver |
 | log format | ``--log-format`` | ``VERSUS_COLLECTOR_LOG_FORMAT`` | ``console`` |
+| loopback ``/metrics`` port | ``--metrics-port`` | ``VERSUS_COLLECTOR_METRICS_PORT`` | 0 (none) |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _KEYS = {
     "ws_retry_s": ("VERSUS_COLLECTOR_WS_RETRY_S", float),
     "drivers": ("VERSUS_COLLECTOR_DRIVERS", str),
     "log_format": ("VERSUS_COLLECTOR_LOG_FORMAT", str),
+    "metrics_port": ("VERSUS_COLLECTOR_METRICS_PORT", int),
 }
 
 
@@ -68,9 +70,10 @@ def resolve(flags: dict[str, Any], config_file: Path | None) -> tuple[RunOptions
         or options.grace_s < 0
         or options.max_backoff_s <= 0
         or options.ws_retry_s <= 0
+        or not 0 <= options.metrics_port <= 65535
     ):
         raise CollectorError(
             "claim wait must be in (0, 55], socket claim wait in (0, 240], grace >= 0, "
-            "max backoff and ws retry > 0"
+            "max backoff and ws retry > 0, metrics port in [0, 65535]"
         )
     return options, log_format

@@ -2,7 +2,7 @@
 
     versus-collector enroll --url URL --token-file PATH|- [--ca-pin sha256/...] [--state-dir DIR]
     versus-collector run [--state-dir DIR] [--config FILE] [--claim-wait S] [--grace S] [--drivers a,b]
-    versus-collector status [--state-dir DIR]
+    versus-collector status [--state-dir DIR] [--json] [--offline]
     versus-collector supervise [--state-dir DIR] [--install-dir DIR] [--manifest-url URL --update-pubkey KEY]
     versus-collector install-service [--user U] [--state-dir DIR] [--manifest-url URL --update-pubkey KEY]
 
@@ -14,19 +14,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import math
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from collector import __version__, credentials_cli
-from collector.agent import Agent, summary
+from collector import __version__, credentials_cli, local_metrics
+from collector.agent import Agent
 from collector.agent_state import CollectorError
 from collector.config import default_state_dir, resolve
 from collector.enroll import EnrollError, EnrollOptions, enroll, status
-from common.telemetry.logs import configure_logging
+from collector.state import StatePaths
+from collector.status import local_status, render
+from common.telemetry.logs import configure_logging, get_logger
+
+log = get_logger("versus.collector.main")
 
 
 def _state_dir() -> Path:
@@ -86,8 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ws-retry", type=float, dest="ws_retry_s", help="seconds on HTTPS before retrying WSS")
     r.add_argument("--drivers", help="comma-separated driver names to load (default: all installed)")
     r.add_argument("--log-format", choices=["console", "json"])
-    s = sub.add_parser("status", help="Show identity, enrollment status, last claim and journal size.")
+    r.add_argument(
+        "--metrics-port", type=int, dest="metrics_port", help="serve /metrics on 127.0.0.1 at this port"
+    )
+    s = sub.add_parser(
+        "status",
+        help="Show identity, gateway, session, protocol, held tasks, journal, certificate and update state.",
+    )
     s.add_argument("--state-dir", type=Path, default=_state_dir())
+    s.add_argument("--json", action="store_true", help="one JSON object (collector/status.py)")
+    s.add_argument("--offline", action="store_true", help="do not ask the gateway for the enrollment status")
     v = sub.add_parser(
         "supervise", help="Run the collector, restart it when it exits, and apply signed upgrades."
     )
@@ -166,6 +178,27 @@ def _install_service(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    """Local facts always; the control plane's enrollment status when it answers (not --offline)."""
+    if not StatePaths(args.state_dir).identity.exists():
+        raise EnrollError(
+            "not_enrolled", f"no identity in {args.state_dir}; run versus-collector enroll first"
+        )
+    facts = local_status(args.state_dir)
+    if not args.offline:
+        try:
+            facts["enrollment"] = status(args.state_dir)
+        except EnrollError as exc:
+            facts["enrollment"] = {
+                "error": {"code": exc.code, "message": str(exc).removeprefix(f"{exc.code}: ")}
+            }
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True))
+    else:
+        print("\n".join(render(facts)))
+    return 0
+
+
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     flags = {
         k: getattr(args, k)
@@ -178,6 +211,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             "ws_retry_s",
             "drivers",
             "log_format",
+            "metrics_port",
         )
     }
     options, log_format = resolve(flags, args.config)
@@ -187,6 +221,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     async def main() -> None:
         agents.append(Agent(options))
+        if options.metrics_port:
+            bound = local_metrics.serve(agents[0], options.metrics_port)
+            log.info("metrics on loopback", port=bound)
         await agents[0].run()
 
     asyncio.run(main())
@@ -241,21 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _install_service(args)
         if args.command == "credentials":
             return credentials_cli.run(args)
-        result = status(args.state_dir)
-        local = summary(args.state_dir)
-        until = result["cert_not_after"]
-        print(f"{result['collector_id']}: {result['status']} (certificate valid until {until})")
-        print(f"gateway: {local['gateway_url']}")
-        last = local["last_claim_at"]
-        print(f"last claim: {f'{time.time() - last:.0f}s ago' if last else 'never'}")
-        offset, uncertainty = local["clock_offset_s"], local["clock_uncertainty_s"]
-        if uncertainty is None:
-            print("clock: local (no precise round trip with the gateway yet)")
-        else:
-            print(f"clock: server time = local {offset:+.3f}s (within {uncertainty:.3f}s)")
-        journal = local["journal"]
-        print(f"journal: {journal['received']} tasks received, {journal['held']} in flight or unreported")
-        return 0
+        return _status(args)
     except (EnrollError, CollectorError, credentials_cli.CredentialsError) as exc:
         print(f"versus-collector: error: {exc}", file=sys.stderr)
         return 1

@@ -36,6 +36,9 @@ from common.trust.keystore import KeyStore, ReloadingKeySet
 from common.trust.trust_bundle import BundleSource
 from common.updates.repo_sync import SharedDirectory
 from router.access.grpc_api import AccessServicer
+from router.audit_export import settings as audit_export_settings
+from router.audit_export.exporter import Exporter
+from router.audit_export.settings import sinks as audit_sinks
 from router.credentials.grpc_api import CredentialServicer
 from router.credentials.store import CredentialStore
 from router.credentials.vault import DEFAULT_FILE as DEFAULT_MASTER_FILE
@@ -202,6 +205,7 @@ def update_repository(
 
 async def serve(settings: Settings) -> None:
     database_url, redis_url = require_backends(settings, "router")
+    audit_settings = audit_export_settings.load()  # a bad sink setting stops the start, in one line
     check_backends(database_url, redis_url)
     # Before any key is loaded: this host serves the deployment's material or none
     # (common/material/shared.py).
@@ -239,6 +243,8 @@ async def serve(settings: Settings) -> None:
     router.releases = Releases(engine, repo, releases.get, router.updates)
     refresher = asyncio.create_task(keep_updates_fresh(repo, releases.get, stop_sweeping))
     reconciler = asyncio.create_task(router.updates.run(stop_sweeping))
+    exporter = Exporter(engine, audit_sinks(audit_settings), audit_settings.source, audit_settings.batch)
+    exporting = asyncio.create_task(exporter.run(stop_sweeping))
     sampler = asyncio.create_task(
         sample_forever(router, lambda: {"dispatch": keys.get(), "release": releases.get()}, stop_sweeping)
     )
@@ -259,7 +265,7 @@ async def serve(settings: Settings) -> None:
     finally:
         await stop_sweeper(sweeper, stop_sweeping, max(settings.shutdown_grace_s, 1.0))
         extra = [t for t in (following, updates_following) if t is not None]
-        await asyncio.wait({refresher, reconciler, sampler, *extra}, timeout=5.0)
+        await asyncio.wait({refresher, reconciler, sampler, exporting, *extra}, timeout=5.0)
         if shared_updates is not None:
             shared_updates.engine.dispose()
         await router.aclose()

@@ -56,7 +56,7 @@ SBOM_SPEC = "1.6"
 # Packages of this tree a collector module may import (the rest are third-party or the standard library).
 LOCAL = ("collector", "common")
 # Import names whose distribution is called something else.
-DISTRIBUTION_OF = {"jwt": "pyjwt"}
+DISTRIBUTION_OF = {"jwt": "pyjwt", "prometheus_client": "prometheus-client"}
 
 
 def _module_file(module: str) -> Path | None:

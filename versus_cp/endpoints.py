@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from common.config.settings import Settings
+from common.runtime import pids
 
 FILE_NAME = "endpoints.json"
 _ROUTER_FIELDS = {"router_host", "router_port", "router_target"}
@@ -49,18 +50,6 @@ def remove(state: Path) -> None:
     (state / FILE_NAME).unlink(missing_ok=True)
 
 
-def _running(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def apply(settings: Settings) -> Settings:
     """``settings`` with the router and enrollment addresses of a running `up`, where not set."""
     path = settings.state_dir / FILE_NAME
@@ -68,7 +57,7 @@ def apply(settings: Settings) -> Settings:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return settings
-    if not isinstance(record, dict) or not _running(record.get("pid")):
+    if not isinstance(record, dict) or not pids.running(record.get("pid")):
         return settings
     update: dict[str, str] = {}
     explicit = settings.model_fields_set

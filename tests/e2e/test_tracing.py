@@ -23,13 +23,19 @@ from tests.support.otlp import ReceivedSpan, otlp_receiver
 RECONCILE_BOUND = 3
 
 
-def _complete(task_id: str) -> Callable[[list[ReceivedSpan]], bool]:
+def _complete(caller: TraceParent) -> Callable[[list[ReceivedSpan]], bool]:
+    """Every step of the task seen, and every span's parent with it: a parent ends after its
+    children, so it may come in a later export than they do."""
+
     def seen(spans: list[ReceivedSpan]) -> bool:
-        names = Counter(s.name for s in spans)
+        ours = [s for s in spans if s.trace_id == caller.trace_hex]
+        names = Counter(s.name for s in ours)
+        ids = {s.span_id for s in ours} | {caller.span_hex}
         return (
             names["versus.reconcile.answer"] >= RECONCILE_BOUND
             and names["versus.collector.task"] >= 1 + RECONCILE_BOUND
             and names["versus.gateway.report"] >= 1 + RECONCILE_BOUND
+            and all(s.parent_id in ids for s in ours)
         )
 
     return seen
@@ -56,7 +62,7 @@ def test_one_task_through_reconcile_reads_is_one_trace_across_the_processes(
                 metadata=[("traceparent", caller.header())],
             )  # fmt: skip
             platform.wait_state(task_id, {"indeterminate"}, timeout=60)
-            spans = receiver.wait_for(_complete(task_id))
+            spans = receiver.wait_for(_complete(caller))
         finally:
             collector.stop()
             platform.close()

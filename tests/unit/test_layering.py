@@ -47,6 +47,7 @@ ROUTER_LEVELS: tuple[tuple[str, ...], ...] = (
     ("router.core",),
     (
         "router.access",
+        "router.audit_export",
         "router.credentials",
         "router.output",
         "router.releases",
@@ -79,6 +80,7 @@ PURE = (
     "router.dispatch.reservations",
     "router.dispatch.submit",
     "router.releases.update_policy",
+    "router.audit_export.events",
     "gateway.admission",
 )
 IO_LIBRARIES = frozenset(
