@@ -15,6 +15,7 @@ from common.tunnel import frames
 from common.tunnel.attach import attach, end_reason
 from tests.integration import test_gateway_collector as gw
 from tests.integration.test_tunnel_socket import Platform, _live, _offered_session
+from tests.support.spans import recorded_spans
 
 pytestmark = pytest.mark.timeout(60)
 stack = gw.stack
@@ -84,6 +85,33 @@ async def test_a_direct_session_moves_bytes_without_the_router(stack: gw.Stack) 
     finally:
         await ws.close()
         await platform.close()
+
+
+async def test_a_traced_session_is_a_gateway_span_under_the_routers_open_tunnel(stack: gw.Stack) -> None:
+    with recorded_spans() as spans:
+        _, platform, session_id, ws = await _ready(stack, "att-traced")
+        supervisor = stack.app.state.tunnels.sessions[session_id].supervisor
+        try:
+            ready = (await platform.next()).ready
+            attached = await attach(ready.attach_url, ready.ticket)
+            await attached.send(frames.EOF)
+            assert await _from_gateway(ws) == frames.EOF
+            await ws.send(frames.ack(1))
+            await ws.send(frames.EOF)
+            assert await asyncio.wait_for(attached.recv(), 5) == frames.EOF
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(attached.recv(), 5)
+            await asyncio.wait_for(supervisor, 5)
+        finally:
+            await ws.close()
+            await platform.close()
+        finished = {s.name: s for s in spans.get_finished_spans()}
+    opened = finished["versus.router.v1.TunnelService/OpenTunnel"]
+    held = finished["versus.gateway.tunnel"]
+    assert held.parent is not None and held.parent.span_id == opened.context.span_id
+    assert held.context.trace_id == opened.context.trace_id
+    assert (held.attributes or {})["versus.tunnel.reason"] == "done"
+    assert (held.attributes or {})["versus.session_id"] == session_id
 
 
 async def test_a_ticket_is_good_once_and_only_for_its_session(stack: gw.Stack) -> None:

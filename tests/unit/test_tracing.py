@@ -10,14 +10,13 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from common.errors import ConfigError
-from common.telemetry import otel, span_record, trace_context, tracing
+from common.telemetry import span_record, trace_context, tracing
 from common.telemetry.span_record import MAX_ATTRIBUTE_TEXT, MAX_SPANS, TaskTrace
 from common.telemetry.trace_context import TraceParent
+from tests.support.spans import recorded_spans
 
 GOOD = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -156,16 +155,8 @@ def test_a_task_records_at_most_its_limit_of_spans() -> None:
 @pytest.fixture
 def sdk() -> Iterator[InMemorySpanExporter]:
     """The real backend on the SDK, exporting to memory, for the length of one test."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    processor = SimpleSpanProcessor(exporter)
-    provider.add_span_processor(processor)
-    tracing.install(otel.OtelBackend(provider, processor))  # type: ignore[arg-type]
-    try:
+    with recorded_spans() as exporter:
         yield exporter
-    finally:
-        tracing.install(None)
-        provider.shutdown()
 
 
 def test_spans_root_only_where_work_enters_and_continue_what_they_are_given(
