@@ -246,7 +246,12 @@ async def serve(settings: Settings) -> None:
     exporter = Exporter(engine, audit_sinks(audit_settings), audit_settings.source, audit_settings.batch)
     exporting = asyncio.create_task(exporter.run(stop_sweeping))
     sampler = asyncio.create_task(
-        sample_forever(router, lambda: {"dispatch": keys.get(), "release": releases.get()}, stop_sweeping)
+        sample_forever(
+            router,
+            lambda: {"dispatch": keys.get(), "release": releases.get()},
+            stop_sweeping,
+            settings.router_fleet_sample_s,
+        )
     )
     following = asyncio.create_task(follower.run(stop_sweeping)) if follower is not None else None
     updates_following = (

@@ -197,6 +197,13 @@ class Settings(BaseSettings):
         description="Connections a router may open beyond router_db_pool under load, closed as soon as "
         "they are returned (each costs PostgreSQL a new backend); 0 keeps none.",
     )
+    router_fleet_sample_s: float = Field(
+        default=15.0,
+        ge=1,
+        le=3600,
+        description="How often each router samples the fleet gauges from PostgreSQL and Redis (seconds; "
+        "docs/operations.md, 'Metrics').",
+    )
     collector_cert_lifetime_s: int = Field(
         default=90 * 24 * 3600,
         ge=10,

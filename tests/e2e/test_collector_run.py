@@ -11,8 +11,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from collector.status import local_status
+from common.embedded.process import free_ports
 from tests.e2e.collector_harness import Collector, Platform, wait_for
 from tests.e2e.harness import ControlPlane, run_cli
 
@@ -30,33 +33,59 @@ def fleet(shared_control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[
     platform.close()
 
 
+def _status(collector: Collector, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "collector", "status", "--state-dir", str(collector.state), *flags],
+        env=collector.cp.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _scrape(port: int) -> str:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.TransportError:
+        return ""
+
+
 def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]) -> None:
+    """Also what the collector says about itself meanwhile: its loopback /metrics and `status`."""
     collector, platform = fleet
-    collector.start()
+    (port,) = free_ports(1)
+    collector.start("--metrics-port", str(port))
     task_id = platform.submit(collector.site_id, "echo", "read", "dev-1", {"hello": "world"}, "echo-1")
     task = platform.wait_state(task_id, {"success", "failed"})
     assert json.loads(task.result) == {"hello": "world"}
     assert "control socket open" in collector.log()  # the WebSocket is preferred when it works
     # A task in flight when SIGTERM arrives is finished and reported before the collector exits.
-    slow = platform.submit(collector.site_id, "echo", "read", "dev-2", {"sleep": 1.5}, "echo-2")
+    slow = platform.submit(collector.site_id, "echo", "read", "dev-2", {"sleep": 3}, "echo-2")
     platform.wait_state(slow, {"dispatched", "running"})
-    time.sleep(0.3)
+    wait_for(lambda: 'versus_collector_tasks_in_flight{provider="stub"} 1.0' in _scrape(port), timeout=5)
+    scraped = _scrape(port)
+    assert (
+        'transport="websocket"' in scraped and "versus_collector_cert_expiry_timestamp_seconds 1." in scraped
+    )
+    # runtime.json is rewritten after each answered claim (every 2 s here).
+    wait_for(lambda: local_status(collector.state)["session"]["in_flight"] == {"stub": 1}, timeout=5)
+    running = json.loads(_status(collector, "--json").stdout)
+    assert running["enrollment"]["status"] == "active" and running["process"]["running"]
+    assert running["session"]["transport"] == "websocket" and running["session"]["protocol"] >= 7
+    assert running["journal"]["held"] == 1
+    assert 89 * 86400 < running["certificate"]["expires_in_s"] <= 90 * 86400 + 600
     assert collector.stop() == 0
     assert platform.wait_state(slow, {"success"}, timeout=5)
-    status = subprocess.run(
-        [sys.executable, "-m", "collector", "status", "--state-dir", str(collector.state)],
-        env=collector.cp.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    status = _status(collector)
     assert status.returncode == 0, status.stderr
-    assert ": active" in status.stdout
+    assert "enrollment: active (the control plane says)" in status.stdout
+    assert "process: not running" in status.stdout
     assert f"gateway: https://localhost:{collector.cp.port('gateway')}" in status.stdout
-    assert "journal: 2 tasks received, 0 in flight or unreported" in status.stdout
+    assert "journal 2 received, 0 held (in flight or not yet reported)" in status.stdout
     # The clock was corrected from a precise round trip (same host: the offset is about zero).
     assert re.search(r"clock: server time = local [+-]0\.\d{3}s \(within 0\.\d{3}s\)", status.stdout)
+    # The gateway out of reach: the local facts still answer, and say why the rest does not.
+    collector.use_gateway("https://127.0.0.1:9")
+    unreachable = json.loads(_status(collector, "--json").stdout)
+    assert unreachable["enrollment"]["error"]["code"] == "gateway_unreachable"
+    assert unreachable["journal"]["received"] == 2
 
 
 @pytest.mark.parametrize(

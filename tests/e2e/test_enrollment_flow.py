@@ -70,7 +70,8 @@ def test_operator_issues_a_token_and_a_collector_enrolls(
 
     status = _collector(["status", "--state-dir", str(state)], env)
     assert status.returncode == 0, status.stderr
-    assert f"{identity['collector_id']}: active" in status.stdout
+    assert f"{identity['collector_id']} in site {site_id}" in status.stdout
+    assert "enrollment: active (the control plane says)" in status.stdout
 
     tokens = _cli_json(["tokens", "list", "--site", site_id], env)["tokens"]
     assert [(t["uses"], t["max_uses"], t["status"]) for t in tokens] == [(1, 1, "TOKEN_STATUS_EXHAUSTED")]

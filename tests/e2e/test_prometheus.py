@@ -147,7 +147,7 @@ def test_every_rule_and_panel_answers_from_a_real_prometheus(
                 time.sleep(0.5)
             assert up == dict.fromkeys(JOBS, "up"), (up, (tmp_path / "prometheus.log").read_text()[-3000:])
             _workload(cp, tmp_path)
-            # The routers' next fleet sample (every 15 s) after the work, then a few rule evaluations.
+            # The routers' next fleet sample (every 2 s here) after the work, then a few rule evaluations.
             done = time.time()
             deadline = time.monotonic() + 40
             while time.monotonic() < deadline:
