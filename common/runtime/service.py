@@ -42,6 +42,9 @@ def require_backends(settings: Settings, service: str) -> tuple[str, str]:
             "use `versus-cp up` for the embedded servers"
         )
     assert settings.database_url and settings.redis_url
+    # Tracing settings this build cannot honour are configuration errors too: refused before any
+    # backend is asked for (common/telemetry/tracing.py).
+    tracing.settings_from(os.environ)
     return settings.database_url, settings.redis_url
 
 

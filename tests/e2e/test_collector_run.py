@@ -57,7 +57,8 @@ def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]
     assert json.loads(task.result) == {"hello": "world"}
     assert "control socket open" in collector.log()  # the WebSocket is preferred when it works
     # A task in flight when SIGTERM arrives is finished and reported before the collector exits.
-    slow = platform.submit(collector.site_id, "echo", "read", "dev-2", {"sleep": 3}, "echo-2")
+    # Long enough for the checks below on a busy machine (the drain grace is 10 s).
+    slow = platform.submit(collector.site_id, "echo", "read", "dev-2", {"sleep": 6}, "echo-2")
     platform.wait_state(slow, {"dispatched", "running"})
     wait_for(lambda: 'versus_collector_tasks_in_flight{provider="stub"} 1.0' in _scrape(port), timeout=5)
     scraped = _scrape(port)
@@ -72,7 +73,7 @@ def test_echo_task_succeeds_and_sigterm_drains(fleet: tuple[Collector, Platform]
     assert running["journal"]["held"] == 1
     assert 89 * 86400 < running["certificate"]["expires_in_s"] <= 90 * 86400 + 600
     assert collector.stop() == 0
-    assert platform.wait_state(slow, {"success"}, timeout=5)
+    assert platform.wait_state(slow, {"success"}, timeout=10)
     status = _status(collector)
     assert status.returncode == 0, status.stderr
     assert "enrollment: active (the control plane says)" in status.stdout
@@ -135,4 +136,4 @@ def test_a_stop_while_a_restart_drains_ends_the_process(
     assert collector.proc is not None
     assert collector.proc.wait(30) == 0, collector.log()
     assert collector.log().count("collector started") == 1, collector.log()
-    assert platform.wait_state(slow, {"success"}, timeout=5)
+    assert platform.wait_state(slow, {"success"}, timeout=10)

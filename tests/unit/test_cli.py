@@ -27,6 +27,29 @@ def test_standalone_service_without_backends_is_one_line_config_error(
     assert err.startswith("versus-cp: error: DATABASE_URL and REDIS_URL must be set")
 
 
+@pytest.mark.parametrize(
+    ("command", "env", "said"),
+    [
+        ("enrollment", {"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER=zipkin: this build exports"),
+        ("gateway", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318",
+                     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTLP protocol 'http/json'"),
+        ("router", {"VERSUS_AUDIT_WEBHOOK_URL": "https://siem.example/"}, "VERSUS_AUDIT_WEBHOOK_URL needs"),
+    ],
+)  # fmt: skip
+def test_a_tracing_or_audit_setting_a_service_cannot_honour_stops_it_before_the_backends(
+    command: str, env: dict[str, str], said: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    # Backends that do not answer: the setting is refused before anything is asked of them.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main([command]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("versus-cp: error: " + said), err
+
+
 def test_malformed_url_is_reported_before_anything_starts(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
