@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter, Gauge
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common.telemetry.logs import get_logger
@@ -55,9 +56,6 @@ class Exporter:
     async def run(self, stop: asyncio.Event) -> None:
         if not self.sinks:
             return
-        async with self.engine.begin() as conn:
-            for sink in self.sinks:
-                await outbox.ensure(conn, sink.name)
         log.info("exporting the audit log", sinks=[s.name for s in self.sinks])
         try:
             await asyncio.gather(*(self._run(sink, stop) for sink in self.sinks))
@@ -67,8 +65,13 @@ class Exporter:
 
     async def _run(self, sink: Sink, stop: asyncio.Event) -> None:
         failures = 0
+        ensured = False
         while not stop.is_set():
             try:
+                if not ensured:  # the sink's cursor exists (a new sink starts at the log's beginning)
+                    async with self.engine.begin() as conn:
+                        await outbox.ensure(conn, sink.name)
+                    ensured = True
                 moved = await self.once(sink)
                 if failures:
                     log.info("audit export resumed", sink=sink.name)
@@ -76,7 +79,7 @@ class Exporter:
                 if moved == self.batch:
                     continue  # more are waiting
                 pause = POLL_S
-            except (SinkUnavailable, OSError) as exc:
+            except (SinkUnavailable, OSError, DBAPIError) as exc:  # the sink, or PostgreSQL, is away
                 FAILURES.labels(sink.name).inc()
                 if failures == 0 or failures % 10 == 0:
                     log.warning(

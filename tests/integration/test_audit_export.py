@@ -27,11 +27,13 @@ class Recording:
     def __init__(self) -> None:
         self.events: list[Mapping[str, Any]] = []
         self.failing = False
+        self.took = asyncio.Event()
 
     async def deliver(self, batch: Sequence[Mapping[str, Any]]) -> None:
         if self.failing:
             raise SinkUnavailable("down")
         self.events.extend(batch)
+        self.took.set()
 
     async def close(self) -> None:
         return None
@@ -122,3 +124,30 @@ async def test_the_file_sink_appends_json_lines_and_rotates(engine: AsyncEngine,
         actions == sorted(actions, key=lambda a: int(a[1:])) and actions[-1] == "f29"
     )  # the oldest rotated out
     assert all(e["source"] == "/acme/test" and e["specversion"] == "1.0" for e in lines)
+
+
+async def test_the_loop_outlives_an_unreachable_database_and_a_failing_sink(engine: AsyncEngine) -> None:
+    from router.audit_export.exporter import FAILURES
+
+    # PostgreSQL away from the start (the cursor cannot even be created): retried, never raised.
+    away = create_async("postgresql://nobody@127.0.0.1:9/none")
+    sink = Recording()
+    before = FAILURES.labels(sink.name)._value.get()
+    stop = asyncio.Event()
+    running = asyncio.create_task(Exporter(away, [sink], "versus").run(stop))
+    await asyncio.sleep(1.5)
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert FAILURES.labels(sink.name)._value.get() > before
+    await away.dispose()
+    # A sink that refuses for a while gets everything once it takes again.
+    await _audit(engine, "while-down")
+    sink.failing = True
+    stop = asyncio.Event()
+    running = asyncio.create_task(Exporter(engine, [sink], "versus").run(stop))
+    await asyncio.sleep(1.2)
+    sink.failing = False
+    await asyncio.wait_for(sink.took.wait(), 10)
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert [e["data"]["action"] for e in sink.events] == ["while-down"]
