@@ -313,7 +313,7 @@ class _Call:
 
 def _server_span(call: _Call, *, current: bool) -> AbstractContextManager[tracing.SpanHandle]:
     """The RPC's server span, continuing the caller's ``traceparent`` (when tracing is on)."""
-    if not call.traced:
+    if not call.traced or not tracing.enabled():
         return tracing.OFF
     return tracing.span(
         call.full_method.lstrip("/"), parent=call.traceparent, root=True, kind="server", current=current,
