@@ -89,6 +89,7 @@ async def test_bootstrap_contents(service: EnrollmentService, tmp_path: Path) ->
     site_id = await _site(service)
     issued = await service.issue_token(site_id, max_uses=1, ttl_seconds=None, approval_mode="auto")
     assert issued.plaintext.startswith("vst_")
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
     pin = spki_pin(CaStore(tmp_path).load().active_entry("gateway").cert)
     assert issued.enroll_command == (
         f"versus-collector enroll --url https://gw.test:8443 --ca-pin {pin} --token-file -"
@@ -106,7 +107,10 @@ async def test_bootstrap_contents(service: EnrollmentService, tmp_path: Path) ->
     assert (result.auth_mode, result.audience) == ("bearer", "versus-collector-gateway")
     leaf, ca = x509.load_pem_x509_certificates(result.cert_chain_pem.encode())
     leaf.verify_directly_issued_by(ca)
-    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME + BACKDATE
+    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME  # exactly 90 days
+    # ...opening a few minutes early, for collector clocks that run behind.
+    after = dt.datetime.now(dt.UTC)
+    assert before - BACKDATE <= leaf.not_valid_before_utc <= after - BACKDATE
     san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
         f"spiffe://test.versus/site/{site_id}/collector/col-a"
