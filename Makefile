@@ -13,7 +13,7 @@ INSTALL_LOCK := tools/install_lock.sh
 # This checkout, editable and without dependencies (they are the lock's), into environment $(1).
 INSTALL_PROJECT = UV_NO_CONFIG=1 $(1)/bin/uv pip install --quiet --python $(1)/bin/python --no-deps --no-build-isolation -e .
 
-.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-bridge-calls bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
+.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e e2e-durations bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-bridge-calls bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -108,10 +108,14 @@ console-screenshots: system-deps axe-deps $(STAMP)
 # Node.js (npm installs axe-core; a control-socket client in another language, tests/support),
 # stunnel4 (the TLS-terminating relay make bench-tunnel measures beside the tunnel), Prometheus
 # (promtool checks and unit-tests the shipped rules; the server scrapes a control plane in e2e) and
-# rsyslog with its TLS driver (the syslog receiver of the audit export drill).
+# rsyslog with its TLS driver (the syslog receiver of the audit export drill), and the highly
+# available data tier of deploy/: PostgreSQL 15 under Patroni with etcd as its consensus store
+# (the failover drill). Debian's Patroni 3.0 predates PostgreSQL 16, so this tier runs 15; Patroni
+# takes any of several store clients as its dependency, so python3-etcd is named here.
 # Installed once, as root, with apt. "Installed" means dpkg's status says so: a package removed
 # but not purged is still known to `dpkg -s`, which succeeds for it.
-SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4 prometheus rsyslog rsyslog-gnutls
+SYSTEM_PACKAGES := openssh-client openssh-server iproute2 squid systemd chromium haproxy redis-sentinel nodejs stunnel4 prometheus rsyslog rsyslog-gnutls \
+	postgresql-15 patroni python3-etcd etcd-server etcd-client
 
 # mitmproxy, the TLS-inspecting proxy the collector is tested through (tests/support/mitm.py). It
 # pins its own dependencies, so it gets its own virtual environment and lock (locks/mitmproxy.in),
@@ -200,6 +204,12 @@ integration: $(STAMP) system-deps
 
 e2e: $(STAMP) system-deps
 	$(BIN)/pytest tests/e2e
+
+# Record how long each end-to-end test takes on this machine (tests/e2e/durations.json): the test
+# command's workers are handed the slowest first and end together (tests/support/schedule.py).
+e2e-durations: $(STAMP) system-deps bytecode
+	VERSUS_RECORD_DURATIONS=tests/e2e/durations.json $(BIN)/pytest tests/e2e \
+		$(addprefix --ignore=,$(SERIAL_E2E)) -n $(E2E_WORKERS) --dist worksteal -q
 
 # Faults against real processes for five minutes; a short smoke run is part of `make test`.
 chaos: $(STAMP)

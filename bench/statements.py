@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from common.db.engine import libpq_url
+from common.db.urls import libpq_url
 
 _LINE = re.compile(r"^(?P<app>versus-[a-z]+)\|LOG:  (?:statement|execute [^:]*): (?P<sql>.*)$")
 _TRANSACTION = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK)\b", re.IGNORECASE)

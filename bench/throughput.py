@@ -52,7 +52,7 @@ from bench.stack import (
     save_report,
 )
 from bench.statements import counting
-from common.db.engine import libpq_url
+from common.db.urls import libpq_url
 from common.grpc.client import aio_channel
 
 # No task finished for this long: the watchdog prints where the tasks are.

@@ -161,13 +161,22 @@ async def _probe(name: str, check: Awaitable[object]) -> tuple[str, str]:
         return name, "ok"
     except TimeoutError:
         return name, f"timed out after {READINESS_TIMEOUT_S:.0f}s"
+    except NotWritable:
+        return name, "read-only: a standby, writes are impossible"
     except Exception as exc:  # any failure means not ready; the reason is reported
         return name, f"unreachable: {type(exc).__name__}"
 
 
+class NotWritable(Exception):
+    """The database answered but is a standby (in recovery): the gateway cannot serve."""
+
+
 async def _postgres_ok(engine: AsyncEngine) -> None:
+    # Reachable is not enough: a server in recovery (a Patroni standby, a primary being demoted)
+    # answers reads but fails every claim and report.
     async with engine.connect() as conn:
-        await conn.execute(text("SELECT 1"))
+        if (await conn.execute(text("SELECT pg_is_in_recovery()"))).scalar():
+            raise NotWritable
 
 
 def error_response(error: VersusError, status: int) -> JSONResponse:

