@@ -141,9 +141,10 @@ class CollectorCA:
         now: dt.datetime,
         lifetime: dt.timedelta = LEAF_LIFETIME,
     ) -> x509.Certificate:
-        """A client certificate binding ``csr.collector_id`` to ``site_id``, valid for exactly
-        ``lifetime``: the window opens a few minutes before ``now`` (for clocks that run behind) and
-        closes ``lifetime`` after it opened, so notAfter - notBefore is the stated lifetime."""
+        """A client certificate binding ``csr.collector_id`` to ``site_id``, valid for ``lifetime`` from
+        ``now`` and from a few minutes before, for clocks that run behind (notAfter - notBefore is
+        ``lifetime`` + BACKDATE; taking the backdate out of the lifetime would issue a short-lived
+        certificate already expired)."""
         not_before = now - BACKDATE
         return (
             x509.CertificateBuilder()
@@ -152,7 +153,7 @@ class CollectorCA:
             .public_key(csr.public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(not_before)
-            .not_valid_after(not_before + lifetime)
+            .not_valid_after(now + lifetime)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(key_usage(digital_signature=True), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

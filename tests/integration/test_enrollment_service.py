@@ -107,10 +107,11 @@ async def test_bootstrap_contents(service: EnrollmentService, tmp_path: Path) ->
     assert (result.auth_mode, result.audience) == ("bearer", "versus-collector-gateway")
     leaf, ca = x509.load_pem_x509_certificates(result.cert_chain_pem.encode())
     leaf.verify_directly_issued_by(ca)
-    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME  # exactly 90 days
-    # ...opening a few minutes early, for collector clocks that run behind.
+    assert leaf.not_valid_after_utc - leaf.not_valid_before_utc == LEAF_LIFETIME + BACKDATE
+    # 90 days from issue, opening a few minutes early for collector clocks that run behind.
     after = dt.datetime.now(dt.UTC)
     assert before - BACKDATE <= leaf.not_valid_before_utc <= after - BACKDATE
+    assert before + LEAF_LIFETIME <= leaf.not_valid_after_utc <= after + LEAF_LIFETIME
     san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
         f"spiffe://test.versus/site/{site_id}/collector/col-a"

@@ -179,3 +179,18 @@ def test_a_certificate_of_a_retired_issuer_is_renewed_soon_and_spread(tmp_path: 
     assert max(dues) - min(dues) > REISSUE_SPREAD_S / 2  # spread, not all at once
     # A short-lived certificate (tests run them in seconds) is reissued within 5 % of its life.
     assert max(reissue_due(NOW, NOW, NOW + 60, rng) - NOW for _ in range(50)) <= 3.0
+
+
+def test_a_short_lived_leaf_is_usable_for_its_whole_lifetime_from_issue(tmp_path: Path) -> None:
+    """The backdate opens the window early; it is not taken out of the lifetime (a 60 s leaf
+    would otherwise be issued already expired, as a 4-minute-short leaf once was in e2e)."""
+    store = CaStore(tmp_path / "cp")
+    BundleSource(store, check_interval_s=0).get()
+    active = store.load().active_entry("collector")
+    ca = CollectorCA(active.cert, store.private_key("collector", active.ca_id))
+    lifetime = dt.timedelta(seconds=60)
+    leaf = ca.issue(
+        validate_csr(csr_pem(p256(), "c1")), site_id="s1", trust_domain="t", now=AT, lifetime=lifetime
+    )
+    assert leaf.not_valid_after_utc == AT + lifetime
+    assert leaf.not_valid_before_utc < AT
