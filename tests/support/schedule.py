@@ -78,10 +78,10 @@ def units_of(items: Sequence[pytest.Item], durations: Mapping[str, float]) -> li
     for item in items:
         weight = durations.get(item.nodeid, default)
         module = item.module.__name__ if isinstance(item, pytest.Function) else None
-        if module in bound:
-            unit = by_module.get(module)  # type: ignore[arg-type]
+        if module is not None and module in bound:
+            unit = by_module.get(module)
             if unit is None:
-                unit = by_module[module] = Unit([], 0.0)  # type: ignore[index]
+                unit = by_module[module] = Unit([], 0.0)
                 units.append(unit)
             unit.items.append(item)
             unit.weight += weight
