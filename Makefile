@@ -13,7 +13,7 @@ INSTALL_LOCK := tools/install_lock.sh
 # This checkout, editable and without dependencies (they are the lock's), into environment $(1).
 INSTALL_PROJECT = UV_NO_CONFIG=1 $(1)/bin/uv pip install --quiet --python $(1)/bin/python --no-deps --no-build-isolation -e .
 
-.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e e2e-durations bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-bridge-calls bench-salt salt-deps bench-collector-dist chaos fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
+.PHONY: help venv run test test-deps test-fast bytecode collector-release check system-deps mitm-deps lint protos protos-check proto-lint vectors vectors-check openapi unit integration e2e e2e-durations bench bench-deps bench-envelope bench-latency bench-enroll bench-tunnel bench-idle bench-storm bench-throughput bench-bridge-calls bench-salt salt-deps bench-collector-dist chaos failover-drill fuzz console-screenshots axe-deps clean lock lock-upgrade lock-check licenses licenses-core audit
 
 help:
 	@echo "make run      - bring up the whole control plane (embedded PostgreSQL and Redis by default)"
@@ -25,6 +25,7 @@ help:
 	@echo "make openapi  - regenerate docs/openapi.json from the gateway app"
 	@echo "make bench    - run every benchmark (results belong in docs/benchmarks.md)"
 	@echo "make chaos    - five minutes of injected faults, then check every promise (SEED=n)"
+	@echo "make failover-drill - the chaos workload on Patroni + etcd + Sentinel: primary, etcd member and Redis lost; 3 runs (SEED=n)"
 	@echo "make collector-release - build the collector wheel and its release artifact (a PEX file) into dist/"
 	@echo "make fuzz     - schemathesis against the gateway's OpenAPI document (EXAMPLES=n per operation)"
 	@echo "make lock     - resolve locks/ again after a change to pyproject.toml or locks/*.in (pins kept)"
@@ -214,6 +215,16 @@ e2e-durations: $(STAMP) system-deps bytecode
 # Faults against real processes for five minutes; a short smoke run is part of `make test`.
 chaos: $(STAMP)
 	$(BIN)/python -m chaos.run --seed $${SEED:-1} --seconds 300 --rate 4 --fault-every 8 --json chaos-report.json
+
+# The data tier's failover drill (chaos/ha.py), three runs in a row on seeds SEED, SEED+1, SEED+2;
+# each prints its write-unavailability window and its violation count.
+failover-drill: system-deps $(STAMP)
+	@seed=$${SEED:-1}; for run in 1 2 3; do \
+		echo "== failover drill, run $$run of 3, seed $$seed"; \
+		$(BIN)/python -m chaos.run --drill --seed $$seed --seconds 100 --rate 4 --fault-every 15 \
+			--json failover-drill-$$run.json || exit 1; \
+		seed=$$((seed + 1)); \
+	done
 
 # Schemathesis against docs/openapi.json with fresh random draws (the test command runs 30 examples each).
 fuzz: $(STAMP)

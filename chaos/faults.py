@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from chaos import ha
 from chaos.stack import ChaosStack
 
 # Kind -> weight. Every kind a production deployment must survive without losing or repeating work.
@@ -34,6 +35,8 @@ KINDS = {
     "redis_flushall": 1,
     "redis_restart": 1,
 }
+# The data tier's own failures (chaos/ha.py), injected on the HA stack only (`--drill`).
+HA_KINDS = {"postgres_primary_kill": 1, "etcd_member_loss": 1, "redis_failover": 1}
 # After a fault ends, errors seen this long are still blamed on it (clients back off and retry).
 RECOVERY_S = 5.0
 # Faults of a component an answer depends on: only these may explain a 5xx or a failed platform
@@ -42,7 +45,7 @@ SERVER_SIDE = frozenset(
     {
         "router_restart", "gateway_restart", "postgres_restart", "redis_flushall", "redis_restart",
         # Of a scaled-out deployment (tests/e2e/test_multi_host.py): one replica of several.
-        "enrollment_restart", "redis_failover",
+        "enrollment_restart", "redis_failover", "postgres_primary_kill", "etcd_member_loss",
     }
 )  # fmt: skip
 # Faults that touch every task in flight, not one collector's.
@@ -80,6 +83,9 @@ class Injector:
     # Kinds to inject in this order, round robin (a short run that must cover them); empty: weighted.
     sequence: list[str] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
+    # Run the sequence once, then stop injecting (the drill: each fault after the last healed).
+    once: bool = False
+    findings: ha.Findings = field(default_factory=ha.Findings)
     _background: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -90,14 +96,16 @@ class Injector:
         """Inject a fault about every ``every_s`` seconds (exponential gaps) for ``seconds``."""
         rng = random.Random(self.seed * 7919 + 1)
         kinds, weights = list(KINDS), list(KINDS.values())
-        unknown = set(self.sequence) - set(KINDS)
+        unknown = set(self.sequence) - set(KINDS) - set(HA_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))}")
         ends = time.monotonic() + seconds
         n = 0
         while True:
-            await asyncio.sleep(rng.expovariate(1 / every_s))
-            if time.monotonic() >= ends:
+            gap = rng.expovariate(1 / every_s)
+            # The drill's faults are evenly spaced: each heals before the next lands.
+            await asyncio.sleep(every_s if self.once else gap)
+            if time.monotonic() >= ends or (self.once and n >= len(self.sequence)):
                 return
             weighted = rng.choices(kinds, weights)[0]  # drawn either way: the schedule stays seeded
             kind = self.sequence[n % len(self.sequence)] if self.sequence else weighted
@@ -184,9 +192,16 @@ class Injector:
             stack.wait_ready()
             return service.name
         if kind == "postgres_restart":
-            stack.postgres.stop()
-            stack.postgres.start()
+            postgres, _ = stack.embedded
+            postgres.stop()
+            postgres.start()
             return "fast shutdown and start"
+        if kind == "postgres_primary_kill":
+            return ha.primary_kill(stack, self.findings)
+        if kind == "etcd_member_loss":
+            return ha.etcd_member_loss(stack, self.findings, rng)
+        if kind == "redis_failover":
+            return ha.redis_failover(stack, self.findings)
         client = stack.redis_client()
         try:
             if kind == "redis_flushall":
@@ -194,6 +209,7 @@ class Injector:
                 return "FLUSHALL"
         finally:
             client.close()
-        stack.redis.stop()
-        stack.redis.start()
+        _, redis = stack.embedded
+        redis.stop()
+        redis.start()
         return "stop and start"

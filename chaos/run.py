@@ -1,7 +1,12 @@
 """Run a seeded workload under injected faults and check the promises (chaos/checker.py).
 
     python -m chaos.run [--seed 1] [--seconds 120] [--rate 4] [--fault-every 8] [--collectors 4]
-                        [--devices 6] [--deadline 60] [--keep]
+                        [--devices 6] [--deadline 60] [--keep] [--drill]
+
+With ``--drill`` the stack runs on the data tier of deploy/ (Patroni with two PostgreSQL nodes and
+three etcd members, a Redis Sentinel group) and the faults are the failover drill's, once each,
+in order, ``--fault-every`` seconds apart: the PostgreSQL primary SIGKILLed, an etcd member lost,
+Redis failed over (chaos/ha.py). What they measured is printed with the report.
 
 Exit status 0 when no promise was broken, 1 otherwise; the summary lists tasks by
 final state, faults by kind and every violation. The same seed gives the same
@@ -18,10 +23,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos import checker
+from chaos import checker, ha
 from chaos.faults import Injector
 from chaos.stack import ChaosStack
 from chaos.workload import Workload
@@ -41,6 +46,8 @@ class Config:
     deadline: float = 60.0
     # Comma-separated fault kinds injected in this order, round robin; empty: all kinds, weighted.
     faults: str = ""
+    # The failover drill (chaos/ha.py) on the HA data tier instead of the random faults.
+    drill: bool = False
 
 
 @dataclass
@@ -48,9 +55,11 @@ class Report:
     tasks: Counter[str]
     faults: Counter[str]
     violations: list[str]
+    measures: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [
+            *self.measures,
             "tasks: " + ", ".join(f"{state} {n}" for state, n in sorted(self.tasks.items())),
             "faults: " + (", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())) or "none"),
             f"violations: {len(self.violations)}",
@@ -61,7 +70,10 @@ class Report:
 
 async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
     workload = Workload(config.seed, config.devices, stack.site_id, config.deadline)
-    injector = Injector(stack, config.seed, [k for k in config.faults.split(",") if k])
+    if config.drill:
+        injector = Injector(stack, config.seed, list(ha.DRILL), once=True)
+    else:
+        injector = Injector(stack, config.seed, [k for k in config.faults.split(",") if k])
     started_wall, started_mono = time.time(), time.monotonic()
     router = f"127.0.0.1:{stack.env['VERSUS_ROUTER_PORT']}"
     async with aio_channel(router, token) as channel:
@@ -83,6 +95,7 @@ async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
     clock = checker.Clock(started_wall, started_mono)
     applied = checker.applications(stack.devices)
     violations = died + checker.check_facts(workload.tasks, facts, applied, injector.windows, clock, names)
+    violations += injector.findings.problems
     violations += checker.writer_order(stack.devices)
     violations += checker.overlaps(spans)
     with stack.redis_client() as client:
@@ -92,7 +105,7 @@ async def _drive(stack: ChaosStack, config: Config, token: str) -> Report:
     states = Counter(
         t.state or ("refused " + t.refused if t.refused else "never accepted") for t in workload.tasks
     )
-    return Report(states, injector.counts, violations)
+    return Report(states, injector.counts, violations, injector.findings.measures)
 
 
 def _mint_platform_token(stack: ChaosStack) -> str:
@@ -101,7 +114,7 @@ def _mint_platform_token(stack: ChaosStack) -> str:
 
 
 def run(config: Config, root: Path) -> Report:
-    stack = ChaosStack(root)
+    stack = ChaosStack(root, ha=config.drill)
     try:
         stack.start(config.collectors)
         return asyncio.run(_drive(stack, config, _mint_platform_token(stack)))
@@ -116,7 +129,10 @@ def main() -> None:
     defaults = Config()
     for name in Config.__slots__:
         value = getattr(defaults, name)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        if isinstance(value, bool):
+            parser.add_argument(f"--{name.replace('_', '-')}", action="store_true")
+        else:
+            parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs, devices)")
     parser.add_argument("--json", dest="json_path", help="also write the report as JSON here")
     args = parser.parse_args()
@@ -140,6 +156,7 @@ def main() -> None:
                     "tasks": report.tasks,
                     "faults": report.faults,
                     "violations": report.violations,
+                    "measures": report.measures,
                 },
                 indent=2,
                 default=str,

@@ -33,6 +33,8 @@ from collector.state import StatePaths, read_json
 from common.embedded.postgres import EmbeddedPostgres
 from common.embedded.redis import EmbeddedRedis
 from tests.e2e.harness import BANNER, service_env
+from tests.support.data_tier import DataTier
+from tests.support.sentinel import SentinelGroup
 from tests.support.tcp_proxy import CuttableProxy
 
 SERVICES = ("router", "enrollment", "gateway")
@@ -102,7 +104,7 @@ class Proc:
             self._log = None
 
 
-def _serving(port: str) -> bool:
+def serving(port: str) -> bool:
     """The gRPC server on ``port`` answers its overall health check SERVING."""
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -115,8 +117,11 @@ def _serving(port: str) -> bool:
 @dataclass
 class ChaosStack:
     root: Path
-    postgres: EmbeddedPostgres = field(init=False)
-    redis: EmbeddedRedis = field(init=False)
+    # The data tier of deploy/ (Patroni + etcd, Redis Sentinel) instead of one embedded server of
+    # each: the failover drill (chaos/ha.py).
+    ha: bool = False
+    postgres: EmbeddedPostgres | DataTier = field(init=False)
+    redis: EmbeddedRedis | SentinelGroup = field(init=False)
     env: dict[str, str] = field(init=False)
     services: dict[str, Proc] = field(default_factory=dict)
     collectors: list[Proc] = field(default_factory=list)
@@ -133,9 +138,31 @@ class ChaosStack:
     def state_dir(self) -> Path:
         return self.root / "state"
 
+    @property
+    def embedded(self) -> tuple[EmbeddedPostgres, EmbeddedRedis]:
+        """The embedded servers (the restart and flush faults); not in the HA drill."""
+        assert isinstance(self.postgres, EmbeddedPostgres) and isinstance(self.redis, EmbeddedRedis)
+        return self.postgres, self.redis
+
+    @property
+    def tier(self) -> DataTier:
+        assert isinstance(self.postgres, DataTier), "the HA drill's stack only"
+        return self.postgres
+
+    @property
+    def sentinels(self) -> SentinelGroup:
+        assert isinstance(self.redis, SentinelGroup), "the HA drill's stack only"
+        return self.redis
+
     def start(self, collectors: int, claim_hold_s: int = 5) -> None:
-        self.postgres = EmbeddedPostgres(self.root / "pg").start()
-        self.redis = EmbeddedRedis(self.root / "redis").start()
+        if self.ha:
+            (self.root / "pg").mkdir(parents=True)
+            (self.root / "redis").mkdir()
+            self.postgres = DataTier(self.root / "pg").start()
+            self.redis = SentinelGroup(self.root / "redis").start()
+        else:
+            self.postgres = EmbeddedPostgres(self.root / "pg").start()
+            self.redis = EmbeddedRedis(self.root / "redis").start()
         self.devices.mkdir(parents=True, exist_ok=True)
         self.env = service_env(
             self.state_dir,
@@ -193,7 +220,7 @@ class ChaosStack:
                     ready = client.get(gateway).status_code == 200
                 except (httpx.HTTPError, OSError):
                     ready = False
-                if ready and all(_serving(port) for port in grpc_ports):
+                if ready and all(serving(port) for port in grpc_ports):
                     return
                 time.sleep(0.25)
         raise RuntimeError("control plane not ready")
@@ -228,6 +255,9 @@ class ChaosStack:
             self.by_collector_id[read_json(StatePaths(state).identity)["collector_id"]] = proc
 
     def redis_client(self) -> Redis:
+        """A client of the Redis that holds the counters now (the master, in a Sentinel group)."""
+        if isinstance(self.redis, SentinelGroup):
+            return Redis(host=self.redis.host, port=self.redis.master_port())
         return Redis.from_url(self.redis.url)
 
     def stop(self) -> None:

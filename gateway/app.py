@@ -23,13 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common import error_mapping
 from common.db import engine as db_engine
+from common.db import writable
 from common.errors import InvalidArgument, VersusError
 from common.grpc.client import Token
 from common.redis.client import create_async as create_redis
@@ -161,22 +161,10 @@ async def _probe(name: str, check: Awaitable[object]) -> tuple[str, str]:
         return name, "ok"
     except TimeoutError:
         return name, f"timed out after {READINESS_TIMEOUT_S:.0f}s"
-    except NotWritable:
-        return name, "read-only: a standby, writes are impossible"
+    except writable.NotWritable:
+        return name, writable.READ_ONLY
     except Exception as exc:  # any failure means not ready; the reason is reported
         return name, f"unreachable: {type(exc).__name__}"
-
-
-class NotWritable(Exception):
-    """The database answered but is a standby (in recovery): the gateway cannot serve."""
-
-
-async def _postgres_ok(engine: AsyncEngine) -> None:
-    # Reachable is not enough: a server in recovery (a Patroni standby, a primary being demoted)
-    # answers reads but fails every claim and report.
-    async with engine.connect() as conn:
-        if (await conn.execute(text("SELECT pg_is_in_recovery()"))).scalar():
-            raise NotWritable
 
 
 def error_response(error: VersusError, status: int) -> JSONResponse:
@@ -302,7 +290,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
             return JSONResponse(body.model_dump(), status_code=503)
         connections: Connections = request.app.state.connections
         results = await asyncio.gather(
-            _probe("postgres", _postgres_ok(connections.engine)),
+            _probe("postgres", writable.check_engine(connections.engine)),
             _probe("redis", connections.redis.ping()),
         )
         checks = dict(results)

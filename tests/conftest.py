@@ -36,7 +36,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 ROOT = Path(__file__).resolve().parent
 # Fixtures shared by modules that opt in (usefixtures): the log-capturing credential check.
-pytest_plugins = ["tests.support.logs"]
+pytest_plugins = ["tests.support.logs", "tests.support.cpu"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

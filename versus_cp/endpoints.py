@@ -50,19 +50,36 @@ def remove(state: Path) -> None:
     (state / FILE_NAME).unlink(missing_ok=True)
 
 
+def _running(settings: Settings) -> dict[str, object] | None:
+    try:
+        record = json.loads((settings.state_dir / FILE_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not pids.running(record.get("pid")):
+        return None
+    return record
+
+
+def with_database(settings: Settings) -> Settings:
+    """``settings`` with the embedded PostgreSQL of a running `up` on this state directory when
+    ``DATABASE_URL`` is not set (commands that work on the database itself: `backup`)."""
+    if settings.database_url:
+        return settings
+    record = _running(settings)
+    url = None if record is None else record.get("database_url")
+    return settings.model_copy(update={"database_url": url}) if isinstance(url, str) else settings
+
+
 def apply(settings: Settings) -> Settings:
     """``settings`` with the router and enrollment addresses of a running `up`, where not set."""
-    path = settings.state_dir / FILE_NAME
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return settings
-    if not isinstance(record, dict) or not pids.running(record.get("pid")):
+    record = _running(settings)
+    if record is None:
         return settings
     update: dict[str, str] = {}
     explicit = settings.model_fields_set
-    if not explicit & _ROUTER_FIELDS and isinstance(record.get("router"), str):
-        update["router_target"] = record["router"]
-    if not explicit & _ENROLLMENT_FIELDS and isinstance(record.get("enrollment"), str):
-        update["enrollment_target"] = record["enrollment"]
+    router, enrollment = record.get("router"), record.get("enrollment")
+    if not explicit & _ROUTER_FIELDS and isinstance(router, str):
+        update["router_target"] = router
+    if not explicit & _ENROLLMENT_FIELDS and isinstance(enrollment, str):
+        update["enrollment_target"] = enrollment
     return settings.model_copy(update=update) if update else settings

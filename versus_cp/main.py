@@ -113,6 +113,11 @@ COMMANDS: dict[str, tuple[str, Handler | str, Configure | str | None]] = {
         "versus_cp.material_cmd:run",
         "versus_cp.material_cmd:add_arguments",
     ),
+    "backup": (
+        "Back the deployment up (database and sealed key material), verify a backup, restore one.",
+        "versus_cp.backup_cmd:run",
+        "versus_cp.backup_cmd:add_arguments",
+    ),
     "sites": (
         "Create, list, update and delete sites.",
         "versus_cp.enrollment_cmd:run_sites",

@@ -79,10 +79,11 @@ def check_reachable(url: str) -> None:
         with psycopg.connect(libpq_url(url), connect_timeout=CONNECT_TIMEOUT_S) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        raise Unavailable(f"cannot connect to PostgreSQL at {describe(url)}: {_first_line(exc)}") from None
+        raise Unavailable(f"cannot connect to PostgreSQL at {describe(url)}: {first_line(exc)}") from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The last line of a driver error, without its 'connection failed:' prefix or any URL secret."""
     text = str(exc).strip().splitlines()
     reason = text[-1] if text else type(exc).__name__
     return redact_url(reason.removeprefix("connection failed: ").strip())

@@ -463,8 +463,17 @@ class GrpcServer:
         if bound == 0:
             raise StartupError(f"cannot listen on {self.address} ({self.name} gRPC): address already in use")
         await self.server.start()
-        for service in ["", *names]:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Every service's health (and the server's, ``""``) SERVING or NOT_SERVING: NOT_SERVING
+        while the process cannot do its work (no writable PostgreSQL), so gRPC clients that
+        health-check move to another replica."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ["", *(reg.full_name for reg in self.services)]:
+            await self.health.set(service, status)
 
     async def stop(self, grace: float) -> None:
         """Report NOT_SERVING, let in-flight RPCs finish within ``grace``, then close.

@@ -126,6 +126,17 @@ async def _watch_parent(stop: asyncio.Future[str]) -> None:
         await asyncio.sleep(1.0)
 
 
+async def _watch_writable(database_url: str, metrics: MetricsServer, server: GrpcServer) -> None:
+    """Readiness and gRPC health follow whether PostgreSQL takes writes (common/db/writable.py)."""
+    from common.db.writable import WritableWatch
+
+    async def changed(reason: str | None) -> None:
+        metrics.blocked = reason
+        await server.set_serving(reason is None)
+
+    await WritableWatch(database_url, changed).run()
+
+
 async def serve_grpc_service(
     settings: Settings,
     name: str,
@@ -150,8 +161,10 @@ async def serve_grpc_service(
         metrics.ready.set()
         sd_notify.ready()
         log.info("serving", service=name, grpc=server.address, metrics_port=metrics_port)
+        watch = asyncio.create_task(_watch_writable(database_url, metrics, server), name="writable-watch")
         reason = await wait_for_shutdown()
         log.info("stopping", service=name, reason=reason)
+        watch.cancel()
         metrics.ready.clear()
         sd_notify.stopping()
         SERVICE_UP.labels(name).set(0)

@@ -47,8 +47,9 @@ SERVICE_UP = Gauge("versus_service_up", "1 while this service process is serving
 
 class MetricsServer:
     """The plain-HTTP listener of a gRPC service process: ``/metrics`` for Prometheus, and
-    ``/healthz`` (the process runs) and ``/readyz`` (it serves and is not stopping) for systemd
-    units, load balancers and orchestrators that probe over HTTP (docs/deployment.md)."""
+    ``/healthz`` (the process runs) and ``/readyz`` (it serves, is not stopping and its database
+    takes writes) for systemd units, load balancers and orchestrators that probe over HTTP
+    (docs/deployment.md)."""
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
@@ -57,15 +58,20 @@ class MetricsServer:
         # Set once the gRPC server serves; cleared as soon as a graceful stop begins, so a
         # balancer or a probe stops sending new work before the listener goes.
         self.ready = threading.Event()
+        # Why the process cannot do its work although it serves (PostgreSQL has no writable
+        # primary during a failover: common/db/writable.py); None when nothing stands in the way.
+        self.blocked: str | None = None
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == "/healthz":
             return _text(start_response, "200 OK", b"ok\n")
         if path == "/readyz":
-            if self.ready.is_set():
+            blocked = self.blocked
+            if self.ready.is_set() and blocked is None:
                 return _text(start_response, "200 OK", b"ready\n")
-            return _text(start_response, "503 Service Unavailable", b"not ready\n")
+            why = f"not ready: {blocked}\n" if blocked is not None else "not ready\n"
+            return _text(start_response, "503 Service Unavailable", why.encode())
         result: Iterable[bytes] = self._metrics(environ, start_response)
         return result
 

@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from common.db import writable
 from common.db.engine import create_async
 from common.db.migrate import upgrade
 from common.db.urls import libpq_url
@@ -56,6 +57,8 @@ async def test_an_acknowledged_write_survives_the_primary_and_the_pool_rides_the
 
         tier.kill_node(old)
         killed = time.monotonic()
+        # What the services' readiness watch asks (common/db/writable.py): no writable host now.
+        assert await writable.probe(tier.url) is not None
         failures = 0
         while True:  # the same engine, never rebuilt: the pool finds the new primary itself
             try:
@@ -67,6 +70,7 @@ async def test_an_acknowledged_write_survives_the_primary_and_the_pool_rides_the
                 assert time.monotonic() - killed < 90, "no writable primary after 90 s"
                 await asyncio.sleep(0.1)
         window = time.monotonic() - killed
+        assert await writable.probe(tier.url) is None
         print(f"write-unavailability window: {window:.1f} s, {failures} writes refused")  # noqa: T201 - the measure
         assert window <= WRITE_WINDOW_S
         assert tier.leader() == standby  # only the synchronous standby may be promoted
@@ -91,7 +95,8 @@ async def test_an_acknowledged_write_survives_the_primary_and_the_pool_rides_the
             except psycopg.OperationalError:
                 assert time.monotonic() < deadline, "the rejoined standby takes no connections"
                 await asyncio.sleep(0.5)
-        assert await _readiness(standby_only, redis_url) == "read-only: a standby, writes are impossible"
+        assert await _readiness(standby_only, redis_url) == writable.READ_ONLY
+        assert await writable.probe(standby_only) == writable.READ_ONLY
     finally:
         await engine.dispose()
 

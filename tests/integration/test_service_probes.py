@@ -31,6 +31,11 @@ def test_readyz_follows_the_serving_state_and_metrics_are_still_served() -> None
         server.ready.set()
         reply = httpx.get(f"{base}/readyz")
         assert reply.status_code == 200 and reply.headers["cache-control"] == "no-store"
+        server.blocked = "read-only: a standby"  # a failover is under way (common/db/writable.py)
+        reply = httpx.get(f"{base}/readyz")
+        assert (reply.status_code, reply.text) == (503, "not ready: read-only: a standby\n")
+        server.blocked = None
+        assert httpx.get(f"{base}/readyz").status_code == 200
         server.ready.clear()  # a graceful stop began
         assert httpx.get(f"{base}/readyz").status_code == 503
         assert "versus_service_up" in httpx.get(f"{base}/metrics").text

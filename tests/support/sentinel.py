@@ -51,7 +51,7 @@ class SentinelGroup:
 
     def _start_server(self, name: str, *extra: str) -> None:
         directory = self.directory / name
-        directory.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)
         port = self.ports[name]
         with open(directory / "log", "wb") as log:  # the child keeps its own descriptor
             self.procs[name] = subprocess.Popen(
@@ -110,6 +110,13 @@ class SentinelGroup:
                 raise AssertionError("no failover within the timeout")
             time.sleep(0.1)
         return port
+
+    def revive(self, port: int) -> None:
+        """Start the server that listened on ``port`` again, as a replica of the current master
+        (the sentinel would reconfigure it so anyway): the group can fail over once more."""
+        [name] = [n for n, p in self.ports.items() if p == port]
+        self._start_server(name, "--replicaof", self.host, str(self.master_port()))
+        self.wait_replicated()
 
     def stop(self) -> None:
         for proc in self.procs.values():

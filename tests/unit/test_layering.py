@@ -41,7 +41,7 @@ COMMON_LEVELS: tuple[tuple[str, ...], ...] = (
     ("common.config", "common.access"),
     ("common.trust", "common.updates"),
     ("common.envelope", "common.grpc", "common.material"),
-    ("common.runtime",),
+    ("common.runtime", "common.backup"),
 )
 ROUTER_LEVELS: tuple[tuple[str, ...], ...] = (
     ("router.core",),

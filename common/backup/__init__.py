@@ -1,0 +1,1 @@
+"""Backups of a deployment and their restore onto fresh hosts."""
