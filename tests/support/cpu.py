@@ -1,10 +1,12 @@
 """CPU time per test, for finding what makes the suite slow on a 2-core machine
 (docs/development.md, "Test time"): ``VERSUS_RECORD_CPU=FILE pytest ...`` writes each test's
 CPU-seconds (setup, call and teardown; the test process and every child it waited for, so a
-control plane counts when its `up` is stopped) to FILE as JSON, most expensive first."""
+control plane counts when its `up` is stopped) to FILE as JSON, most expensive first. Each session
+merges into FILE: ``VERSUS_RECORD_CPU=/tmp/cpu.json make test`` gives the whole suite."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections import defaultdict
@@ -49,5 +51,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     out = os.environ.get(ENV)
     if out and not os.environ.get("PYTEST_XDIST_WORKER") and _spent:
-        ordered = {k: round(v, 1) for k, v in sorted(_spent.items(), key=lambda kv: -kv[1])}
-        Path(out).write_text(json.dumps(ordered, indent=1) + "\n")
+        path = Path(out)
+        # Merged with what other sessions wrote there (`make test` runs three at once).
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            merged = json.loads(path.read_text()) if path.exists() else {}
+            merged.update({k: round(v, 1) for k, v in _spent.items()})
+            ordered = dict(sorted(merged.items(), key=lambda kv: -float(kv[1])))
+            path.write_text(json.dumps(ordered, indent=1) + "\n")
