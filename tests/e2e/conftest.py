@@ -45,6 +45,14 @@ def shared_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     yield from control_plane_for(tmp_path_factory, "shared-control-plane")
 
 
+@pytest.fixture(scope="session")
+def release_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this session's collector releases are built once (tests/e2e/upgrade_harness.py): the
+    directory above each xdist worker's own, so every worker of the session shares it."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "releases"
+
+
 @pytest.fixture
 def start_control_plane(tmp_path: Path) -> Iterator[Callable[..., ControlPlane]]:
     """Start `versus-cp up`; anything still running at the end of the test is stopped."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ NEW_VERSION = "0.1.1"
 
 
 def test_the_collector_installs_alone_and_upgrades_a_collector_by_hand(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     venv = tmp_path / "venv"
     install_clean(build(tmp_path / "dist", NEW_VERSION), venv)
@@ -52,7 +51,7 @@ def test_the_collector_installs_alone_and_upgrades_a_collector_by_hand(
 
     exe = str(venv / "bin" / "versus-collector")
 
-    cp = start_control_plane()
+    cp = shared_control_plane  # its own site; the fleet is listed by that site
     # Version A from this tree enrolls and works...
     old = Collector(cp, tmp_path / "state", tmp_path / "collector.log")
     collector_id = old.enroll()
@@ -69,7 +68,7 @@ def test_the_collector_installs_alone_and_upgrades_a_collector_by_hand(
         try:
             task_id = platform.submit(new.site_id, "echo", "read", "dev-1", {"n": 2}, "dist-2")
             assert platform.wait_state(task_id, {"success", "failed", "expired"}, timeout=60).error_code == ""
-            fleet = cli_json(["collectors", "list"], cp.env)["collectors"]
+            fleet = cli_json(["collectors", "list", "--site", old.site_id], cp.env)["collectors"]
             assert [(c["collector_id"], c["agent_version"]) for c in fleet] == [(collector_id, NEW_VERSION)]
             tokens = cli_json(["tokens", "list", "--site", old.site_id], cp.env)["tokens"]
             assert [t["uses"] for t in tokens] == [1]

@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_an_inspecting_proxy_can_neither_replay_nor_alter_anything(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane  # the proxy sits between one collector and the gateway, nothing else
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     with InterceptingProxy(tmp_path / "mitm", cp.port("gateway"), cp.ca_file) as mitm:
@@ -106,7 +105,7 @@ def test_an_inspecting_proxy_can_neither_replay_nor_alter_anything(
     }, dispatches
     shown = cp.api.collector(collector_id)
     assert shown["vault_mode"] == "VAULT_MODE_CLOUD_RELAYED"
-    audit = cli_json(["audit", "list", "--action", "report.bad_signature"], cp.env)
+    audit = cli_json(["audit", "list", "--action", "report.bad_signature", "--subject", collector_id], cp.env)
     assert audit.get("events", []) == []
 
 
@@ -132,9 +131,9 @@ class _EvilDevice:
 
 
 def test_an_inspecting_proxy_cannot_redirect_a_tunnel(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector.enroll()
     echo, evil = EchoDevice(), _EvilDevice()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ from tuf.api.metadata import Metadata, Root, Targets
 
 from common.config.state_dir import file_sha256
 from tests.e2e.collector_harness import cli_json
-from tests.e2e.harness import ControlPlane, run_cli
+from tests.e2e.harness import ControlPlane, control_plane_for, run_cli
 from tests.e2e.upgrade_harness import ARCH, OS
 from tools.collector_dist import LOCK, build_release
 from tools.locks import parse_lock
@@ -36,8 +36,15 @@ def _locked_here() -> dict[str, tuple[str, set[str]]]:
     }
 
 
+@pytest.fixture(scope="module")
+def release_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One control plane for this module's two tests (each publishes a version of its own): releases
+    are fleet-wide, so not the shared one."""
+    yield from control_plane_for(tmp_path_factory, "release-sbom")
+
+
 def test_a_release_holds_the_lock_and_its_signed_sbom_says_so(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    release_plane: ControlPlane, tmp_path: Path
 ) -> None:
     _, pex, sbom_path = build_release(tmp_path / "dist", VERSION)
     locked = _locked_here()
@@ -63,7 +70,7 @@ def test_a_release_holds_the_lock_and_its_signed_sbom_says_so(
         assert digest in locked[name][1], name
         assert component.get("licenses"), f"{name} has no licence in the SBOM"
 
-    cp = start_control_plane()
+    cp = release_plane
     # Published with the release: `publish` finds the SBOM beside the artifact.
     done = run_cli(
         ["releases", "publish", "--version", VERSION, "--channel", "stable", "--artifact", str(pex),
@@ -106,12 +113,10 @@ def test_a_release_holds_the_lock_and_its_signed_sbom_says_so(
     )
 
 
-def test_publishing_without_an_sbom_is_explicit(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
-) -> None:
+def test_publishing_without_an_sbom_is_explicit(release_plane: ControlPlane, tmp_path: Path) -> None:
     artifact = tmp_path / "versus-collector-0.1.8-linux-x86_64.pex"
     artifact.write_bytes(b"#!/usr/bin/env python3\n" * 64)
-    cp = start_control_plane()
+    cp = release_plane
     base = ["releases", "publish", "--version", "0.1.8", "--channel", "stable", "--artifact", str(artifact),
             "--os", "linux", "--arch", "x86_64"]  # fmt: skip
     missing = run_cli(base, cp.env)
@@ -124,7 +129,8 @@ def test_publishing_without_an_sbom_is_explicit(
     }))  # fmt: skip
     refused = run_cli([*base, "--sbom", str(other)], cp.env)
     assert refused.returncode != 0 and "sbom_component_mismatch" in refused.stderr, refused.stderr
-    assert cli_json(["releases", "list", "--all"], cp.env).get("releases", []) == []
+    listed = cli_json(["releases", "list", "--all"], cp.env).get("releases", [])
+    assert "0.1.8" not in {r["version"] for r in listed}
     assert run_cli([*base, "--no-sbom"], cp.env).returncode == 0
     [shown] = cli_json(["releases", "show", "0.1.8"], cp.env)["releases"]
     assert (shown["sbom_sha256"], shown["sbom_target_name"]) == ("", "")

@@ -41,11 +41,11 @@ def _task_succeeds(platform: Platform, collector: Collector, key: str) -> None:
 
 
 def test_manual_approve_cancel_install_and_roll_back(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    start_control_plane: Callable[..., ControlPlane], release_cache: Path, tmp_path: Path
 ) -> None:
     with ThreadPoolExecutor(2) as pool:
-        good = pool.submit(build_release, tmp_path / "dist", VERSION_B)
-        bad = pool.submit(build_release, tmp_path / "dist", VERSION_BAD, broken=True)
+        good = pool.submit(build_release, release_cache, VERSION_B)
+        bad = pool.submit(build_release, release_cache, VERSION_BAD, broken=True)
         cp = start_control_plane()
         collector = Collector(cp, tmp_path / "state", tmp_path / "collector.log")
         cid = collector.enroll()  # a new site: the manual policy is the default

@@ -9,7 +9,6 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -297,9 +296,9 @@ def test_an_http_tunnel_carries_the_collectors_local_credential(
 
 
 def test_revoking_the_collector_tears_down_its_open_tunnel(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    shared_control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    cp = start_control_plane()
+    cp = shared_control_plane  # it revokes its own collector only
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     echo = EchoDevice()

@@ -28,10 +28,10 @@ def _site(cp: ControlPlane, name: str, *policy: str) -> str:
 
 
 def test_auto_takes_a_security_release_and_pinned_stays_until_the_pin_moves(
-    start_control_plane: Callable[..., ControlPlane], tmp_path: Path
+    start_control_plane: Callable[..., ControlPlane], release_cache: Path, tmp_path: Path
 ) -> None:
     with ThreadPoolExecutor(1) as pool:
-        release = pool.submit(build_release, tmp_path / "dist", VERSION_B)
+        release = pool.submit(build_release, release_cache, VERSION_B)
         cp = start_control_plane()  # default soak: a release without the security flag waits an hour
         auto = Collector(cp, tmp_path / "auto", tmp_path / "auto.log")
         auto_id = auto.enroll(_site(cp, "auto-site", "--update-policy", "auto"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import platform
 import signal
@@ -33,14 +34,28 @@ Agent.run = _never_connects  # type: ignore[method-assign]
 
 
 def build_release(out: Path, version: str, *, broken: bool = False) -> Path:
-    """This tree's collector as the PEX release artifact of ``version``."""
+    """This tree's collector as the PEX release artifact of ``version``, built once per test
+    session: ``out`` is the session's release cache (the ``release_cache`` fixture), shared by
+    the workers, so two tests that need the same release (about 12 CPU-seconds to build) share
+    one build. Tests only read the artifact."""
+    key = out / f"{version}{'-broken' if broken else ''}"
+    key.mkdir(parents=True, exist_ok=True)
+    with open(key / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a worker building it makes the others wait, then share
+        built = sorted(key.glob("*.pex"))
+        if built:
+            return built[0]
+        return _build(key, version, broken=broken)
+
+
+def _build(out: Path, version: str, *, broken: bool) -> Path:
 
     def breaking(staged: Path) -> None:
         agent = staged / "collector" / "agent.py"
         agent.write_text(agent.read_text() + NEVER_CONNECTS)
 
-    wheel = build(out / version, version, breaking if broken else None)
-    return build_pex(wheel, out / version)
+    wheel = build(out, version, breaking if broken else None)
+    return build_pex(wheel, out)
 
 
 def metadata_url(gateway_url: str) -> str:
