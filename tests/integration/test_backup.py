@@ -18,7 +18,7 @@ from common.db import migrate
 from common.db.schema import sites
 from common.errors import Conflict, InvalidArgument, VersusError
 from common.material import files as material_files
-from common.material.shared import Role, Source, prepare
+from common.material.shared import Role, Source, create_local, prepare
 from common.trust.master_keys import MasterKeys
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,6 +119,10 @@ def test_refusals_write_nothing(tmp_path: Path, database_url: str, empty_databas
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(backup.read_bytes()[:2000])
     assert refused(good, truncated, empty_database_url).code == "backup_corrupt"
+
+    occupied = _settings(tmp_path / "occupied", empty_database_url, source.material_key_file)
+    create_local(Source.from_settings(occupied))  # material of its own is never written over
+    assert refused(occupied, backup, empty_database_url).code == "restore_state_not_empty"
 
     # None of that touched the target or the state directory.
     assert not material_files.has_material(fresh) and material_files.read_marker(fresh) is None
