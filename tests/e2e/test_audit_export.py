@@ -79,17 +79,22 @@ def test_every_audit_event_reaches_every_sink_through_outages_and_a_killed_route
                 if i % 5 == 0:  # a token's plaintext must never leave in an event
                     leaks.append(cp.api.issue_token(site)["plaintext"])
 
-        def delivered() -> bool:
+        def lagging() -> dict[str, int]:
+            """How many logged events each sink still lacks (sinks lacking none left out)."""
             ids = {i for _, i in _logged(state)}
-            return all(
-                ids <= {e["id"] for e in got}
-                for got in (syslog.events(), webhook.events, _file_events(audit_file))
-            )
+            sinks = {"syslog": syslog.events(), "webhook": webhook.events, "file": _file_events(audit_file)}
+            missing = {name: len(ids - {e["id"] for e in got}) for name, got in sinks.items()}
+            return {name: n for name, n in missing.items() if n}
+
+        def delivered() -> bool:
+            return not lagging()
 
         def settle(timeout: float = 60) -> None:
             deadline = time.monotonic() + timeout
-            while not delivered():
-                assert time.monotonic() < deadline, "the sinks did not catch up"
+            while behind := lagging():
+                if time.monotonic() > deadline:
+                    said = [line for line in cp.log().splitlines() if "audit" in line]
+                    raise AssertionError(f"the sinks did not catch up: {behind}\n" + "\n".join(said[-30:]))
                 time.sleep(0.3)
 
         cp = start_control_plane(state, **env)

@@ -8,21 +8,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.embedded.process import free_port
 from common.runtime import sd_notify
 from common.telemetry.metrics import MetricsServer
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_readyz_follows_the_serving_state_and_metrics_are_still_served() -> None:
-    server = MetricsServer("127.0.0.1", _free_port())
+    server = MetricsServer("127.0.0.1", free_port())
     server.start()
     base = f"http://127.0.0.1:{server.port}"
     try:

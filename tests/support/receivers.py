@@ -8,7 +8,6 @@ import datetime as dt
 import ipaddress
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -20,11 +19,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from common.embedded.process import free_port
 from router.audit_export import events
 
 RSYSLOGD = shutil.which("rsyslogd") or "/usr/sbin/rsyslogd"
@@ -71,12 +72,6 @@ def tls_files(directory: Path) -> TlsFiles:
     return files
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Rsyslog:
     """rsyslogd in the foreground: imtcp with the gtls driver on ``port``, each message's raw text to
     ``received``."""
@@ -104,14 +99,19 @@ class Rsyslog:
                 [RSYSLOGD, "-n", "-f", str(self.config), "-i", str(self.directory / "rsyslogd.pid")],
                 stdout=log, stderr=log,
             )  # fmt: skip
+        # rsyslogd itself must hold the listening socket: a connect alone could reach another
+        # process that took the port (rsyslogd keeps running when it cannot bind).
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.directory / "rsyslogd.out").read_text()
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == self.port
+                for c in psutil.Process(self.proc.pid).net_connections("tcp")
+            ):
+                return
             time.sleep(0.1)
-        raise AssertionError("rsyslogd did not listen")
+        said = (self.directory / "rsyslogd.out").read_text(errors="replace")
+        raise AssertionError(f"rsyslogd did not listen on {self.port}:\n{said}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
