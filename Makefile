@@ -68,12 +68,14 @@ SERIAL_E2E := tests/e2e/test_fuzz_gateway.py
 # integration tests on two workers, the fuzz test, and the end-to-end suite, which is the longest
 # and prints as it goes; the others' output follows once all have finished. The checks and the
 # shorter suites fill the cores the end-to-end workers leave idle while they wait on processes.
+# The static checks run niced: nothing waits on them, so they take what the tests leave idle (the
+# end-to-end suite's waits, its last long tests) rather than CPU the critical path needs.
 # Any failure fails the target. Where the time goes: docs/development.md. What the tests need
 # is made first, side by side: the environments install one package at a time, each on one core.
 test:
 	@$(MAKE) --no-print-directory -j3 test-deps
 	@tmp=$$(mktemp -d /tmp/versus-test.XXXXXX); \
-	$(MAKE) --no-print-directory check > $$tmp/check.log 2>&1 & check=$$!; \
+	nice -n 10 $(MAKE) --no-print-directory check > $$tmp/check.log 2>&1 & check=$$!; \
 	$(BIN)/pytest tests/unit tests/integration -n 2 --dist worksteal --basetemp=$$tmp/fast > $$tmp/fast.log 2>&1 & \
 	fast=$$!; \
 	$(BIN)/pytest $(SERIAL_E2E) --basetemp=$$tmp/serial > $$tmp/serial.log 2>&1 & serial=$$!; \

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.telemetry.logs import get_logger
-from console import live, queue_pages, release_pages, security, site_pages, views
+from console import live, queue_pages, release_pages, security, site_pages, task_pages, views
 from console.backend import Backend
 from console.pages import Console, SecurityHeaders
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
@@ -124,12 +124,16 @@ def create_app(
             session, request.path_params["collector_id"], DONE.get(request.query_params.get("done", ""), "")
         )
 
-    async def _detail(session: Session, collector_id: str, notice: str, status: int = 200) -> Response:
+    async def _detail(
+        session: Session, collector_id: str, notice: str, status: int = 200, problem: str = ""
+    ) -> Response:
         try:
             view = await backend.collector(session.token, collector_id)
         except VersusError as exc:
             return console.failed(exc, session)
-        return console.page("collector.html", status, session=session, c=view, notice=notice, live=True)
+        return console.page(
+            "collector.html", status, session=session, c=view, notice=notice, problem=problem, live=True
+        )
 
     async def confirm(request: Request, session: Session) -> Response:
         action = request.path_params["action"]
@@ -154,14 +158,17 @@ def create_app(
                     session.token, collector_id, fields.get("mode", ""),
                     fields.get("integration_id", "")[:200], fields.get("secret_id", "")[:4096],
                 )  # fmt: skip
-                said = ""
+                said, good = "", True
             else:
-                said = await backend.act(session.token, action, collector_id, fields.get("reason", "")[:500])
+                reason = fields.get("reason", "")[:500]
+                said, good = await backend.act(session.token, action, collector_id, reason)
         except VersusError as exc:
             return console.failed(exc, session)
         log.info("console action", operator=session.name, action=action, collector_id=collector_id)
         if action == "probe":
-            return await _detail(session, collector_id, said)
+            if good:
+                return await _detail(session, collector_id, said)
+            return await _detail(session, collector_id, "", problem=said)
         return RedirectResponse(f"/collectors/{collector_id}?done={action}", status_code=303)
 
     async def audit(request: Request, session: Session) -> Response:
@@ -182,6 +189,10 @@ def create_app(
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
+    async def favicon(request: Request) -> Response:
+        # Browsers ask for /favicon.ico whatever the page links: the same icon, as SVG.
+        return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
+
     routes = [
         Route("/", home),
         Route("/signin", signin_page, methods=["GET"]),
@@ -192,11 +203,13 @@ def create_app(
         Route("/collectors/{collector_id}/confirm/{action}", console.signed_in(confirm)),
         Route("/collectors/{collector_id}/{action}", act, methods=["POST"]),
         *queue_pages.routes(console),
+        *task_pages.routes(console),
         *site_pages.routes(console),
         *release_pages.routes(console),
         Route("/audit", console.signed_in(audit)),
         *live.routes(console, stopping),
         Route("/healthz", healthz),
+        Route("/favicon.ico", favicon),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return SecurityHeaders(Starlette(routes=routes))

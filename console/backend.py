@@ -17,8 +17,7 @@ from versus.enrollment.v1 import enrollment_pb2, enrollment_pb2_grpc
 from versus.fleet.v1 import fleet_pb2, fleet_pb2_grpc
 from versus.router.v1 import task_router_pb2, task_router_pb2_grpc
 
-from common import error_mapping
-from common.errors import InvalidArgument, Unavailable, VersusError
+from common.errors import InvalidArgument
 from common.grpc.client import aio_plain_channel
 from common.grpc.headers import AUTHORIZATION_HEADER
 from common.grpc.pb_struct import integral
@@ -43,6 +42,7 @@ from console.site_views import (
     site_view,
     token_view,
 )
+from console.task_backend import TaskCalls, rpc_error
 from console.views import (
     SESSION,
     STATUS,
@@ -70,7 +70,7 @@ _ROLES = {
 }
 
 
-class Backend:
+class Backend(TaskCalls):
     """Channels to the router and the enrollment service, shared by every operator's calls."""
 
     def __init__(self, router_address: str, enrollment_address: str):
@@ -98,7 +98,7 @@ class Backend:
                 request, timeout=timeout_s, metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),)
             )
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, address or self.router_address) from None
+            raise rpc_error(exc, address or self.router_address) from None
 
     async def whoami(self, token: str) -> Identity:
         reply = await self._call(self._access.WhoAmI, access_pb2.WhoAmIRequest(), token)
@@ -122,15 +122,19 @@ class Backend:
         )
         return collector_view(reply.collector)
 
-    async def act(self, token: str, action: str, collector_id: str, reason: str = "") -> str:
-        """Probe, drain, undrain or revoke; the probe's result to show (empty for the others)."""
+    async def act(self, token: str, action: str, collector_id: str, reason: str = "") -> tuple[str, bool]:
+        """Probe, drain, undrain or revoke; the probe's result to show (empty for the others) and
+        whether it is good news (an unreachable collector is shown as a problem)."""
         if action == "probe":
             probe = await self._call(
                 self._fleet.ProbeCollector, fleet_pb2.ProbeCollectorRequest(collector_id=collector_id), token
             )
             age = f"{probe.heartbeat_age_s} s ago" if probe.HasField("heartbeat_age_s") else "never"
             verdict = "reachable" if probe.reachable else "not reachable"
-            return f"Probe: {verdict} (last heartbeat {age}, queue depth {probe.queue_depth})."
+            return (
+                f"Probe: {verdict} (last heartbeat {age}, queue depth {probe.queue_depth}).",
+                probe.reachable,
+            )
         fleet = self._fleet
         calls: dict[str, tuple[Callable[..., Awaitable[Any]], Any]] = {
             "approve": (fleet.ApproveCollector, fleet_pb2.ApproveCollectorRequest(collector_id=collector_id)),
@@ -150,7 +154,7 @@ class Backend:
         if action in calls:
             method, request = calls[action]
             await self._call(method, request, token)
-            return ""
+            return "", True
         raise ValueError(action)
 
     async def set_vault(
@@ -284,11 +288,6 @@ class Backend:
         )
         reply = await self._call(self._tasks.ResolveIndeterminate, request, token)
         return task_view(reply.task)
-
-
-def _error(exc: grpc.aio.AioRpcError, address: str) -> VersusError:
-    unreachable = Unavailable(f"the control plane at {address} did not answer", code="backend_unavailable")
-    return error_mapping.from_rpc_error(exc, unreachable)
 
 
 def _number(names: Mapping[Any, str], name: str) -> Any:

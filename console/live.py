@@ -1,6 +1,7 @@
 """Live updates: a server-sent event stream that tells an open page its data changed.
 
-A page that shows fleet state (the Collectors list, a collector's detail, the dispatch queue)
+A page that shows fleet state (the Collectors list, a collector's detail, the dispatch queue,
+the Tasks list and a task's page)
 opens ``GET /live?path=<its path and query>``. The console reads that page's data again every
 :data:`POLL_S` seconds over gRPC, as the signed-in operator (so RBAC and tenant scope apply to
 the stream exactly as to the page), and sends ``event: changed`` when what the page shows is
@@ -16,6 +17,7 @@ the session ends (``event: signedout``) or when the console stops.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import json
 import time
@@ -31,6 +33,8 @@ from starlette.routing import Route
 from common.errors import VersusError
 from console.queue_views import OUTCOMES
 from console.sessions import COOKIE
+from console.task_pages import PAGE_SIZE as TASK_PAGE_SIZE
+from console.task_views import FilterInvalid, TaskFilters
 from console.views import CollectorFilters
 
 if TYPE_CHECKING:
@@ -81,7 +85,32 @@ def reader(backend: Backend, token: str, target: str) -> Reader | None:
             return [asdict(d) for d in listed.dispatches]
 
         return dispatches
+    if path == "/tasks":
+        return _tasks_reader(backend, token, query, page)
+    if path.startswith("/tasks/") and path.count("/") == 2:
+        task_id = path.removeprefix("/tasks/")
+
+        async def task() -> Any:
+            # Elapsed time ticks by itself; a state change, an attempt or more output is a change.
+            detail = await backend.task(token, task_id, dt.datetime.now(dt.UTC))
+            return [asdict(detail.row) | {"elapsed": ""}, detail.output_length, len(detail.attempts)]
+
+        return task
     return None
+
+
+def _tasks_reader(backend: Backend, token: str, query: dict[str, str], page: str) -> Reader | None:
+    try:
+        filters = TaskFilters.parse(query)
+    except FilterInvalid:
+        return None
+
+    async def tasks() -> Any:
+        now = dt.datetime.now(dt.UTC)
+        listed = await backend.tasks(token, filters, page, TASK_PAGE_SIZE, now)
+        return [asdict(t) | {"elapsed": ""} for t in listed.tasks]
+
+    return tasks
 
 
 def fingerprint(shown: Any) -> str:

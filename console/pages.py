@@ -22,6 +22,15 @@ from console.backend import Backend
 from console.sessions import COOKIE, Session, SessionStore
 
 HERE = Path(__file__).parent
+# The lists an error page leads back to: the one the refused page belongs to.
+BACK = {
+    "/collectors": "Back to the collectors",
+    "/queue": "Back to the dispatch queue",
+    "/tasks": "Back to the tasks",
+    "/sites": "Back to the sites",
+    "/releases": "Back to the releases",
+    "/audit": "Back to the audit log",
+}
 
 
 class SecurityHeaders:
@@ -58,12 +67,20 @@ class Console:
         html = self.templates.get_template(name).render(may=views.may, **values)
         return HTMLResponse(html, status_code=status)
 
-    def refusal(self, status: int, code: str, message: str, session: Session | None = None) -> HTMLResponse:
-        return self.page("error.html", status, session=session, code=code, message=message)
+    def refusal(
+        self, status: int, code: str, message: str, session: Session | None = None, back: str = ""
+    ) -> HTMLResponse:
+        """The error page; ``back`` is the list to offer a way back to (a path in :data:`BACK`)."""
+        href, label = back, BACK.get(back, "")
+        if not label:
+            href, label = "/collectors", BACK["/collectors"]
+        return self.page(
+            "error.html", status, session=session, code=code, message=message, back=href, back_label=label
+        )
 
-    def failed(self, exc: VersusError, session: Session) -> HTMLResponse:
+    def failed(self, exc: VersusError, session: Session, back: str = "") -> HTMLResponse:
         """A service's refusal, with its status by the one table (common/error_mapping.py)."""
-        return self.refusal(status_for(exc).http_status, exc.code, exc.message, session)
+        return self.refusal(status_for(exc).http_status, exc.code, exc.message, session, back)
 
     async def session(self, request: Request) -> Session | None:
         return await self.sessions.load(request.cookies.get(COOKIE))

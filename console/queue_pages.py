@@ -36,7 +36,7 @@ def routes(console: Console) -> list[Route]:
         try:
             listed = await backend.dispatches(session.token, outcome, site, collector, page)
         except VersusError as exc:
-            return console.failed(exc, session)
+            return console.failed(exc, session, back="/queue")
         return console.page(
             "queue.html", session=session, page=listed, outcome=outcome, outcomes=list(OUTCOMES), site=site,
             collector=collector, live=True,
@@ -46,7 +46,7 @@ def routes(console: Console) -> list[Route]:
         try:
             d, task = await backend.dispatch(session.token, request.path_params["dispatch_id"])
         except VersusError as exc:
-            return console.failed(exc, session)
+            return console.failed(exc, session, back="/queue")
         resolved = request.query_params.get("resolved", "") in RESOLUTIONS
         return console.page("dispatch.html", session=session, d=d, task=task, resolved=resolved)
 

@@ -42,7 +42,7 @@ async def _watch_parent(server: uvicorn.Server) -> None:
         if (raw and os.getppid() != int(raw)) or early_signals.requested() is not None:
             server.should_exit = True
             return
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # as the other services watch theirs
 
 
 async def serve(settings: Settings) -> None:

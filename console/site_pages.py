@@ -101,6 +101,14 @@ def routes(console: Console) -> list[Route]:
         except security.Refused as exc:
             return console.refusal(exc.status, exc.code, str(exc))
         token_id, site_id = request.path_params["token_id"], fields.get("site_id", "")
+        if fields.get("confirmed") != "yes":  # only the confirmation page's form revokes
+            return console.refusal(
+                400,
+                "confirmation_required",
+                "revoke a token from its confirmation page",
+                session,
+                back="/sites",
+            )
         try:
             revoked = await backend.revoke_token(
                 session.token, token_id, fields.get("with_collectors") == "yes"
@@ -111,8 +119,15 @@ def routes(console: Console) -> list[Route]:
                  collectors=len(revoked))  # fmt: skip
         return RedirectResponse(f"/sites/{site_id}?done=revoked" if site_id else "/sites", status_code=303)
 
+    async def confirm_revoke(request: Request, session: Session) -> Response:
+        return console.page(
+            "confirm_token.html", session=session, token_id=request.path_params["token_id"],
+            site_id=request.query_params.get("site", "")[:200],
+        )  # fmt: skip
+
     return [
         Route("/sites", console.signed_in(sites)),
+        Route("/tokens/{token_id}/confirm", console.signed_in(confirm_revoke)),
         Route("/sites/{site_id}", console.signed_in(site)),
         Route("/sites/{site_id}/policy", policy, methods=["POST"]),
         Route("/sites/{site_id}/tokens", issue, methods=["POST"]),

@@ -60,6 +60,8 @@ ACTION_RPC = {
     "publish": _FLEET + "PublishRelease",
     "yank": _FLEET + "YankRelease",
     "resolve": "/versus.router.v1.TaskRouterService/ResolveIndeterminate",
+    "cancel_task": "/versus.router.v1.TaskRouterService/CancelTask",
+    "retry_task": "/versus.router.v1.TaskRouterService/RetryTask",
     "site_policy": "/versus.enrollment.v1.EnrollmentService/UpdateSite",
     "issue_token": "/versus.enrollment.v1.EnrollmentService/IssueEnrollmentToken",
     "revoke_token": "/versus.enrollment.v1.EnrollmentService/RevokeEnrollmentToken",

@@ -3,13 +3,15 @@
     versus-cp tasks submit --site S --tenant T --provider P --operation O --class CLASS --target T
                            [--params JSON | --params-file FILE] [--key K] [--deadline SECONDS]
                            [--fips] [--label K=V ...] [--feature NAME ...] [--wait]
+    versus-cp tasks list [--state S ...] [--site S] [--tenant T] [--provider P] [--operation O]
+                         [--target T] [--label K=V ...] [--since HOURS] [--limit N]
     versus-cp tasks get TASK_ID
     versus-cp tasks watch TASK_ID          # each state change until the task settles
     versus-cp tasks cancel TASK_ID [--reason TEXT]
     versus-cp tasks output TASK_ID [--offset N] [--follow] [--out FILE]   # streamed output
 
 Submitting needs a platform token (``versus-cp access create NAME --role platform --tenant T``, then
-``VERSUS_API_TOKEN``); get and watch work with any viewer, cancel with an operator. Every
+``VERSUS_API_TOKEN``); list, get and watch work with any viewer, cancel with an operator. Every
 command takes ``--json``. ``watch`` and ``submit --wait`` exit 0 when the task succeeded and
 5 when it settled otherwise (failed, expired, cancelled or indeterminate).
 """
@@ -51,7 +53,9 @@ SETTLED = frozenset(
         task_pb2.TASK_STATE_INDETERMINATE,
     }
 )
+STATES = [name.removeprefix("TASK_STATE_").lower() for name, v in task_pb2.TaskState.items() if v]
 EXIT_NOT_SUCCESS = 5
+PAGE = 500
 DEFAULT_DEADLINE_S = 300
 
 
@@ -81,6 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a collector feature the task needs, e.g. cancel (docs/protocol.md, floors)",
     )  # fmt: skip
     submit.add_argument("--wait", action="store_true", help="watch the task until it settles")
+    listing = sub.add_parser("list", help="Tasks in every state, newest first (queued ones with why).")
+    listing.add_argument(
+        "--state", action="append", default=[], choices=STATES, help="only these states (repeatable)"
+    )
+    for name in ("site", "tenant", "provider", "operation", "target"):
+        listing.add_argument(f"--{name}", default="")
+    listing.add_argument("--label", action="append", default=[], metavar="K=V", help="labels it holds")
+    listing.add_argument("--since", type=float, default=0, metavar="HOURS", help="created in the last HOURS")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     get = sub.add_parser("get", help="A task with its history.")
     get.add_argument("task_id")
     watch = sub.add_parser("watch", help="Print each state change until the task settles.")
@@ -97,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--follow", action="store_true", help="keep writing as output arrives, until the task ends"
     )
     output.add_argument("--out", type=Path, help="write here instead of stdout")
-    for p in (submit, get, watch, cancel):
+    for p in (submit, listing, get, watch, cancel):
         p.add_argument("--json", action="store_true")
 
 
@@ -109,6 +122,47 @@ def _call(settings: Settings, method: str, request: Any) -> Any:
 
 def _state(value: int) -> str:
     return enum_name(value, task_pb2.TaskState, "TASK_STATE_")
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidArgument(f"--label {item!r} is not K=V", code="labels_invalid")
+        labels[key] = value
+    return labels
+
+
+def _list(settings: Settings, args: argparse.Namespace) -> int:
+    since = None
+    if args.since:
+        since = Timestamp()
+        since.FromDatetime(dt.datetime.now(dt.UTC) - dt.timedelta(hours=args.since))
+    found: list[task_pb2.Task] = []
+    page = ""
+    while len(found) < args.limit:
+        request = pb.ListTasksRequest(
+            states=[task_pb2.TaskState.Value(f"TASK_STATE_{s.upper()}") for s in args.state],
+            site_id=args.site, tenant_id=args.tenant, provider=args.provider, operation=args.operation,
+            target_ref=args.target, labels=_labels(args.label), created_after=since,
+            page_size=min(PAGE, args.limit - len(found)), page_token=page,
+        )  # fmt: skip
+        reply = _call(settings, "ListTasks", request)
+        found.extend(reply.tasks)
+        page = reply.next_page_token
+        if not page:
+            break
+    if args.json:
+        print_json(pb.ListTasksResponse(tasks=found, next_page_token=page))
+        return 0
+    rows = [
+        (t.task_id, _state(t.state), t.condition or t.error_code, t.site_id, t.target_ref,
+         f"{t.provider}/{t.operation}", when(t.created_at))
+        for t in found
+    ]  # fmt: skip
+    print_table(["TASK", "STATE", "WHY", "SITE", "TARGET", "OPERATION", "CREATED"], rows)
+    return 0
 
 
 def _submit_request(args: argparse.Namespace) -> pb.SubmitTaskRequest:
@@ -127,12 +181,7 @@ def _submit_request(args: argparse.Namespace) -> pb.SubmitTaskRequest:
                 raise InvalidArgument("--params is not JSON (use --params-file for other bytes)",
                                       code="params_invalid") from None  # fmt: skip
         params = args.params.encode()
-    labels = {}
-    for item in args.label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidArgument(f"--label {item!r} is not K=V", code="labels_invalid")
-        labels[key] = value
+    labels = _labels(args.label)
     if args.deadline < 1:
         raise InvalidArgument("--deadline must be at least 1 second", code="deadline_past")
     deadline = Timestamp()
@@ -232,6 +281,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         elif not args.json:
             print(f"task {reply.task.task_id} is {_state(reply.task.state)}")
         return _watch(settings, reply.task.task_id, args.json) if args.wait else 0
+    if args.action == "list":
+        return _list(settings, args)
     if args.action == "watch":
         return _watch(settings, args.task_id, args.json)
     if args.action == "get":

@@ -5,7 +5,8 @@
     append.check  read                 success if the key is in the device file, failed if not
     apply_once    mutate_terminal      appends to the device file, not safely repeatable
     dump          read                 streams {"bytes": n} bytes of output, deterministic from
-                                       {"seed": s} (dump_blocks), through Task.output (protocol 4)
+                                       {"seed": s} (dump_blocks), through Task.output (protocol 4);
+                                       or {"lines": n, "every": s}: n text lines, one each s seconds
 
 Each device is a file ``<state>/stub-devices/<target_ref>``, so tests can count
 exactly how often each mutation was applied. ``VERSUS_STUB_DEVICE_DIR`` puts
@@ -151,6 +152,13 @@ async def _dump(task: Task, params: dict[str, object]) -> Outcome:
         raise DriverError(
             "output_stream_unsupported", "this collector cannot stream output to the control plane now"
         )
+    if "lines" in params:  # a slow, readable stream: what an operator watches arrive
+        lines, every = int(str(params["lines"])), float(str(params.get("every", 1)))
+        for n in range(1, lines + 1):
+            await task.output.write(f"line {n} of {lines}\n".encode())
+            if n < lines:
+                await task.pause(every)  # raises Stopped on a cancel
+        return Outcome("success", json.dumps({"lines": lines}).encode())
     size = int(str(params.get("bytes", 0)))
     for data in dump_blocks(str(params.get("seed", "")), size):
         if task.stop.requested:

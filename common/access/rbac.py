@@ -145,6 +145,8 @@ POLICY: dict[str, frozenset[Role]] = {
     f"/{_ROUTER}/WatchTask": _PLATFORM | _VIEW,
     f"/{_ROUTER}/ReadOutput": _PLATFORM | _VIEW,
     f"/{_ROUTER}/CancelTask": _PLATFORM | _OPERATE,
+    f"/{_ROUTER}/RetryTask": _OPERATE,
+    f"/{_ROUTER}/ListTasks": _PLATFORM | _VIEW,
     f"/{_ROUTER}/ListDispatches": _VIEW,
     f"/{_ROUTER}/GetDispatch": _VIEW,
     f"/{_ROUTER}/ResolveIndeterminate": _OPERATE,

@@ -249,6 +249,9 @@ tasks = Table(
     CheckConstraint("op_class IN ('read', 'mutate_reconcilable', 'mutate_terminal')", name="op_class"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(None, "state", "site_id", "created_at"),
+    # The task list, newest first (router/dispatch/sql_task_list.py): overall and per site.
+    Index("ix_tasks_created_at_task_id", "created_at", "task_id"),
+    Index("ix_tasks_site_id_created_at", "site_id", "created_at"),
 )
 
 # One attempt to run a task (or its reconcile-read) on one collector. The dispatch id is the

@@ -39,7 +39,7 @@ from router.dispatch.core import (
     _task_values,
 )
 from router.dispatch.placement import Candidate, OperationCap, PlacementRequest
-from router.dispatch.submit import SubmitRequest, fingerprint, validate
+from router.dispatch.submit import Audited, SubmitRequest, fingerprint, validate
 
 S = State
 log = get_logger("versus.router")
@@ -48,20 +48,23 @@ log = get_logger("versus.router")
 class Dispatching(DispatchCore):
     """Submit and placement."""
 
-    async def submit(self, req: SubmitRequest) -> tuple[Row, bool]:
-        """Create (or find, by idempotency key) a task and try to place it at once."""
+    async def submit(self, req: SubmitRequest, audited: Audited | None = None) -> tuple[Row, bool]:
+        """Create (or find, by idempotency key) a task and try to place it at once; ``audited``
+        records an audit event about the new task in the same transaction (a retry by an operator)."""
         now = _now()
         validate(req, now)
         digest = fingerprint(req)
         with tracing.span("versus.task.submit", root=True, attributes=_submit_attributes(req)) as span:
-            task, existing = await self._submit(req, digest, span.traceparent())
+            task, existing = await self._submit(req, digest, span.traceparent(), audited)
             span.set("versus.task_id", task["task_id"])
             span.set("versus.state", task["state"])
             if existing:
                 span.set("versus.existing", True)
             return task, existing
 
-    async def _submit(self, req: SubmitRequest, digest: bytes, traceparent: str) -> tuple[Row, bool]:
+    async def _submit(
+        self, req: SubmitRequest, digest: bytes, traceparent: str, audited: Audited | None
+    ) -> tuple[Row, bool]:
         effects = Effects()
         async with self.engine.begin() as conn:
             created = await sql_tasks.insert_task(conn, _task_values(req, digest, traceparent))
@@ -79,6 +82,8 @@ class Dispatching(DispatchCore):
                     )
                 return existing, True
             assert created is not None  # its "submitted" history row was written with it
+            if audited is not None:
+                await store.audit(conn, audited.actor, audited.action, created["task_id"], audited.details)
             await self._place(conn, created, effects, refuse=True)
         await effects.run()
         # The row as placement left it (no transition: as it was created).

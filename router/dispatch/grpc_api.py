@@ -8,8 +8,6 @@ bearer token.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import datetime as dt
 import json
@@ -17,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from versus.router.v1 import collector_bridge_pb2 as bridge_pb
-from versus.router.v1 import collector_bridge_pb2_grpc, task_pb2, task_router_pb2_grpc
+from versus.router.v1 import collector_bridge_pb2_grpc, task_router_pb2_grpc
 from versus.router.v1 import task_router_pb2 as pb
 
 from common.access import rbac
@@ -28,28 +26,18 @@ from common.protocol import check_features
 from router.core.sql import Row
 from router.core.states import TERMINAL, State
 from router.core.wakes import task_key
-from router.dispatch import sql_dispatches
 from router.dispatch.cancels import CANCEL_GRACE_S
 from router.dispatch.exchange import BridgeExchange
+from router.dispatch.grpc_queries import QueryRpcs
+from router.dispatch.pb_convert import OP_CLASS_FROM_PB, STATE_TO_PB, task_pb
 from router.dispatch.service import Router
-from router.dispatch.submit import SubmitRequest
+from router.dispatch.submit import Audited, SubmitRequest, retry_request
 from router.output.streams import Appended
 from router.releases.updates import Report
 
-MAX_PAGE_SIZE = 500
-DEFAULT_PAGE_SIZE = 50
 # WatchTask re-reads the task when woken; without a wake-up (Redis trouble) at least this often.
 WATCH_FALLBACK_S = 2.0
 
-OP_CLASS_FROM_PB = {
-    task_pb2.OP_CLASS_READ: "read",
-    task_pb2.OP_CLASS_MUTATE_RECONCILABLE: "mutate_reconcilable",
-    task_pb2.OP_CLASS_MUTATE_TERMINAL: "mutate_terminal",
-}
-OP_CLASS_TO_PB = {v: k for k, v in OP_CLASS_FROM_PB.items()}
-STATE_TO_PB = {State(name.removeprefix("TASK_STATE_").lower()): value
-               for name, value in task_pb2.TaskState.items() if value}  # fmt: skip
-STATE_FROM_PB = {v: k for k, v in STATE_TO_PB.items()}
 VERDICT_TO_PB = {
     "continue": bridge_pb.HELD_VERDICT_CONTINUE,
     "cancel": bridge_pb.HELD_VERDICT_CANCEL,
@@ -71,93 +59,7 @@ OUTCOME_FROM_PB = {
 }
 
 
-def task_pb(task: Row, history: Sequence[Row] = ()) -> task_pb2.Task:
-    return task_pb2.Task(
-        task_id=task["task_id"],
-        provider=task["provider"],
-        operation=task["operation"],
-        op_class=OP_CLASS_TO_PB[task["op_class"]],
-        target_ref=task["target_ref"],
-        site_id=task["site_id"],
-        tenant_id=task["tenant_id"],
-        idempotency_key=task["idempotency_key"],
-        deadline=ts(task["deadline"]),
-        requires_fips=task["requires_fips"],
-        labels=dict(task["labels"]),
-        state=STATE_TO_PB[State(task["state"])],
-        attempts=task["attempts"],
-        error_code=task["error_code"] or "",
-        history=[
-            task_pb2.Transition(
-                from_state=STATE_TO_PB[State(h["from_state"])],
-                to_state=STATE_TO_PB[State(h["to_state"])],
-                at=ts(h["at"]),
-                reason=h["reason"],
-                dispatch_id=h["dispatch_id"] or "",
-            )
-            for h in history
-        ],
-        result=bytes(task["result"] or b""),
-        evidence=task["evidence"],
-        condition=task["condition"] or "",
-        created_at=ts(task["created_at"]),
-        updated_at=ts(task["updated_at"]),
-        features=list(task["features"]),
-        cancel_requested_at=ts(task["cancel_requested_at"]) if task["cancel_requested_at"] else None,
-        output_length=int(task.get("output_length") or 0),
-        output_sha256=task.get("output_sha256") or "",
-    )
-
-
-def dispatch_pb(d: Row) -> task_pb2.Dispatch:
-    out = task_pb2.Dispatch(
-        dispatch_id=d["dispatch_id"],
-        task_id=d["task_id"],
-        collector_id=d["collector_id"],
-        site_id=d["site_id"],
-        target_ref=d["target_ref"],
-        provider=d["provider"],
-        operation=d["operation"],
-        op_class=OP_CLASS_TO_PB[d["op_class"]],
-        state=STATE_TO_PB[State(d["state"])],
-        attempt=d["attempt"],
-        lease_epoch=d["lease_epoch"],
-        created_at=ts(d["created_at"]),
-        updated_at=ts(d["updated_at"]),
-        expires_at=ts(d["expires_at"]),
-        kind=d["kind"],
-        error_code=d["error_code"] or "",
-        error_message=d["error_message"] or "",
-    )
-    if d.get("task_state"):
-        out.task_state = STATE_TO_PB[State(d["task_state"])]
-    for name in ("handed_at", "reported_at"):
-        stamp = ts(d[name])
-        if stamp is not None:
-            getattr(out, name).CopyFrom(stamp)
-    return out
-
-
-def encode_page_token(created_at: dt.datetime, dispatch_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{dispatch_id}".encode()).decode()
-
-
-def decode_page_token(token: str) -> tuple[dt.datetime, str] | None:
-    if not token:
-        return None
-    try:
-        created, _, dispatch_id = base64.urlsafe_b64decode(token.encode()).decode().partition("|")
-        when = dt.datetime.fromisoformat(created)
-        if not dispatch_id or when.tzinfo is None:
-            raise ValueError("incomplete")
-        return when, dispatch_id
-    except (ValueError, UnicodeError, binascii.Error):
-        raise InvalidArgument(
-            "page_token is not one this service issued", code="page_token_invalid"
-        ) from None
-
-
-class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
+class TaskRouterServicer(QueryRpcs, task_router_pb2_grpc.TaskRouterServiceServicer):
     def __init__(self, router: Router):
         self.router = router
 
@@ -232,27 +134,21 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
         await self._visible(request.task_id)
         return pb.CancelTaskResponse(task=task_pb(await self.router.cancel(request.task_id, request.reason)))
 
-    async def ListDispatches(
-        self, request: pb.ListDispatchesRequest, context: Context
-    ) -> pb.ListDispatchesResponse:
-        size = request.page_size or DEFAULT_PAGE_SIZE
-        if size > MAX_PAGE_SIZE:
-            raise InvalidArgument(f"page_size must be at most {MAX_PAGE_SIZE}", code="page_size_too_large")
-        states, task_states = _states(request.states), _states(request.task_states)
-        async with self.router.engine.connect() as conn:
-            rows = await sql_dispatches.list_dispatches(
-                conn,
-                states=states,
-                task_states=task_states,
-                site_id=request.site_id,
-                collector_id=request.collector_id,
-                target_ref=request.target_ref,
-                after=decode_page_token(request.page_token),
-                limit=size + 1,
-            )
-        page = rows[:size]
-        token = encode_page_token(page[-1]["created_at"], page[-1]["dispatch_id"]) if len(rows) > size else ""
-        return pb.ListDispatchesResponse(dispatches=[dispatch_pb(d) for d in page], next_page_token=token)
+    async def RetryTask(self, request: pb.RetryTaskRequest, context: Context) -> pb.RetryTaskResponse:
+        if not request.idempotency_key:
+            raise InvalidArgument("idempotency_key is required", code="idempotency_key_missing")
+        task, _ = await self._visible(request.task_id)
+        again = retry_request(
+            task,
+            request.idempotency_key,
+            dt.datetime.now(dt.UTC),
+            terminal_confirmed=request.terminal_confirmed,
+        )
+        details = {"retry_of": request.task_id, "reason": request.reason[:1000]}
+        created, existing = await self.router.submit(
+            again, Audited(rbac.current_actor(), "task.retry", details)
+        )
+        return pb.RetryTaskResponse(task=task_pb(created), existing=existing)
 
     async def ResolveIndeterminate(
         self, request: pb.ResolveIndeterminateRequest, context: Context
@@ -266,26 +162,6 @@ class TaskRouterServicer(task_router_pb2_grpc.TaskRouterServiceServicer):
             )
         task = await self.router.resolve(request.task_id, outcome, request.note, rbac.current_actor())
         return pb.ResolveIndeterminateResponse(task=task_pb(task))
-
-    async def GetDispatch(self, request: pb.GetDispatchRequest, context: Context) -> pb.GetDispatchResponse:
-        async with self.router.engine.connect() as conn:
-            found = await sql_dispatches.list_dispatches(
-                conn, states=(), task_states=(), site_id="", collector_id="", target_ref="", after=None,
-                limit=1, dispatch_id=request.dispatch_id,
-            )  # fmt: skip
-        if not found or not request.dispatch_id:
-            raise NotFound(f"dispatch {request.dispatch_id!r} does not exist", code="dispatch_not_found")
-        task, history = await self.router.get(found[0]["task_id"])
-        return pb.GetDispatchResponse(dispatch=dispatch_pb(found[0]), task=task_pb(task, history))
-
-
-def _states(values: Sequence[Any]) -> list[str]:
-    out = []
-    for value in values:
-        if value not in STATE_FROM_PB:
-            raise InvalidArgument("unknown state in the filter", code="state_invalid")
-        out.append(STATE_FROM_PB[value].value)
-    return out
 
 
 def manifest_from_pb(providers: Sequence[bridge_pb.ProviderCapability]) -> Mapping[str, Any]:

@@ -395,7 +395,10 @@ class Reports(Outcomes, Outputs):
                 # The current attempt's streamed output, so far (router/output/streams.py).
                 d = await store.get_dispatch(conn, task["current_dispatch_id"])
                 if d is not None:
-                    task = {**task, "output_length": d["output_length"], "output_sha256": d["output_sha256"]}
+                    task = {
+                        **task, "output_length": d["output_length"], "output_sha256": d["output_sha256"],
+                        "collector_id": d["collector_id"],
+                    }  # fmt: skip
             return task, await sql_tasks.history(conn, task_id)
 
 

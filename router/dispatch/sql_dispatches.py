@@ -184,6 +184,7 @@ async def list_dispatches(
     after: tuple[dt.datetime, str] | None,
     limit: int,
     dispatch_id: str = "",
+    task_id: str = "",
 ) -> Sequence[RowMapping]:
     """The dispatch queue, newest first, each row with its task's state as ``task_state``."""
     query = select(*dispatches.c, tasks.c.state.label("task_state")).join(
@@ -191,6 +192,8 @@ async def list_dispatches(
     )
     if dispatch_id:
         query = query.where(dispatches.c.dispatch_id == dispatch_id)
+    if task_id:
+        query = query.where(dispatches.c.task_id == task_id)
     if states:
         query = query.where(dispatches.c.state.in_(list(states)))
     if task_states:

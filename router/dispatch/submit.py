@@ -1,4 +1,5 @@
-"""Validation of SubmitTask requests and the fingerprint that detects idempotency-key reuse. Pure code."""
+"""Validation of SubmitTask requests, the fingerprint that detects idempotency-key reuse, and the
+request an operator's retry of a settled task submits. Pure code."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from common.envelope.canonical import MAX_PARAMS_BYTES, MAX_TEXT_BYTES, OpClass
-from common.errors import InvalidArgument, PayloadTooLarge
+from common.errors import FailedPrecondition, InvalidArgument, PayloadTooLarge
 from common.protocol import check_features
 
 MAX_DEADLINE = dt.timedelta(days=7)
@@ -89,3 +91,47 @@ def fingerprint(req: SubmitRequest) -> bytes:
         # Only when present, so the fingerprints of tasks from before features are unchanged.
         doc["features"] = list(req.features)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).digest()
+
+
+# Where a retried task points back to the task it repeats (a label, so it is listed and filtered).
+RETRY_OF_LABEL = "versus.retry_of"
+SETTLED_STATES = frozenset({"success", "failed", "expired", "cancelled", "indeterminate"})
+
+
+@dataclass(frozen=True, slots=True)
+class Audited:
+    """An audit event written with a new task, in its transaction."""
+
+    actor: str
+    action: str
+    details: Mapping[str, Any]
+
+
+def retry_request(
+    task: Mapping[str, Any], key: str, now: dt.datetime, *, terminal_confirmed: bool
+) -> SubmitRequest:
+    """The request that runs a settled task again: the same operation, target, parameters, labels and
+    features, a new idempotency key, and as long to its deadline as the original was given.
+
+    A task still in flight is refused (``task_not_settled``): cancel it first. A terminal mutation
+    cannot be retried without the operator saying so (``terminal_retry_unconfirmed``): it is not
+    safely repeatable, which is why the ladder never retries it on its own.
+    """
+    if task["state"] not in SETTLED_STATES:
+        raise FailedPrecondition(
+            f"task {task['task_id']} is {task['state']}: only a settled task can be retried",
+            code="task_not_settled",
+        )
+    if task["op_class"] == "mutate_terminal" and not terminal_confirmed:
+        raise FailedPrecondition(
+            "a terminal mutation is not safely repeatable: confirm the retry to run it again",
+            code="terminal_retry_unconfirmed",
+        )
+    given = max(task["deadline"] - task["created_at"], dt.timedelta(seconds=60))
+    labels = {**task["labels"], RETRY_OF_LABEL: task["task_id"]}
+    return SubmitRequest(
+        provider=task["provider"], operation=task["operation"], op_class=task["op_class"],
+        target_ref=task["target_ref"], site_id=task["site_id"], tenant_id=task["tenant_id"],
+        params=bytes(task["params"]), idempotency_key=key, deadline=now + min(given, MAX_DEADLINE),
+        requires_fips=task["requires_fips"], labels=labels, features=tuple(task["features"]),
+    )  # fmt: skip

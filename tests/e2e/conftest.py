@@ -42,7 +42,8 @@ def shared_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     settings, processes and backends alone, and read only the log they caused
     (``ControlPlane.log_since``). A module whose tests need more isolation among themselves than
     from the rest makes its own (``control_plane_for``)."""
-    yield from control_plane_for(tmp_path_factory, "shared-control-plane")
+    # The fleet gauges sampled every 2 s, not 15: a test reading them waits less (test_prometheus.py).
+    yield from control_plane_for(tmp_path_factory, "shared-control-plane", VERSUS_ROUTER_FLEET_SAMPLE_S="2")
 
 
 @pytest.fixture(scope="session")

@@ -182,13 +182,12 @@ def wait_gone(processes: list[psutil.Process], timeout: float = 30) -> list[psut
     return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
 
 
-def control_plane_for(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[ControlPlane]:
+def control_plane_for(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **env: str
+) -> Iterator[ControlPlane]:
     """A `versus-cp up` for a broader fixture scope than one test (stopped at its end)."""
     root = tmp_path_factory.mktemp(name)
-    # The fleet gauges sampled every 2 s, not 15: a test reading them waits less (test_prometheus.py).
-    plane = ControlPlane(
-        service_env(root / "state", VERSUS_ROUTER_FLEET_SAMPLE_S="2"), root / "up.log"
-    ).start()
+    plane = ControlPlane(service_env(root / "state", **env), root / "up.log").start()
     yield plane
     if plane.proc.poll() is None:
         plane.stop()

@@ -10,36 +10,30 @@ page is screenshotted: into the test's directory, or into VERSUS_CONSOLE_SCREENS
 
 from __future__ import annotations
 
-import http.server
-import os
 import re
-import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, expect
 
+from tests.e2e.browser_support import (
+    OtherSite,
+    check_accessible,
+    console_context,
+    launched_browser,
+    screenshot_dir,
+    sign_in,
+)
 from tests.e2e.collector_harness import Collector, Platform, cli_json, wait_for
 from tests.e2e.harness import ControlPlane, control_plane_for
 
 pytestmark = pytest.mark.timeout(240)
-CHROMIUM = "/usr/bin/chromium"
-# What the machine's closed network needs (see ../.library/env): no background connections.
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        raise RuntimeError("Chromium missing: run `make system-deps` (make test does)")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield launched
-        launched.close()
+    yield from launched_browser()
 
 
 @pytest.fixture(scope="module")
@@ -49,43 +43,6 @@ def browser_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     yield from control_plane_for(tmp_path_factory, "browser-control-plane")
 
 
-AXE = Path(__file__).resolve().parents[2] / "tools" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
-
-
-def _context(browser: Browser, **options: Any) -> BrowserContext:
-    """A browser context for the console. The axe-core engine is injected as a script the
-    console's CSP would (rightly) refuse, so contexts that run it bypass the CSP; the first test
-    keeps it and fails on any CSP violation the pages themselves cause."""
-    return browser.new_context(ignore_https_errors=True, viewport={"width": 1280, "height": 900}, **options)
-
-
-def _accessible(page: Page, name: str) -> None:
-    """axe-core finds no serious or critical violation on the page (WCAG 2 A/AA rules and best practices)."""
-    if not AXE.exists():
-        raise RuntimeError("axe-core missing: run `make axe-deps` (make test does)")
-    page.add_script_tag(path=str(AXE))
-    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    bad = [
-        (v["id"], v["impact"], [n["target"] for n in v["nodes"]][:3])
-        for v in result["violations"]
-        if v["impact"] in ("serious", "critical")
-    ]
-    assert bad == [], (name, bad)
-
-
-def _shots(tmp_path: Path) -> Path:
-    where = Path(os.environ.get("VERSUS_CONSOLE_SCREENSHOTS", tmp_path / "screenshots"))
-    where.mkdir(parents=True, exist_ok=True)
-    return where
-
-
-def _sign_in(page: Page, base: str, token: str) -> None:
-    page.goto(f"{base}/signin")
-    page.get_by_label("API token").fill(token)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Collectors", exact=True)).to_be_visible()
-
-
 def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
     browser_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
@@ -93,9 +50,9 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     collector.start()
-    shots = _shots(tmp_path)
+    shots = screenshot_dir(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = _context(browser)
+    context = console_context(browser)
     refused: list[str] = []
 
     def watch(message: ConsoleMessage) -> None:
@@ -110,7 +67,7 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
         page = context.new_page()
         page.goto(f"{base}/signin")
         page.screenshot(path=shots / "signin.png")
-        _sign_in(page, base, cp.admin_token)
+        sign_in(page, base, cp.admin_token)
         page.get_by_label("Search by collector ID, hostname or site").fill(hostname)
         page.get_by_role("button", name="Search").click()
         expect(page.get_by_role("link", name=collector_id)).to_be_visible()
@@ -165,10 +122,10 @@ def test_pages_read_with_javascript_disabled(
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     collector_id = collector.enroll()
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = _context(browser, java_script_enabled=False)
+    context = console_context(browser, java_script_enabled=False)
     try:
         page = context.new_page()
-        _sign_in(page, base, cp.admin_token)
+        sign_in(page, base, cp.admin_token)
         page.get_by_role("link", name=collector_id).click()
         expect(page.get_by_role("heading", name="Identity")).to_be_visible()
         expect(page.get_by_role("heading", name="Driver Capabilities")).to_be_visible()
@@ -184,14 +141,14 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
     collector_id = collector.enroll()
     collector.start()
     platform = Platform(cp)
-    shots = _shots(tmp_path)
+    shots = screenshot_dir(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = _context(browser, bypass_csp=True)
+    context = console_context(browser, bypass_csp=True)
     try:
         page = context.new_page()
         page.goto(f"{base}/signin")
-        _accessible(page, "signin")
-        _sign_in(page, base, cp.admin_token)
+        check_accessible(page, "signin")
+        sign_in(page, base, cp.admin_token)
         # The indeterminate queue, open while the task becomes indeterminate: it appears live.
         watching = context.new_page()
         watching.goto(f"{base}/queue?outcome=indeterminate")
@@ -211,23 +168,28 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         watching.close()
 
         page.reload()
-        _accessible(page, "collectors")
+        check_accessible(page, "collectors")
         # Its own collector: the module's other tests have theirs (one revoked) on the same list.
         page.get_by_role("link", name=collector_id).click()
-        _accessible(page, "collector")
+        check_accessible(page, "collector")
         page.get_by_role("link", name="Drain").click()
-        _accessible(page, "confirm")
+        check_accessible(page, "confirm")
         page.get_by_role("link", name="Dispatch queue").click()
         page.get_by_label("Outcome").select_option("indeterminate")
         page.get_by_role("button", name="Filter").click()
         rows = page.get_by_role("row").filter(has_text="indeterminate")
         expect(rows).to_have_count(1)
         page.screenshot(path=shots / "queue.png", full_page=True)
-        _accessible(page, "queue")
+        check_accessible(page, "queue")
         rows.get_by_role("link").first.click()
         expect(page.get_by_role("heading", name="Resolve this indeterminate task")).to_be_visible()
-        _accessible(page, "dispatch")
+        check_accessible(page, "dispatch")
         page.screenshot(path=shots / "dispatch.png", full_page=True)
+        # The note's label sits beside its own field, on its row (it once sat right of the fieldset).
+        note, field = page.locator("label[for=note]").bounding_box(), page.locator("#note").bounding_box()
+        assert note is not None and field is not None
+        assert note["x"] + note["width"] <= field["x"] + 1, (note, field)
+        assert abs((note["y"] + note["height"] / 2) - (field["y"] + field["height"] / 2)) < 8, (note, field)
         page.get_by_label("was applied (success)").check()
         page.get_by_label("Note").fill("checked sw-q: the change is there")
         page.get_by_role("button", name="Resolve").click()
@@ -238,7 +200,7 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         page.get_by_role("link", name="Audit log").click()
         expect(page.get_by_text("checked sw-q")).to_be_visible()
         page.screenshot(path=shots / "audit.png", full_page=True)
-        _accessible(page, "audit")
+        check_accessible(page, "audit")
     finally:
         context.close()
         platform.close()
@@ -250,16 +212,16 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
 ) -> None:
     cp = browser_plane
     site_id = cp.api.create_site("rack-7")["site"]["site_id"]
-    shots = _shots(tmp_path)
+    shots = screenshot_dir(tmp_path)
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    context = _context(browser, bypass_csp=True)
+    context = console_context(browser, bypass_csp=True)
     collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
     try:
         page = context.new_page()
-        _sign_in(page, base, cp.admin_token)
+        sign_in(page, base, cp.admin_token)
         page.get_by_role("link", name="Sites").click()
         page.screenshot(path=shots / "sites.png", full_page=True)
-        _accessible(page, "sites")
+        check_accessible(page, "sites")
         page.get_by_role("link", name=site_id).click()
         page.get_by_label("Policy", exact=True).select_option("auto")
         page.get_by_role("button", name="Save policy").click()
@@ -275,7 +237,7 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
         assert len(plaintext) > 20
         assert plaintext not in command  # the command never carries the token
         page.screenshot(path=shots / "token-issued.png")
-        _accessible(page, "token issued")
+        check_accessible(page, "token issued")
         # The site's collectors, open in another tab while the collector enrolls: it appears live.
         watching = context.new_page()
         watching.goto(f"{base}/collectors?site={site_id}")
@@ -290,14 +252,20 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
         expect(page.get_by_text("0 of 1")).to_be_visible()  # the token was used
         assert plaintext not in page.content()  # only its prefix is ever listed
         page.screenshot(path=shots / "site.png", full_page=True)
-        _accessible(page, "site")
+        check_accessible(page, "site")
 
         # A second token, revoked from the page.
         page.get_by_role("button", name="Issue token").click()
         page.get_by_role("link", name="Back to the site").click()
-        active = page.get_by_role("button", name=re.compile("Revoke token"))
+        # Revoking asks first, as revoking a collector does (it used to happen on one click).
+        active = page.get_by_role("link", name=re.compile("Revoke token"))
         expect(active).to_have_count(1)
         active.click()
+        expect(page.get_by_role("heading", name=re.compile("Revoke token"))).to_be_visible()
+        assert {t["status"] for t in cli_json(["tokens", "list", "--site", site_id], cp.env)["tokens"]} == {
+            "TOKEN_STATUS_EXHAUSTED", "TOKEN_STATUS_ACTIVE"}  # fmt: skip
+        check_accessible(page, "confirm token revoke")
+        page.get_by_role("button", name=re.compile("Revoke token")).click()
         expect(page.get_by_role("status")).to_contain_text("Token revoked")
         statuses = {t["status"] for t in cli_json(["tokens", "list", "--site", site_id], cp.env)["tokens"]}
         assert statuses == {"TOKEN_STATUS_EXHAUSTED", "TOKEN_STATUS_REVOKED"}, statuses
@@ -305,42 +273,10 @@ def test_an_admin_sets_a_site_policy_issues_a_token_and_enrolls_a_collector_with
         page.get_by_role("link", name="Releases").click()
         expect(page.get_by_role("heading", name="Publish a release")).to_be_visible()
         page.screenshot(path=shots / "releases.png", full_page=True)
-        _accessible(page, "releases")
+        check_accessible(page, "releases")
     finally:
         context.close()
         collector.stop()
-
-
-class _OtherSite:
-    """A page on another origin (plain HTTP on its own port) whose form posts to the console as
-    soon as it loads: what a malicious site would make a signed-in operator's browser do."""
-
-    def __init__(self, action: str):
-        page = (
-            "<!doctype html><title>Win a prize</title>"
-            f'<form id="f" method="post" action="{action}"><input name="csrf" value="guess"></form>'
-            "<script>document.getElementById('f').submit()</script>"
-        ).encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("content-type", "text/html")
-                self.send_header("content-length", str(len(page)))
-                self.end_headers()
-                self.wfile.write(page)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
@@ -349,11 +285,11 @@ def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
     cp = browser_plane
     collector_id = Collector(cp, tmp_path / "collector", tmp_path / "collector.log").enroll()
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
-    other = _OtherSite(f"{base}/collectors/{collector_id}/drain")
-    context = _context(browser)
+    other = OtherSite(f"{base}/collectors/{collector_id}/drain")
+    context = console_context(browser)
     try:
         page = context.new_page()
-        _sign_in(page, base, cp.mint_token("viewer", "browser-viewer"))
+        sign_in(page, base, cp.mint_token("viewer", "browser-viewer"))
         page.goto(f"{base}/collectors/{collector_id}")
         expect(page.get_by_role("button", name="Probe")).to_be_visible()  # a viewer may probe
         for link in ("Drain", "Revoke"):
@@ -361,7 +297,7 @@ def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
         expect(page.get_by_role("button", name="Switch vault mode")).to_have_count(0)
         page.get_by_role("button", name="Sign out").click()
 
-        _sign_in(page, base, cp.admin_token)
+        sign_in(page, base, cp.admin_token)
         page.goto(f"{base}/collectors/{collector_id}")
         expect(page.get_by_role("link", name="Drain")).to_be_visible()  # an admin could drain it
         page.goto(other.url)  # the other site's form submits itself at once
@@ -370,3 +306,87 @@ def test_a_viewer_cannot_act_and_another_site_cannot_post_as_the_operator(
     finally:
         context.close()
         other.close()
+
+
+def test_an_operator_follows_a_running_task_cancels_and_retries_it_and_finds_a_waiting_one(
+    browser_plane: ControlPlane, tmp_path: Path, browser: Browser
+) -> None:
+    cp = browser_plane
+    collector = Collector(cp, tmp_path / "collector", tmp_path / "collector.log")
+    collector.enroll()
+    collector.start()
+    platform = Platform(cp)
+    shots = screenshot_dir(tmp_path)
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    context = console_context(browser, bypass_csp=True)
+    empty_site = cp.api.create_site("rack-empty")["site"]["site_id"]
+    try:
+        # A task for a site with no collector waits, and the Tasks page says why.
+        waiting = platform.submit(empty_site, "echo", "read", "sw-w", {}, "k-waiting")
+        page = context.new_page()
+        sign_in(page, base, cp.admin_token)
+        page.get_by_role("link", name="Tasks").click()
+        page.get_by_label("State").select_option("waiting")
+        page.get_by_role("button", name="Filter").click()
+        row = page.get_by_role("row").filter(has_text=waiting)
+        expect(row).to_contain_text("no eligible collector")
+        check_accessible(page, "tasks")
+
+        # A task streaming its output slowly: the open task page shows each line as it arrives.
+        streaming = platform.submit(
+            collector.site_id,
+            "dump",
+            "read",
+            "sw-s",
+            {"lines": 40, "every": 1},
+            "k-stream",
+            features=["cancel", "output_stream"],
+        )
+        wait_for(lambda: platform.task(streaming).task.output_length > 0, timeout=60)
+        page.goto(f"{base}/tasks/{streaming}")
+        page.evaluate("window.__notReloaded = true")
+        expect(page.locator("pre.output")).to_contain_text("line 2 of 40", timeout=15_000)
+        expect(page.locator("pre.output")).to_contain_text("line 5 of 40", timeout=15_000)
+        assert page.evaluate("window.__notReloaded") is True
+        page.screenshot(path=shots / "task-running.png", full_page=True)
+        check_accessible(page, "task")
+
+        # Cancel it from the console, behind a confirmation.
+        page.get_by_role("link", name="Cancel").click()
+        expect(page.get_by_text("asked to stop")).to_be_visible()
+        check_accessible(page, "confirm cancel")
+        page.get_by_label("Reason").fill("wrong window")
+        page.get_by_role("button", name="Cancel the task").click()
+        expect(page.get_by_role("status").first).to_be_visible()
+        assert platform.wait_state(streaming, {"cancelled"}, timeout=30).state
+        page.reload()
+        expect(page.locator(".badge").first).to_have_text("cancelled")
+        download = page.get_by_role("link", name="Download the whole output")
+        with page.expect_download() as got:
+            download.click()
+        saved = tmp_path / "output.txt"
+        got.value.save_as(saved)
+        assert saved.read_text().startswith("line 1 of 40\nline 2 of 40\n")
+
+        # Retry: a new task, the same operation, pointing back at the one it repeats.
+        page.get_by_role("link", name="Retry").click()
+        page.get_by_role("button", name="Retry the task").click()
+        expect(page.get_by_role("status")).to_contain_text(f"A retry of {streaming}")
+        retry_id = page.locator("h1").inner_text()
+        assert retry_id != streaming
+        again = platform.task(retry_id).task
+        assert (again.operation, again.target_ref, again.labels["versus.retry_of"]) == (
+            "dump",
+            "sw-s",
+            streaming,
+        )
+        events = cli_json(["audit", "list", "--subject", retry_id], cp.env)["events"]
+        assert [e["action"] for e in events] == ["task.retry"], events
+        platform.cancel(retry_id)
+        page.goto(f"{base}/tasks?state=cancelled")
+        expect(page.get_by_role("row").filter(has_text=streaming)).to_have_count(1)
+        page.screenshot(path=shots / "tasks.png", full_page=True)
+    finally:
+        context.close()
+        platform.close()
+        collector.stop()

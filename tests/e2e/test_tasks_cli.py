@@ -41,6 +41,10 @@ def test_tasks_commands(start_control_plane: Callable[..., ControlPlane], tmp_pa
         assert json.loads(base64.b64decode(task["result"])) == {"hello": "cli"}
         human = run_cli(["tasks", "get", task_id], cp.env)
         assert "state" in human.stdout and "success" in human.stdout
+        listed = run_cli(["tasks", "list", "--state", "success", "--label", "none=x", "--json"], cp.env)
+        assert listed.returncode == 0 and json.loads(listed.stdout).get("tasks", []) == [], listed.stderr
+        listed = run_cli(["tasks", "list", "--state", "success", "--target", "dev-1", "--since", "1"], cp.env)
+        assert task_id in listed.stdout and "success" in listed.stdout, listed.stderr
 
         # A dispatch key rotation does not cut off a collector enrolled before it: its envelopes are
         # signed with the key it was given (the router re-reads the key set within 2 s).

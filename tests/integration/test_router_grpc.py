@@ -42,6 +42,7 @@ class Api:
     bridge: collector_bridge_pb2_grpc.CollectorBridgeServiceAsyncStub
     # The dispatch queue, as an operator sees it.
     ops: task_router_pb2_grpc.TaskRouterServiceAsyncStub
+    address: str = ""
 
 
 @pytest.fixture
@@ -60,6 +61,7 @@ async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
         task_router_pb2_grpc.TaskRouterServiceStub(channels[0]),
         collector_bridge_pb2_grpc.CollectorBridgeServiceStub(channels[1]),
         task_router_pb2_grpc.TaskRouterServiceStub(channels[2]),
+        server.address,
     )
     for channel in channels:
         await channel.close(None)

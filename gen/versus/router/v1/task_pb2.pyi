@@ -172,6 +172,7 @@ class Task(_message.Message):
     CANCEL_REQUESTED_AT_FIELD_NUMBER: _builtins.int
     OUTPUT_LENGTH_FIELD_NUMBER: _builtins.int
     OUTPUT_SHA256_FIELD_NUMBER: _builtins.int
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     provider: _builtins.str
     operation: _builtins.str
@@ -195,6 +196,8 @@ class Task(_message.Message):
     """Output streamed by the current attempt so far (protocol 4; ReadOutput returns the bytes)."""
     output_sha256: _builtins.str
     """SHA-256 (hex) of the whole output, once the collector's final report verified it."""
+    collector_id: _builtins.str
+    """The collector of the current (latest) attempt; empty before the first."""
     @_builtins.property
     def deadline(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -240,10 +243,11 @@ class Task(_message.Message):
         cancel_requested_at: _timestamp_pb2.Timestamp | None = ...,
         output_length: _builtins.int = ...,
         output_sha256: _builtins.str = ...,
+        collector_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_requested_at", b"cancel_requested_at", "created_at", b"created_at", "deadline", b"deadline", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested_at", b"cancel_requested_at", "condition", b"condition", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "evidence", b"evidence", "features", b"features", "history", b"history", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "output_length", b"output_length", "output_sha256", b"output_sha256", "provider", b"provider", "requires_fips", b"requires_fips", "result", b"result", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "tenant_id", b"tenant_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "cancel_requested_at", b"cancel_requested_at", "collector_id", b"collector_id", "condition", b"condition", "created_at", b"created_at", "deadline", b"deadline", "error_code", b"error_code", "evidence", b"evidence", "features", b"features", "history", b"history", "idempotency_key", b"idempotency_key", "labels", b"labels", "op_class", b"op_class", "operation", b"operation", "output_length", b"output_length", "output_sha256", b"output_sha256", "provider", b"provider", "requires_fips", b"requires_fips", "result", b"result", "site_id", b"site_id", "state", b"state", "target_ref", b"target_ref", "task_id", b"task_id", "tenant_id", b"tenant_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

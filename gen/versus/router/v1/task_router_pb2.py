@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from versus.router.v1 import task_pb2 as versus_dot_router_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"versus/router/v1/task_router.proto\x12\x10versus.router.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bversus/router/v1/task.proto\"\x8d\x03\n\x11SubmitTaskRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12+\n\x08op_class\x18\x03 \x01(\x0e\x32\x19.versus.router.v1.OpClass\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x0f\n\x07site_id\x18\x05 \x01(\t\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x0e\n\x06params\x18\x07 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rrequires_fips\x18\n \x01(\x08\x12?\n\x06labels\x18\x0b \x03(\x0b\x32/.versus.router.v1.SubmitTaskRequest.LabelsEntry\x12\x10\n\x08\x66\x65\x61tures\x18\x0c \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x12SubmitTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"7\n\x0fGetTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"9\n\x11WatchTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x12\x43\x61ncelTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"\xd8\x01\n\x15ListDispatchesRequest\x12+\n\x06states\x18\x01 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x03 \x01(\t\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x30\n\x0btask_states\x18\x07 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\"a\n\x16ListDispatchesResponse\x12.\n\ndispatches\x18\x01 \x03(\x0b\x32\x1a.versus.router.v1.Dispatch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\")\n\x12GetDispatchRequest\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\"i\n\x13GetDispatchResponse\x12,\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x1a.versus.router.v1.Dispatch\x12$\n\x04task\x18\x02 \x01(\x0b\x32\x16.versus.router.v1.Task\"\x81\x01\n\x1bResolveIndeterminateRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\nresolution\x18\x02 \x01(\x0e\x32\x1c.versus.router.v1.Resolution\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x11\n\x05\x61\x63tor\x18\x04 \x01(\tB\x02\x18\x01\"D\n\x1cResolveIndeterminateResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"D\n\x11ReadOutputRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"d\n\x12ReadOutputResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t*W\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x16\n\x12RESOLUTION_SUCCESS\x10\x01\x12\x15\n\x11RESOLUTION_FAILED\x10\x02\x32\x80\x06\n\x11TaskRouterService\x12W\n\nSubmitTask\x12#.versus.router.v1.SubmitTaskRequest\x1a$.versus.router.v1.SubmitTaskResponse\x12N\n\x07GetTask\x12 .versus.router.v1.GetTaskRequest\x1a!.versus.router.v1.GetTaskResponse\x12V\n\tWatchTask\x12\".versus.router.v1.WatchTaskRequest\x1a#.versus.router.v1.WatchTaskResponse0\x01\x12W\n\nCancelTask\x12#.versus.router.v1.CancelTaskRequest\x1a$.versus.router.v1.CancelTaskResponse\x12\x63\n\x0eListDispatches\x12\'.versus.router.v1.ListDispatchesRequest\x1a(.versus.router.v1.ListDispatchesResponse\x12Z\n\x0bGetDispatch\x12$.versus.router.v1.GetDispatchRequest\x1a%.versus.router.v1.GetDispatchResponse\x12u\n\x14ResolveIndeterminate\x12-.versus.router.v1.ResolveIndeterminateRequest\x1a..versus.router.v1.ResolveIndeterminateResponse\x12Y\n\nReadOutput\x12#.versus.router.v1.ReadOutputRequest\x1a$.versus.router.v1.ReadOutputResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"versus/router/v1/task_router.proto\x12\x10versus.router.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bversus/router/v1/task.proto\"\x8d\x03\n\x11SubmitTaskRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x11\n\toperation\x18\x02 \x01(\t\x12+\n\x08op_class\x18\x03 \x01(\x0e\x32\x19.versus.router.v1.OpClass\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x0f\n\x07site_id\x18\x05 \x01(\t\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x0e\n\x06params\x18\x07 \x01(\x0c\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rrequires_fips\x18\n \x01(\x08\x12?\n\x06labels\x18\x0b \x03(\x0b\x32/.versus.router.v1.SubmitTaskRequest.LabelsEntry\x12\x10\n\x08\x66\x65\x61tures\x18\x0c \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x12SubmitTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"7\n\x0fGetTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"9\n\x11WatchTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\":\n\x12\x43\x61ncelTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"h\n\x10RetryTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12\x1a\n\x12terminal_confirmed\x18\x03 \x01(\x08\x12\x0e\n\x06reason\x18\x04 \x01(\t\"K\n\x11RetryTaskResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\x12\x10\n\x08\x65xisting\x18\x02 \x01(\x08\"\x99\x03\n\x10ListTasksRequest\x12+\n\x06states\x18\x01 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12\x10\n\x08provider\x18\x04 \x01(\t\x12\x11\n\toperation\x18\x05 \x01(\t\x12\x12\n\ntarget_ref\x18\x06 \x01(\t\x12>\n\x06labels\x18\x07 \x03(\x0b\x32..versus.router.v1.ListTasksRequest.LabelsEntry\x12\x31\n\rcreated_after\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\n \x01(\r\x12\x12\n\npage_token\x18\x0b \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x11ListTasksResponse\x12%\n\x05tasks\x18\x01 \x03(\x0b\x32\x16.versus.router.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe9\x01\n\x15ListDispatchesRequest\x12+\n\x06states\x18\x01 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x14\n\x0c\x63ollector_id\x18\x03 \x01(\t\x12\x12\n\ntarget_ref\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x30\n\x0btask_states\x18\x07 \x03(\x0e\x32\x1b.versus.router.v1.TaskState\x12\x0f\n\x07task_id\x18\x08 \x01(\t\"a\n\x16ListDispatchesResponse\x12.\n\ndispatches\x18\x01 \x03(\x0b\x32\x1a.versus.router.v1.Dispatch\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\")\n\x12GetDispatchRequest\x12\x13\n\x0b\x64ispatch_id\x18\x01 \x01(\t\"i\n\x13GetDispatchResponse\x12,\n\x08\x64ispatch\x18\x01 \x01(\x0b\x32\x1a.versus.router.v1.Dispatch\x12$\n\x04task\x18\x02 \x01(\x0b\x32\x16.versus.router.v1.Task\"\x81\x01\n\x1bResolveIndeterminateRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x30\n\nresolution\x18\x02 \x01(\x0e\x32\x1c.versus.router.v1.Resolution\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x11\n\x05\x61\x63tor\x18\x04 \x01(\tB\x02\x18\x01\"D\n\x1cResolveIndeterminateResponse\x12$\n\x04task\x18\x01 \x01(\x0b\x32\x16.versus.router.v1.Task\"D\n\x11ReadOutputRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"d\n\x12ReadOutputResponse\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\t*W\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x16\n\x12RESOLUTION_SUCCESS\x10\x01\x12\x15\n\x11RESOLUTION_FAILED\x10\x02\x32\xac\x07\n\x11TaskRouterService\x12W\n\nSubmitTask\x12#.versus.router.v1.SubmitTaskRequest\x1a$.versus.router.v1.SubmitTaskResponse\x12N\n\x07GetTask\x12 .versus.router.v1.GetTaskRequest\x1a!.versus.router.v1.GetTaskResponse\x12V\n\tWatchTask\x12\".versus.router.v1.WatchTaskRequest\x1a#.versus.router.v1.WatchTaskResponse0\x01\x12W\n\nCancelTask\x12#.versus.router.v1.CancelTaskRequest\x1a$.versus.router.v1.CancelTaskResponse\x12T\n\tRetryTask\x12\".versus.router.v1.RetryTaskRequest\x1a#.versus.router.v1.RetryTaskResponse\x12T\n\tListTasks\x12\".versus.router.v1.ListTasksRequest\x1a#.versus.router.v1.ListTasksResponse\x12\x63\n\x0eListDispatches\x12\'.versus.router.v1.ListDispatchesRequest\x1a(.versus.router.v1.ListDispatchesResponse\x12Z\n\x0bGetDispatch\x12$.versus.router.v1.GetDispatchRequest\x1a%.versus.router.v1.GetDispatchResponse\x12u\n\x14ResolveIndeterminate\x12-.versus.router.v1.ResolveIndeterminateRequest\x1a..versus.router.v1.ResolveIndeterminateResponse\x12Y\n\nReadOutput\x12#.versus.router.v1.ReadOutputRequest\x1a$.versus.router.v1.ReadOutputResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMITTASKREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_LISTTASKSREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_LISTTASKSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_RESOLVEINDETERMINATEREQUEST'].fields_by_name['actor']._loaded_options = None
   _globals['_RESOLVEINDETERMINATEREQUEST'].fields_by_name['actor']._serialized_options = b'\030\001'
-  _globals['_RESOLUTION']._serialized_start=1740
-  _globals['_RESOLUTION']._serialized_end=1827
+  _globals['_RESOLUTION']._serialized_start=2437
+  _globals['_RESOLUTION']._serialized_end=2524
   _globals['_SUBMITTASKREQUEST']._serialized_start=119
   _globals['_SUBMITTASKREQUEST']._serialized_end=516
   _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_start=471
@@ -57,22 +59,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELTASKREQUEST']._serialized_end=836
   _globals['_CANCELTASKRESPONSE']._serialized_start=838
   _globals['_CANCELTASKRESPONSE']._serialized_end=896
-  _globals['_LISTDISPATCHESREQUEST']._serialized_start=899
-  _globals['_LISTDISPATCHESREQUEST']._serialized_end=1115
-  _globals['_LISTDISPATCHESRESPONSE']._serialized_start=1117
-  _globals['_LISTDISPATCHESRESPONSE']._serialized_end=1214
-  _globals['_GETDISPATCHREQUEST']._serialized_start=1216
-  _globals['_GETDISPATCHREQUEST']._serialized_end=1257
-  _globals['_GETDISPATCHRESPONSE']._serialized_start=1259
-  _globals['_GETDISPATCHRESPONSE']._serialized_end=1364
-  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_start=1367
-  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_end=1496
-  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_start=1498
-  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_end=1566
-  _globals['_READOUTPUTREQUEST']._serialized_start=1568
-  _globals['_READOUTPUTREQUEST']._serialized_end=1636
-  _globals['_READOUTPUTRESPONSE']._serialized_start=1638
-  _globals['_READOUTPUTRESPONSE']._serialized_end=1738
-  _globals['_TASKROUTERSERVICE']._serialized_start=1830
-  _globals['_TASKROUTERSERVICE']._serialized_end=2598
+  _globals['_RETRYTASKREQUEST']._serialized_start=898
+  _globals['_RETRYTASKREQUEST']._serialized_end=1002
+  _globals['_RETRYTASKRESPONSE']._serialized_start=1004
+  _globals['_RETRYTASKRESPONSE']._serialized_end=1079
+  _globals['_LISTTASKSREQUEST']._serialized_start=1082
+  _globals['_LISTTASKSREQUEST']._serialized_end=1491
+  _globals['_LISTTASKSREQUEST_LABELSENTRY']._serialized_start=471
+  _globals['_LISTTASKSREQUEST_LABELSENTRY']._serialized_end=516
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1493
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1576
+  _globals['_LISTDISPATCHESREQUEST']._serialized_start=1579
+  _globals['_LISTDISPATCHESREQUEST']._serialized_end=1812
+  _globals['_LISTDISPATCHESRESPONSE']._serialized_start=1814
+  _globals['_LISTDISPATCHESRESPONSE']._serialized_end=1911
+  _globals['_GETDISPATCHREQUEST']._serialized_start=1913
+  _globals['_GETDISPATCHREQUEST']._serialized_end=1954
+  _globals['_GETDISPATCHRESPONSE']._serialized_start=1956
+  _globals['_GETDISPATCHRESPONSE']._serialized_end=2061
+  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_start=2064
+  _globals['_RESOLVEINDETERMINATEREQUEST']._serialized_end=2193
+  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_start=2195
+  _globals['_RESOLVEINDETERMINATERESPONSE']._serialized_end=2263
+  _globals['_READOUTPUTREQUEST']._serialized_start=2265
+  _globals['_READOUTPUTREQUEST']._serialized_end=2333
+  _globals['_READOUTPUTRESPONSE']._serialized_start=2335
+  _globals['_READOUTPUTRESPONSE']._serialized_end=2435
+  _globals['_TASKROUTERSERVICE']._serialized_start=2527
+  _globals['_TASKROUTERSERVICE']._serialized_end=3467
 # @@protoc_insertion_point(module_scope)

@@ -269,6 +269,160 @@ class CancelTaskResponse(_message.Message):
 Global___CancelTaskResponse: _TypeAlias = CancelTaskResponse  # noqa: Y015
 
 @_typing.final
+class RetryTaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    TERMINAL_CONFIRMED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    idempotency_key: _builtins.str
+    """The new task's idempotency key: the same key answers with the task it made (existing = true)."""
+    terminal_confirmed: _builtins.bool
+    """The operator says a terminal mutation may run again."""
+    reason: _builtins.str
+    """Kept in the audit event."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        idempotency_key: _builtins.str = ...,
+        terminal_confirmed: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "reason", b"reason", "task_id", b"task_id", "terminal_confirmed", b"terminal_confirmed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryTaskRequest: _TypeAlias = RetryTaskRequest  # noqa: Y015
+
+@_typing.final
+class RetryTaskResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    EXISTING_FIELD_NUMBER: _builtins.int
+    existing: _builtins.bool
+    @_builtins.property
+    def task(self) -> _task_pb2.Task: ...
+    def __init__(
+        self,
+        *,
+        task: _task_pb2.Task | None = ...,
+        existing: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["existing", b"existing", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryTaskResponse: _TypeAlias = RetryTaskResponse  # noqa: Y015
+
+@_typing.final
+class ListTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STATES_FIELD_NUMBER: _builtins.int
+    SITE_ID_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    TARGET_REF_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    CREATED_BEFORE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    site_id: _builtins.str
+    tenant_id: _builtins.str
+    provider: _builtins.str
+    operation: _builtins.str
+    target_ref: _builtins.str
+    page_size: _builtins.int
+    page_token: _builtins.str
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_task_pb2.TaskState.ValueType]: ...
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Tasks whose labels hold every one of these pairs."""
+
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Created at or after / before these times (either may be absent)."""
+
+    @_builtins.property
+    def created_before(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[_task_pb2.TaskState.ValueType] | None = ...,
+        site_id: _builtins.str = ...,
+        tenant_id: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        target_ref: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
+        created_before: _timestamp_pb2.Timestamp | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before", "labels", b"labels", "operation", b"operation", "page_size", b"page_size", "page_token", b"page_token", "provider", b"provider", "site_id", b"site_id", "states", b"states", "target_ref", b"target_ref", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_task_pb2.Task]: ...
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[_task_pb2.Task] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
 class ListDispatchesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -279,11 +433,14 @@ class ListDispatchesRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     TASK_STATES_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
     site_id: _builtins.str
     collector_id: _builtins.str
     target_ref: _builtins.str
     page_size: _builtins.int
     page_token: _builtins.str
+    task_id: _builtins.str
+    """Only the attempts of this task."""
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_task_pb2.TaskState.ValueType]: ...
     @_builtins.property
@@ -300,10 +457,11 @@ class ListDispatchesRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
         task_states: _abc.Iterable[_task_pb2.TaskState.ValueType] | None = ...,
+        task_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "page_size", b"page_size", "page_token", b"page_token", "site_id", b"site_id", "states", b"states", "target_ref", b"target_ref", "task_states", b"task_states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "page_size", b"page_size", "page_token", b"page_token", "site_id", b"site_id", "states", b"states", "target_ref", b"target_ref", "task_id", b"task_id", "task_states", b"task_states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,16 @@ class TaskRouterServiceStub:
                 request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.RetryTask = channel.unary_unary(
+                '/versus.router.v1.TaskRouterService/RetryTask',
+                request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.RetryTaskRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.RetryTaskResponse.FromString,
+                _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/versus.router.v1.TaskRouterService/ListTasks',
+                request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.ListDispatches = channel.unary_unary(
                 '/versus.router.v1.TaskRouterService/ListDispatches',
                 request_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListDispatchesRequest.SerializeToString,
@@ -113,6 +123,24 @@ class TaskRouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetryTask(self, request, context):
+        """Run a settled task again as a new task: the same operation, target, parameters and labels
+        (plus versus.retry_of), a new idempotency key (operators; audited as task.retry). Refused for
+        a task still in flight (task_not_settled), and for a terminal mutation unless
+        terminal_confirmed (terminal_retry_unconfirmed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
+        """Tasks in every state, newest first, filterable and paginated (operators; a tenant-scoped
+        token sees its tenants' tasks only). Items carry no history: GetTask has it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListDispatches(self, request, context):
         """Dispatch queue, filterable and paginated.
         """
@@ -164,6 +192,16 @@ def add_TaskRouterServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.CancelTaskRequest.FromString,
                     response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'RetryTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryTask,
+                    request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.RetryTaskRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.RetryTaskResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListTasksRequest.FromString,
+                    response_serializer=versus_dot_router_dot_v1_dot_task__router__pb2.ListTasksResponse.SerializeToString,
             ),
             'ListDispatches': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDispatches,
@@ -295,6 +333,60 @@ class TaskRouterService:
             '/versus.router.v1.TaskRouterService/CancelTask',
             versus_dot_router_dot_v1_dot_task__router__pb2.CancelTaskRequest.SerializeToString,
             versus_dot_router_dot_v1_dot_task__router__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.router.v1.TaskRouterService/RetryTask',
+            versus_dot_router_dot_v1_dot_task__router__pb2.RetryTaskRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_task__router__pb2.RetryTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.router.v1.TaskRouterService/ListTasks',
+            versus_dot_router_dot_v1_dot_task__router__pb2.ListTasksRequest.SerializeToString,
+            versus_dot_router_dot_v1_dot_task__router__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

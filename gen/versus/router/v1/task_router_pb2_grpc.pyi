@@ -47,6 +47,16 @@ class TaskRouterServiceStub:
     protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
     ends when the collector answers (docs/protocol.md, cancel).
     """
+    RetryTask: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.RetryTaskRequest, _task_router_pb2.RetryTaskResponse]
+    """Run a settled task again as a new task: the same operation, target, parameters and labels
+    (plus versus.retry_of), a new idempotency key (operators; audited as task.retry). Refused for
+    a task still in flight (task_not_settled), and for a terminal mutation unless
+    terminal_confirmed (terminal_retry_unconfirmed).
+    """
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.ListTasksRequest, _task_router_pb2.ListTasksResponse]
+    """Tasks in every state, newest first, filterable and paginated (operators; a tenant-scoped
+    token sees its tenants' tasks only). Items carry no history: GetTask has it.
+    """
     ListDispatches: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.ListDispatchesRequest, _task_router_pb2.ListDispatchesResponse]
     """Dispatch queue, filterable and paginated."""
     GetDispatch: _grpc.UnaryUnaryMultiCallable[_task_router_pb2.GetDispatchRequest, _task_router_pb2.GetDispatchResponse]
@@ -76,6 +86,16 @@ class TaskRouterServiceAsyncStub(TaskRouterServiceStub):
     is cancelled at once; work a collector holds is asked to stop (collectors speaking
     protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
     ends when the collector answers (docs/protocol.md, cancel).
+    """
+    RetryTask: _aio.UnaryUnaryMultiCallable[_task_router_pb2.RetryTaskRequest, _task_router_pb2.RetryTaskResponse]  # type: ignore[assignment]
+    """Run a settled task again as a new task: the same operation, target, parameters and labels
+    (plus versus.retry_of), a new idempotency key (operators; audited as task.retry). Refused for
+    a task still in flight (task_not_settled), and for a terminal mutation unless
+    terminal_confirmed (terminal_retry_unconfirmed).
+    """
+    ListTasks: _aio.UnaryUnaryMultiCallable[_task_router_pb2.ListTasksRequest, _task_router_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """Tasks in every state, newest first, filterable and paginated (operators; a tenant-scoped
+    token sees its tenants' tasks only). Items carry no history: GetTask has it.
     """
     ListDispatches: _aio.UnaryUnaryMultiCallable[_task_router_pb2.ListDispatchesRequest, _task_router_pb2.ListDispatchesResponse]  # type: ignore[assignment]
     """Dispatch queue, filterable and paginated."""
@@ -127,6 +147,28 @@ class TaskRouterServiceServicer(metaclass=_abc_1.ABCMeta):
         is cancelled at once; work a collector holds is asked to stop (collectors speaking
         protocol 3 or later; FAILED_PRECONDITION cancel_unsupported otherwise) and the task
         ends when the collector answers (docs/protocol.md, cancel).
+        """
+
+    @_abc_1.abstractmethod
+    def RetryTask(
+        self,
+        request: _task_router_pb2.RetryTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_task_router_pb2.RetryTaskResponse, _abc.Awaitable[_task_router_pb2.RetryTaskResponse]]:
+        """Run a settled task again as a new task: the same operation, target, parameters and labels
+        (plus versus.retry_of), a new idempotency key (operators; audited as task.retry). Refused for
+        a task still in flight (task_not_settled), and for a terminal mutation unless
+        terminal_confirmed (terminal_retry_unconfirmed).
+        """
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _task_router_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_task_router_pb2.ListTasksResponse, _abc.Awaitable[_task_router_pb2.ListTasksResponse]]:
+        """Tasks in every state, newest first, filterable and paginated (operators; a tenant-scoped
+        token sees its tenants' tasks only). Items carry no history: GetTask has it.
         """
 
     @_abc_1.abstractmethod

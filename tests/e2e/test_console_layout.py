@@ -1,0 +1,123 @@
+"""The console's layout, checked by element geometry in Debian's Chromium, not by eye: every page at
+390 px (a phone) and 1400 px, light and dark, with no serious or critical axe-core violation; no
+page scrolls sideways on a phone, Sign out stays on screen, each filter's label sits above its own
+field, ids and times do not wrap on a desk. And the small things a new operator hit: the error
+page's way back, a failed probe shown as a problem, the token form's 1-hour default, a favicon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.e2e.browser_support import check_accessible, launched_browser, sign_in
+from tests.e2e.collector_harness import Collector
+from tests.e2e.harness import ControlPlane
+
+pytestmark = pytest.mark.timeout(240)
+PAGES = ["/collectors", "/tasks", "/queue", "/sites", "/releases", "/audit"]
+PHONE, DESK = (390, 844), (1400, 900)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    yield from launched_browser()
+
+
+def _box(page: Page, selector: str) -> dict[str, float]:
+    box = page.locator(selector).first.bounding_box()
+    assert box is not None, selector
+    return {"x": box["x"], "y": box["y"], "width": box["width"], "height": box["height"]}
+
+
+def _fits_a_phone(page: Page, path: str) -> None:
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE[0], (path, "scrolls sideways", width)
+    signout = _box(page, ".signout button")
+    assert signout["x"] >= 0 and signout["x"] + signout["width"] <= PHONE[0], (path, signout)
+    labels: list[dict[str, Any]] = page.evaluate(
+        """() => [...document.querySelectorAll("form.filters label[for]")].map(l => {
+            const a = l.getBoundingClientRect();
+            const b = document.getElementById(l.htmlFor).getBoundingClientRect();
+            return {name: l.htmlFor, label: [a.left, a.bottom], field: [b.left, b.top]};
+        })"""
+    )
+    for pair in labels:  # each label directly above its own field, never beside another's
+        (label_x, label_bottom), (field_x, field_top) = pair["label"], pair["field"]
+        assert abs(label_x - field_x) < 2 and label_bottom <= field_top + 2, (path, pair)
+
+
+def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
+    shared_control_plane: ControlPlane, tmp_path: Path, browser: Browser
+) -> None:
+    cp = shared_control_plane
+    site_id = cp.api.create_site("layout-site")["site"]["site_id"]
+    # Enrolled, never started: listed (ids to measure) and unreachable (a probe that fails).
+    collector_id = Collector(cp, tmp_path / "collector", tmp_path / "collector.log").enroll(site_id)
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    for scheme in ("light", "dark"):
+        for width, height in (PHONE, DESK):
+            context = browser.new_context(
+                ignore_https_errors=True, viewport={"width": width, "height": height}, color_scheme=scheme,
+                bypass_csp=True,
+            )  # fmt: skip
+            try:
+                page = context.new_page()
+                sign_in(page, base, cp.admin_token)
+                background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+                assert (background == "rgb(255, 255, 255)") is (scheme == "light"), (scheme, background)
+                for path in PAGES:
+                    page.goto(f"{base}{path}")
+                    check_accessible(page, f"{path} at {width} px, {scheme}")
+                    if width == PHONE[0]:
+                        _fits_a_phone(page, path)
+                page.goto(f"{base}/collectors?site={site_id}")
+                link = page.get_by_role("link", name=collector_id)
+                expect(link).to_be_visible()
+                if width == DESK[0]:  # an id on one line, not wrapped over several
+                    assert page.evaluate("(a) => a.getClientRects().length", link.element_handle()) == 1
+                    assert _box(page, f"a[href='/collectors/{collector_id}']")["height"] < 30
+                for path in (f"/collectors/{collector_id}", f"/sites/{site_id}"):
+                    page.goto(f"{base}{path}")
+                    check_accessible(page, f"{path} at {width} px, {scheme}")
+                    if width == PHONE[0]:
+                        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE[0], path
+            finally:
+                context.close()
+
+
+def test_the_small_things_a_new_operator_hit(
+    shared_control_plane: ControlPlane, tmp_path: Path, browser: Browser
+) -> None:
+    cp = shared_control_plane
+    site_id = cp.api.create_site("small-things")["site"]["site_id"]
+    collector_id = Collector(cp, tmp_path / "collector", tmp_path / "collector.log").enroll(site_id)
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    context = browser.new_context(ignore_https_errors=True, bypass_csp=True)
+    try:
+        page = context.new_page()
+        sign_in(page, base, cp.admin_token)
+        # An unknown dispatch leads back to the dispatch queue, not to the collectors.
+        page.goto(f"{base}/queue/dsp-no-such")
+        expect(page.get_by_text("dispatch_not_found")).to_be_visible()
+        assert page.get_by_role("link", name="Back to the dispatch queue").get_attribute("href") == "/queue"
+        # A probe that cannot reach the collector is a problem, not a notice.
+        page.goto(f"{base}/collectors/{collector_id}")
+        page.get_by_role("button", name="Probe").click()
+        alert = page.get_by_role("alert")
+        expect(alert).to_contain_text("Probe: not reachable")
+        assert "error" in (alert.get_attribute("class") or "")
+        expect(page.locator("p.notice")).to_have_count(0)
+        # The token form offers an hour, as the CLI and the docs do (24 h is the most it allows).
+        page.goto(f"{base}/sites/{site_id}")
+        assert page.locator("#ttl").input_value() == "1"
+        # The browser's own request for an icon is answered.
+        icon = page.request.get(f"{base}/favicon.ico")
+        assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+        assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
+    finally:
+        context.close()
