@@ -19,8 +19,21 @@ from starlette.types import ASGIApp
 
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.telemetry.logs import get_logger
-from console import live, queue_pages, release_pages, security, site_pages, task_pages, views
+from console import (
+    bulk_pages,
+    live,
+    overview_pages,
+    queue_pages,
+    release_pages,
+    security,
+    site_pages,
+    task_pages,
+    tools_pages,
+    vault_pages,
+    views,
+)
 from console.backend import Backend
+from console.live import RECENT_WORK
 from console.pages import Console, SecurityHeaders
 from console.sessions import ABSOLUTE_S, COOKIE, Session, SessionStore
 
@@ -60,12 +73,9 @@ def create_app(
     """The console's ASGI app; ``stopping`` says the server is shutting down (live streams end)."""
     console = Console(backend, sessions, origins)
 
-    async def home(request: Request) -> Response:
-        return RedirectResponse("/collectors", status_code=303)
-
     async def signin_page(request: Request) -> Response:
         if await console.session(request) is not None:
-            return RedirectResponse("/collectors", status_code=303)
+            return RedirectResponse("/", status_code=303)
         return console.page("signin.html", session=None, error="")
 
     async def signin(request: Request) -> Response:
@@ -90,7 +100,7 @@ def create_app(
             )  # fmt: skip
         cookie, _ = await sessions.create(token, who.name, who.role, who.tenants)
         log.info("console sign-in", operator=who.name, role=who.role)
-        response = RedirectResponse("/collectors", status_code=303)
+        response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             COOKIE, cookie, max_age=ABSOLUTE_S, path="/", secure=True, httponly=True, samesite="strict"
         )
@@ -112,10 +122,11 @@ def create_app(
         page = request.query_params.get("page", "")[:500]
         try:
             listed = await backend.collectors(session.token, filters, page)
+            names = await backend.site_names(session.token, need=[c.site_id for c in listed.collectors])
         except VersusError as exc:
             return console.failed(exc, session)
         return console.page(
-            "collectors.html", session=session, page=listed, f=filters, live=True,
+            "collectors.html", session=session, page=listed, f=filters, live=True, names=names,
             statuses=views.STATUS.values(), sessions=views.SESSION.values(),
         )  # fmt: skip
 
@@ -129,11 +140,17 @@ def create_app(
     ) -> Response:
         try:
             view = await backend.collector(session.token, collector_id)
+            work = await backend.dispatches(session.token, "all", "", collector_id, "", page_size=RECENT_WORK)
+            names = await backend.site_names(session.token, need=[view.site_id])
+            vaults = (
+                await backend.vault_integrations(session.token) if views.may(session.role, "vault") else []
+            )
         except VersusError as exc:
             return console.failed(exc, session)
         return console.page(
-            "collector.html", status, session=session, c=view, notice=notice, problem=problem, live=True
-        )
+            "collector.html", status, session=session, c=view, notice=notice, problem=problem, live=True,
+            work=work.dispatches, site_name=names.get(view.site_id, ""), integrations=vaults,
+        )  # fmt: skip
 
     async def confirm(request: Request, session: Session) -> Response:
         action = request.path_params["action"]
@@ -194,7 +211,10 @@ def create_app(
         return FileResponse(HERE / "static" / "favicon.svg", media_type="image/svg+xml")
 
     routes = [
-        Route("/", home),
+        *overview_pages.routes(console),
+        *bulk_pages.routes(console),
+        *vault_pages.routes(console),
+        *tools_pages.routes(console),
         Route("/signin", signin_page, methods=["GET"]),
         Route("/signin", signin, methods=["POST"]),
         Route("/signout", signout, methods=["POST"]),

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, BinaryIO, TypeVar
 
 import grpc
@@ -31,7 +32,7 @@ from console.queue_views import (
     task_view,
 )
 from console.release_views import CHANNELS as RELEASE_CHANNELS
-from console.release_views import ReleaseView, Upload, release_view
+from console.release_views import Bundle, ReleaseView, Upload, bundle, release_view
 from console.site_views import (
     APPROVALS,
     CHANNELS,
@@ -60,6 +61,12 @@ from console.views import (
 T = TypeVar("T")
 TIMEOUT_S = 10.0
 PAGE_SIZE = 50
+# Site names are looked up once per operator this often, at most this many (beyond it ids show).
+NAMES_TTL_S = 30.0
+NAMES_RETRY_S = 2.0
+DOWNLOAD_TIMEOUT_S = 600.0
+MAX_NAMES = 10_000
+MAX_NAME_CACHES = 200
 
 _ROLES = {
     access_pb2.ROLE_VIEWER: "viewer",
@@ -82,6 +89,8 @@ class Backend(TaskCalls):
         self._tasks = task_router_pb2_grpc.TaskRouterServiceStub(self._router)
         self._enrollment_channel = aio_plain_channel(enrollment_address)
         self._enroll = enrollment_pb2_grpc.EnrollmentServiceStub(self._enrollment_channel)
+        # API token -> (expiry on the monotonic clock, site names): per operator, as RBAC decides.
+        self._names: dict[str, tuple[float, dict[str, str]]] = {}
 
     async def close(self) -> None:
         await self._router.close(None)
@@ -224,6 +233,71 @@ class Backend(TaskCalls):
     async def _enrollment(self, method: Callable[..., Awaitable[T]], request: Any, token: str) -> T:
         return await self._call(method, request, token, self.enrollment_address)
 
+    async def vault_integrations(self, token: str) -> list[fleet_pb2.VaultIntegration]:
+        reply = await self._call(
+            self._fleet.ListVaultIntegrations, fleet_pb2.ListVaultIntegrationsRequest(), token
+        )
+        return list(reply.integrations)
+
+    async def create_vault_integration(
+        self, token: str, request: fleet_pb2.CreateVaultIntegrationRequest
+    ) -> fleet_pb2.VaultIntegration:
+        reply = await self._call(self._fleet.CreateVaultIntegration, request, token)
+        made: fleet_pb2.VaultIntegration = reply.integration
+        return made
+
+    async def releases_for_tools(self, token: str) -> tuple[list[Bundle], str, str]:
+        """Published (not yanked) artifacts, the update repository's address and the release key id."""
+        reply = await self._call(self._fleet.ListReleases, fleet_pb2.ListReleasesRequest(), token)
+        return [bundle(r) for r in reply.releases], reply.manifest_url, reply.update_pubkey
+
+    async def download_release(
+        self, token: str, version: str, os_name: str, arch: str
+    ) -> AsyncIterator[tuple[str, int, bytes]]:
+        """A release artifact as (name, length, bytes) pieces; the name and length come with the first."""
+        request = fleet_pb2.DownloadReleaseRequest(version=version, os=os_name, arch=arch)
+        call = self._fleet.DownloadRelease(
+            request, timeout=DOWNLOAD_TIMEOUT_S, metadata=((AUTHORIZATION_HEADER, f"Bearer {token}"),)
+        )
+        name, length = "", 0
+        try:
+            async for piece in call:
+                name, length = piece.target_name or name, piece.length or length
+                yield name, length, bytes(piece.data)
+        except grpc.aio.AioRpcError as exc:
+            raise rpc_error(exc, self.router_address) from None
+
+    async def fleet_health(self, token: str) -> fleet_pb2.GetFleetHealthResponse:
+        """The overview's numbers (console/overview_views.py converts them)."""
+        reply: fleet_pb2.GetFleetHealthResponse = await self._call(
+            self._fleet.GetFleetHealth, fleet_pb2.GetFleetHealthRequest(), token
+        )
+        return reply
+
+    async def site_names(self, token: str, need: Iterable[str] = ()) -> dict[str, str]:
+        """Every site's name by id, as this operator may list them, kept :data:`NAMES_TTL_S`: pages
+        show names, not ids, without a lookup each. A site in ``need`` the copy does not know yet
+        (made since) has it read again, at most every :data:`NAMES_RETRY_S`."""
+        now = time.monotonic()
+        cached = self._names.get(token)
+        if cached is not None and cached[0] > now:
+            fresh_enough = cached[0] - NAMES_TTL_S + NAMES_RETRY_S > now
+            if fresh_enough or all(site in cached[1] for site in need):
+                return cached[1]
+        names: dict[str, str] = {}
+        page = ""
+        while len(names) < MAX_NAMES:
+            request = enrollment_pb2.ListSitesRequest(page_size=500, page_token=page)
+            reply = await self._enrollment(self._enroll.ListSites, request, token)
+            names.update({s.site_id: s.name for s in reply.sites})
+            page = reply.next_page_token
+            if not page:
+                break
+        if len(self._names) >= MAX_NAME_CACHES:
+            self._names.clear()
+        self._names[token] = (now + NAMES_TTL_S, names)
+        return names
+
     async def sites(self, token: str, page_token: str) -> tuple[list[SiteView], str]:
         request = enrollment_pb2.ListSitesRequest(page_size=PAGE_SIZE, page_token=page_token)
         reply = await self._enrollment(self._enroll.ListSites, request, token)
@@ -266,12 +340,13 @@ class Backend(TaskCalls):
 
     # --- the dispatch queue ---------------------------------------------------------------------
     async def dispatches(
-        self, token: str, outcome: str, site_id: str, collector_id: str, page_token: str
-    ) -> DispatchPage:
+        self, token: str, outcome: str, site_id: str, collector_id: str, page_token: str,
+        page_size: int = PAGE_SIZE,
+    ) -> DispatchPage:  # fmt: skip
         states, task_states = OUTCOMES[outcome]
         request = task_router_pb2.ListDispatchesRequest(
             states=states, task_states=task_states, site_id=site_id, collector_id=collector_id,
-            page_size=PAGE_SIZE, page_token=page_token,
+            page_size=page_size, page_token=page_token,
         )  # fmt: skip
         reply = await self._call(self._tasks.ListDispatches, request, token)
         return DispatchPage([dispatch_view(d) for d in reply.dispatches], reply.next_page_token)

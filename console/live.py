@@ -37,6 +37,9 @@ from console.task_pages import PAGE_SIZE as TASK_PAGE_SIZE
 from console.task_views import FilterInvalid, TaskFilters
 from console.views import CollectorFilters
 
+# As many as a collector's page shows (console/app.py).
+RECENT_WORK = 20
+
 if TYPE_CHECKING:
     from console.backend import Backend
     from console.pages import Console
@@ -71,7 +74,9 @@ def reader(backend: Backend, token: str, target: str) -> Reader | None:
 
         async def collector() -> Any:
             # The heartbeat's age changes every second: the session state says what matters.
-            return {**asdict(await backend.collector(token, collector_id)), "heartbeat_age": ""}
+            work = await backend.dispatches(token, "all", "", collector_id, "", page_size=RECENT_WORK)
+            shown = {**asdict(await backend.collector(token, collector_id)), "heartbeat_age": ""}
+            return [shown, [asdict(d) for d in work.dispatches]]
 
         return collector
     if path == "/queue":
@@ -85,6 +90,15 @@ def reader(backend: Backend, token: str, target: str) -> Reader | None:
             return [asdict(d) for d in listed.dispatches]
 
         return dispatches
+    if path == "/":
+
+        async def overview() -> Any:
+            # A new sample alone is not a change; what it counts is.
+            got = await backend.fleet_health(token)
+            got.ClearField("sampled_at")
+            return got.SerializeToString(deterministic=True).hex()
+
+        return overview
     if path == "/tasks":
         return _tasks_reader(backend, token, query, page)
     if path.startswith("/tasks/") and path.count("/") == 2:

@@ -57,6 +57,7 @@ ACTION_RPC = {
     "apply_update": _FLEET + "ApplyUpdate",
     "cancel_update": _FLEET + "CancelUpdate",
     "vault": _FLEET + "SetVaultMode",
+    "create_vault_integration": _FLEET + "CreateVaultIntegration",
     "publish": _FLEET + "PublishRelease",
     "yank": _FLEET + "YankRelease",
     "resolve": "/versus.router.v1.TaskRouterService/ResolveIndeterminate",

@@ -240,7 +240,8 @@ async def serve(settings: Settings) -> None:
     releases = ReloadingKeySet(KeyStore(state, KeyPurpose.RELEASE))
     repo, shared_updates = update_repository(settings, state, database_url)
     router.updates = Updates(engine, router.wake.publish, dt.timedelta(seconds=settings.update_soak_s))
-    router.releases = Releases(engine, repo, releases.get, router.updates)
+    manifest_url = f"{settings.public_gateway_url}/api/collector/v1/updates/metadata/"
+    router.releases = Releases(engine, repo, releases.get, router.updates, manifest_url)
     refresher = asyncio.create_task(keep_updates_fresh(repo, releases.get, stop_sweeping))
     reconciler = asyncio.create_task(router.updates.run(stop_sweeping))
     exporter = Exporter(engine, audit_sinks(audit_settings), audit_settings.source, audit_settings.batch)

@@ -107,11 +107,13 @@ _CREDENTIAL = "versus.credential.v1.CredentialService"
 # "/package.Service/Method" -> roles allowed to call it.
 POLICY: dict[str, frozenset[Role]] = {
     # Fleet: reads for viewers, drain for operators, identity and vault changes for collector-admins.
+    f"/{_FLEET}/GetFleetHealth": _VIEW,
     f"/{_FLEET}/ListCollectors": _VIEW,
     f"/{_FLEET}/GetCollector": _VIEW,
     f"/{_FLEET}/ProbeCollector": _VIEW,
     f"/{_FLEET}/ListReleases": _VIEW,
     f"/{_FLEET}/GetRelease": _VIEW,
+    f"/{_FLEET}/DownloadRelease": _VIEW,
     f"/{_FLEET}/ListVaultIntegrations": _VIEW,
     f"/{_FLEET}/DrainCollector": _OPERATE,
     f"/{_FLEET}/UndrainCollector": _OPERATE,

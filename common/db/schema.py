@@ -252,6 +252,8 @@ tasks = Table(
     # The task list, newest first (router/dispatch/sql_task_list.py): overall and per site.
     Index("ix_tasks_created_at_task_id", "created_at", "task_id"),
     Index("ix_tasks_site_id_created_at", "site_id", "created_at"),
+    # The fleet overview's outcomes of the last day (router/fleet/gauges.py).
+    Index("ix_tasks_updated_at", "updated_at"),
 )
 
 # One attempt to run a task (or its reconcile-read) on one collector. The dispatch id is the

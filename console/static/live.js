@@ -24,8 +24,11 @@
     pending = false;
     fetch(here, { credentials: "same-origin", headers: { "Accept": "text/html" } })
       .then(function (response) {
-        if (response.redirected || !response.ok) {
+        if (response.redirected) {  // the session ended: the reload lands on sign-in
           location.reload();
+          return null;
+        }
+        if (!response.ok) {  // a passing failure: keep the page as it is; the next change retries
           return null;
         }
         return response.text();

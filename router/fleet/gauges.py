@@ -14,7 +14,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -30,6 +30,10 @@ from router.releases import update_policy
 from router.releases.updates import collector_facts, release_facts
 
 SAMPLE_INTERVAL_S = 15.0
+# The outcome histogram's bucket, and how far ahead a certificate expiry is worth an operator's notice.
+BUCKET_S = 300
+EXPIRING_WITHIN_S = 14 * 86400
+EXPIRING_LISTED = 50
 
 _COLUMNS = (
     collectors.c.collector_id, collectors.c.site_id, collectors.c.status, collectors.c.cert_not_after,
@@ -49,6 +53,28 @@ _WAITING = text(
     """
 )
 _LEASES = text("SELECT count(*) FROM device_leases WHERE holder_task_id IS NOT NULL")
+# Settled tasks of the last day by outcome and 5-minute bucket (ix_tasks_updated_at).
+_OUTCOMES = text(
+    """
+    SELECT state, (floor(extract(epoch FROM updated_at) / :bucket) * :bucket)::bigint AS bucket,
+           count(*) AS n
+    FROM tasks
+    WHERE state IN ('success', 'failed', 'expired', 'cancelled', 'indeterminate')
+      AND updated_at > now() - interval '24 hours'
+    GROUP BY 1, 2
+    """
+)
+# How long the last hour's tasks waited for their first hand-out (ix_tasks_created_at_task_id).
+_QUEUE_WAIT = text(
+    """
+    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w)
+    FROM (
+        SELECT extract(epoch FROM d.created_at - t.created_at) AS w
+        FROM tasks t JOIN dispatches d ON d.task_id = t.task_id AND d.attempt = 1
+        WHERE t.created_at > now() - interval '1 hour'
+    ) waits
+    """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +95,14 @@ class FleetSample:
     # set -> (version, live keys, the current key's expiry as Unix time)
     key_sets: Mapping[str, tuple[int, int, float]] = field(default_factory=dict)
     sampled_at: float = 0.0
+    # Pending or active collectors whose certificate expires within EXPIRING_WITHIN_S, soonest
+    # first, at most EXPIRING_LISTED: (collector, site, expiry as Unix time); and how many in all.
+    expiring: tuple[tuple[str, str, float], ...] = ()
+    expiring_count: int = 0
+    # (bucket start as Unix time, outcome state) -> settled tasks, over the last day
+    outcomes: Mapping[tuple[int, str], int] = field(default_factory=dict)
+    # The last hour's wait from submit to first hand-out: median and 95th percentile (NaN: none).
+    queue_wait: tuple[float, float] = (math.nan, math.nan)
 
 
 def summarize(
@@ -84,6 +118,7 @@ def summarize(
     fleet: Counter[tuple[str, str, str, str]] = Counter()
     rollout: Counter[tuple[str, str]] = Counter()
     soonest = math.inf
+    expiring: list[tuple[str, str, float]] = []
     for row in rows:
         status = collector_status(row["status"], row["cert_not_after"], wall).value
         seen = last_seen.get(row["collector_id"])
@@ -91,7 +126,10 @@ def summarize(
         running = row["running_version"] or row["agent_version"] or ""
         fleet[(row["site_id"], status, session, running or "unknown")] += 1
         if row["status"] in ("pending", "active"):
-            soonest = min(soonest, row["cert_not_after"].timestamp())
+            expiry = row["cert_not_after"].timestamp()
+            soonest = min(soonest, expiry)
+            if now < expiry <= now + EXPIRING_WITHIN_S:
+                expiring.append((row["collector_id"], row["site_id"], expiry))
         if row["status"] == "active" and running:
             rollout[(row["site_id"], _badge(row, running, releases))] += 1
     queue: dict[tuple[str, str], tuple[int, float]] = {}
@@ -104,9 +142,11 @@ def summarize(
             )
         else:
             indeterminate[group["site_id"]] += int(group["n"])
+    expiring.sort(key=lambda e: e[2])
     return FleetSample(
         collectors=dict(fleet), rollout=dict(rollout), queue=queue, indeterminate=dict(indeterminate),
         cert_soonest=soonest if soonest != math.inf else math.nan, sampled_at=now,
+        expiring=tuple(expiring[:EXPIRING_LISTED]), expiring_count=len(expiring),
     )  # fmt: skip
 
 
@@ -209,11 +249,19 @@ async def sample(engine: Any, live: Any, key_sets: Mapping[str, KeySet]) -> Flee
         releases = await release_store.live_releases(conn)
         waiting = (await conn.execute(_WAITING)).mappings().all()
         leases = int((await conn.execute(_LEASES)).scalar_one())
+        outcomes = {
+            (int(r.bucket), str(r.state)): int(r.n)
+            for r in (await conn.execute(_OUTCOMES, {"bucket": BUCKET_S})).all()
+        }
+        p50, p95 = (await conn.execute(_QUEUE_WAIT)).one()
     last_seen = await live.all_last_seen()
     counted = summarize(rows, last_seen, releases, waiting, now)
-    GAUGES.sample = FleetSample(
-        collectors=counted.collectors, rollout=counted.rollout, queue=counted.queue,
-        indeterminate=counted.indeterminate, device_leases=leases, cert_soonest=counted.cert_soonest,
-        key_sets=key_set_facts(key_sets, int(now)), sampled_at=now,
+    GAUGES.sample = replace(
+        counted, device_leases=leases, key_sets=key_set_facts(key_sets, int(now)), outcomes=outcomes,
+        queue_wait=(_number(p50), _number(p95)),
     )  # fmt: skip
     return GAUGES.sample
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)

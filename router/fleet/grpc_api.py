@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TypeVar
 
@@ -18,9 +20,10 @@ from common.grpc.pb_time import timestamp as _ts
 from common.grpc.server import Context
 from common.trust import pki
 from router.core.fleet_state import CollectorStatus, SessionState
+from router.fleet import gauges, health
 from router.fleet.enrollment_client import forwarded
 from router.fleet.operations import CollectorView, Fleet, ListFilters, UpdateView
-from router.releases.publishing import Header, Releases
+from router.releases.publishing import DOWNLOAD_CHUNK, Header, Releases
 from router.releases.update_policy import Badge
 from router.releases.updates import Updates
 
@@ -198,6 +201,16 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
 
+    async def GetFleetHealth(
+        self, request: pb.GetFleetHealthRequest, context: Context
+    ) -> pb.GetFleetHealthResponse:
+        sample = gauges.GAUGES.sample
+        if not sample.sampled_at:
+            raise Unavailable(
+                "the fleet has not been sampled yet: ask again in a moment", code="fleet_not_sampled"
+            )
+        return health.health_pb(sample, time.time())
+
     async def ListCollectors(
         self, request: pb.ListCollectorsRequest, context: Context
     ) -> pb.ListCollectorsResponse:
@@ -354,8 +367,29 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     async def ListReleases(
         self, request: pb.ListReleasesRequest, context: Context
     ) -> pb.ListReleasesResponse:
-        rows = await self.releases.list(CHANNEL_FROM_PB.get(request.channel, ""), request.include_yanked)
-        return pb.ListReleasesResponse(releases=[release_pb(r) for r in rows])
+        releases = self.releases
+        rows = await releases.list(CHANNEL_FROM_PB.get(request.channel, ""), request.include_yanked)
+        return pb.ListReleasesResponse(
+            releases=[release_pb(r) for r in rows], manifest_url=releases.manifest_url,
+            update_pubkey=releases.keys().current.kid,
+        )  # fmt: skip
+
+    async def DownloadRelease(
+        self, request: pb.DownloadReleaseRequest, context: Context
+    ) -> AsyncIterator[pb.DownloadReleaseResponse]:
+        row, path = await self.releases.artifact(request.version.strip(), request.os, request.arch)
+        first = True
+        with path.open("rb") as artifact:
+            while block := await asyncio.to_thread(artifact.read, DOWNLOAD_CHUNK):
+                reply = pb.DownloadReleaseResponse(data=block)
+                if first:
+                    reply.target_name, reply.length, reply.sha256 = (
+                        row["target_name"],
+                        row["length"],
+                        row["sha256"],
+                    )
+                    first = False
+                yield reply
 
     async def GetRelease(self, request: pb.GetReleaseRequest, context: Context) -> pb.GetReleaseResponse:
         rows = await self.releases.get(request.version.strip())

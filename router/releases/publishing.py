@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from common.errors import FailedPrecondition, InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from common.limits import MAX_ARTIFACT_BYTES
 from common.telemetry.logs import get_logger
 from common.trust.keys import KeySet
@@ -88,14 +88,34 @@ def check_header(header: Header) -> None:
         raise InvalidArgument("sha256 must be 64 lowercase hex digits", code="artifact_sha256_invalid")
 
 
+# A download is read and sent in pieces of this size.
+DOWNLOAD_CHUNK = 1024 * 1024
+
+
 class Releases:
     def __init__(
-        self, engine: AsyncEngine, repo: UpdateRepository, keys: Callable[[], KeySet], updates: Updates
-    ):
+        self, engine: AsyncEngine, repo: UpdateRepository, keys: Callable[[], KeySet], updates: Updates,
+        manifest_url: str = "",
+    ):  # fmt: skip
         self.engine = engine
         self.repo = repo
         self.keys = keys
         self.updates = updates
+        # Where collectors reach the update repository (shown for a supervisor installed by hand).
+        self.manifest_url = manifest_url
+
+    async def artifact(self, version: str, os_name: str, arch: str) -> tuple[RowMapping, Path]:
+        """A published, not yanked, artifact of ``version`` for ``os_name``/``arch`` and its file."""
+        rows = [r for r in await self.get(version) if (r["os"], r["arch"]) == (os_name, arch)]
+        if not rows or rows[0]["yanked_at"] is not None:
+            raise NotFound(f"no published release {version!r} for {os_name}/{arch}", code="release_not_found")
+        row = rows[0]
+        path = self.repo.targets / f"{row['sha256']}.{row['target_name']}"
+        if not path.is_file():  # another router published it and this copy has not caught up yet
+            raise Unavailable(
+                "this router does not hold that artifact yet: try again", code="artifact_not_here"
+            )
+        return row, path
 
     async def _receive(self, header: Header, chunks: AsyncIterator[bytes]) -> Path:
         """Write the artifact to a private file, refusing it the moment it is longer than declared."""

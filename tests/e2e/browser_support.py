@@ -63,7 +63,7 @@ def sign_in(page: Page, base: str, token: str) -> None:
     page.goto(f"{base}/signin")
     page.get_by_label("API token").fill(token)
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Collectors", exact=True)).to_be_visible()
+    expect(page.get_by_role("heading", name="Fleet overview")).to_be_visible()
 
 
 class OtherSite:

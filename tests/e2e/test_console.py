@@ -303,7 +303,7 @@ def test_an_admin_publishes_and_yanks_a_release_and_sees_who_is_behind(
         # Both collectors run an older version: they are behind, and listed as such.
         assert re.search(r"<strong>2</strong> active collectors behind", page), page
         behind = client.get("/collectors", params={"outdated": "1"}).text
-        assert behind.count('<td><a href="/collectors/') == 2
+        assert behind.count('<td class="id"><a href="/collectors/') == 2
 
         # Its site's policy is manual: the operator applies the update, then thinks better of it.
         assert f"/collectors/{idle}/confirm/apply_update" in client.get(f"/collectors/{idle}").text

@@ -68,6 +68,8 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
         page.goto(f"{base}/signin")
         page.screenshot(path=shots / "signin.png")
         sign_in(page, base, cp.admin_token)
+        page.screenshot(path=shots / "overview.png", full_page=True)
+        page.get_by_role("link", name="Collectors", exact=True).click()
         page.get_by_label("Search by collector ID, hostname or site").fill(hostname)
         page.get_by_role("button", name="Search").click()
         expect(page.get_by_role("link", name=collector_id)).to_be_visible()
@@ -126,6 +128,7 @@ def test_pages_read_with_javascript_disabled(
     try:
         page = context.new_page()
         sign_in(page, base, cp.admin_token)
+        page.get_by_role("link", name="Collectors", exact=True).click()
         page.get_by_role("link", name=collector_id).click()
         expect(page.get_by_role("heading", name="Identity")).to_be_visible()
         expect(page.get_by_role("heading", name="Driver Capabilities")).to_be_visible()
@@ -167,7 +170,7 @@ def test_an_operator_resolves_an_indeterminate_task_from_the_queue(
         assert watching.evaluate("window.__notReloaded") is True
         watching.close()
 
-        page.reload()
+        page.goto(f"{base}/collectors")
         check_accessible(page, "collectors")
         # Its own collector: the module's other tests have theirs (one revoked) on the same list.
         page.get_by_role("link", name=collector_id).click()
@@ -325,7 +328,7 @@ def test_an_operator_follows_a_running_task_cancels_and_retries_it_and_finds_a_w
         waiting = platform.submit(empty_site, "echo", "read", "sw-w", {}, "k-waiting")
         page = context.new_page()
         sign_in(page, base, cp.admin_token)
-        page.get_by_role("link", name="Tasks").click()
+        page.get_by_role("link", name="Tasks", exact=True).click()
         page.get_by_label("State").select_option("waiting")
         page.get_by_role("button", name="Filter").click()
         row = page.get_by_role("row").filter(has_text=waiting)
@@ -362,11 +365,10 @@ def test_an_operator_follows_a_running_task_cancels_and_retries_it_and_finds_a_w
         page.reload()
         expect(page.locator(".badge").first).to_have_text("cancelled")
         download = page.get_by_role("link", name="Download the whole output")
-        with page.expect_download() as got:
-            download.click()
-        saved = tmp_path / "output.txt"
-        got.value.save_as(saved)
-        assert saved.read_text().startswith("line 1 of 40\nline 2 of 40\n")
+        assert download.get_attribute("download") is not None
+        got = page.request.get(f"{base}{download.get_attribute('href')}")  # with the page's session
+        assert got.headers["content-disposition"] == f'attachment; filename="{streaming}.output"'
+        assert got.text().startswith("line 1 of 40\nline 2 of 40\n")
 
         # Retry: a new task, the same operation, pointing back at the one it repeats.
         page.get_by_role("link", name="Retry").click()

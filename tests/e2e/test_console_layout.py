@@ -7,6 +7,7 @@ page's way back, a failed probe shown as a problem, the token form's 1-hour defa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,11 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.e2e.browser_support import check_accessible, launched_browser, sign_in
-from tests.e2e.collector_harness import Collector
+from tests.e2e.collector_harness import Collector, Platform
 from tests.e2e.harness import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
-PAGES = ["/collectors", "/tasks", "/queue", "/sites", "/releases", "/audit"]
+PAGES = ["/", "/collectors", "/tasks", "/queue", "/sites", "/releases", "/audit"]
 PHONE, DESK = (390, 844), (1400, 900)
 
 
@@ -34,9 +35,21 @@ def _box(page: Page, selector: str) -> dict[str, float]:
     return {"x": box["x"], "y": box["y"], "width": box["width"], "height": box["height"]}
 
 
+def _too_wide(page: Page) -> list[str]:
+    """The elements (not inside a scrolling box) that reach past a phone's width: what to fix."""
+    found: list[str] = page.evaluate(
+        """(limit) => [...document.querySelectorAll("body *")]
+            .filter(e => !e.closest(".scroll") && e.getBoundingClientRect().right > limit)
+            .map(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + "." + e.className
+                 + " " + Math.round(e.getBoundingClientRect().right)).slice(0, 8)""",
+        PHONE[0],
+    )
+    return found
+
+
 def _fits_a_phone(page: Page, path: str) -> None:
     width = page.evaluate("document.documentElement.scrollWidth")
-    assert width <= PHONE[0], (path, "scrolls sideways", width)
+    assert width <= PHONE[0], (path, "scrolls sideways", width, _too_wide(page))
     signout = _box(page, ".signout button")
     assert signout["x"] >= 0 and signout["x"] + signout["width"] <= PHONE[0], (path, signout)
     labels: list[dict[str, Any]] = page.evaluate(
@@ -85,7 +98,8 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
                     page.goto(f"{base}{path}")
                     check_accessible(page, f"{path} at {width} px, {scheme}")
                     if width == PHONE[0]:
-                        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE[0], path
+                        wide = page.evaluate("document.documentElement.scrollWidth")
+                        assert wide <= PHONE[0], (path, wide, _too_wide(page))
             finally:
                 context.close()
 
@@ -121,3 +135,31 @@ def test_the_small_things_a_new_operator_hit(
         assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
     finally:
         context.close()
+
+
+def test_the_overview_shows_what_needs_a_look_with_names_and_links(
+    shared_control_plane: ControlPlane, tmp_path: Path, browser: Browser
+) -> None:
+    cp = shared_control_plane
+    name = f"overview-{tmp_path.name[-6:]}"
+    site_id = cp.api.create_site(name)["site"]["site_id"]
+    platform = Platform(cp)
+    context = browser.new_context(ignore_https_errors=True)
+    try:
+        # Two tasks for a site no collector serves: they wait, and the overview counts them.
+        for key in ("ov-1", "ov-2"):
+            platform.submit(site_id, "echo", "read", "sw-o", {}, f"{key}-{site_id}")
+        page = context.new_page()
+        sign_in(page, f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}", cp.admin_token)
+        row = page.get_by_role("row").filter(has=page.get_by_role("link", name=name, exact=True))
+        expect(row).to_have_count(1, timeout=20_000)  # the router samples every 2 s here
+        expect(row.get_by_role("link", name="2")).to_have_attribute(
+            "href", f"/tasks?state=waiting&site={site_id}"
+        )
+        expect(page.get_by_role("img", name=re.compile("Tasks settled in the last hour"))).to_be_visible()
+        expect(page.get_by_role("img", name=re.compile("Tasks settled in the last day"))).to_be_visible()
+        row.get_by_role("link", name="2").click()
+        expect(page.get_by_role("row").filter(has_text="no eligible collector")).to_have_count(2)
+    finally:
+        context.close()
+        platform.close()

@@ -13,10 +13,12 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from playwright.sync_api import expect
 from tuf.api.metadata import Metadata, Root, Targets
 
 from common.config.state_dir import file_sha256
-from tests.e2e.collector_harness import cli_json
+from tests.e2e.browser_support import check_accessible, launched_browser, sign_in
+from tests.e2e.collector_harness import Collector, Platform, cli_json
 from tests.e2e.harness import ControlPlane, control_plane_for, run_cli
 from tests.e2e.upgrade_harness import ARCH, OS
 from tools.collector_dist import LOCK, build_release
@@ -103,6 +105,8 @@ def test_a_release_holds_the_lock_and_its_signed_sbom_says_so(
     artifact_custom = targets.signed.targets[shown["target_name"]].unrecognized_fields["custom"]
     assert artifact_custom["sbom"] == {"target": shown["sbom_target_name"], "sha256": shown["sbom_sha256"]}
 
+    _downloaded_from_client_tools_it_enrolls_and_works(cp, pex, release_kids, tmp_path)
+
     # Yanked, the SBOM leaves the signed targets with the artifact; the record keeps it.
     assert run_cli(["releases", "yank", VERSION, "--reason", "test"], cp.env).returncode == 0
     newest = max(metadata.glob("*.targets.json"), key=lambda p: int(p.name.split(".")[0]))
@@ -135,3 +139,42 @@ def test_publishing_without_an_sbom_is_explicit(release_plane: ControlPlane, tmp
     [shown] = cli_json(["releases", "show", "0.1.8"], cp.env)["releases"]
     assert (shown["sbom_sha256"], shown["sbom_target_name"]) == ("", "")
     assert "none (published without one)" in run_cli(["releases", "show", "0.1.8"], cp.env).stdout
+
+
+def _downloaded_from_client_tools_it_enrolls_and_works(
+    cp: ControlPlane, pex: Path, release_kids: set[str], tmp_path: Path
+) -> None:
+    """The console's Client Tools offers the release for this platform as the latest, with the
+    supervisor's values; the file a browser downloads is the published one, and it enrolls a
+    collector that takes work (an install by hand, as on a host without the update repository)."""
+    base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
+    downloaded = tmp_path / "downloaded" / pex.name
+    for browser in launched_browser():
+        context = browser.new_context(ignore_https_errors=True, accept_downloads=True, bypass_csp=True)
+        try:
+            page = context.new_page()
+            sign_in(page, base, cp.admin_token)
+            page.get_by_role("link", name="Client Tools").click()
+            row = page.get_by_role("row").filter(has_text=f"{OS}/{ARCH}").filter(has_text=VERSION)
+            expect(row).to_contain_text("latest")
+            check_accessible(page, "client tools")
+            assert page.locator("#manifest-url").inner_text().endswith("/api/collector/v1/updates/metadata/")
+            assert page.locator("#update-pubkey").inner_text() in release_kids
+            with page.expect_download() as got:
+                row.get_by_role("link", name=pex.name).click()
+            got.value.save_as(downloaded)
+        finally:
+            context.close()
+    assert file_sha256(downloaded) == file_sha256(pex)
+    collector = Collector(
+        cp, tmp_path / "by-hand", tmp_path / "by-hand.log", command=("python3", str(downloaded))
+    )
+    collector.enroll()
+    collector.start()
+    platform = Platform(cp)
+    try:
+        task_id = platform.submit(collector.site_id, "echo", "read", "dev-t", {"by": "hand"}, "tools-1")
+        assert platform.wait_state(task_id, {"success", "failed", "expired"}, timeout=120).error_code == ""
+    finally:
+        platform.close()
+        collector.stop()

@@ -30,6 +30,7 @@ from common.grpc.client import aio_channel
 from common.trust import pki, signed_doc
 from router.credentials.store import CredentialStore
 from router.credentials.vault import MasterKeys
+from router.fleet import gauges
 from router.server import sample_gauges
 from tests.integration import test_gateway_collector as gw
 from tests.support.access import mint
@@ -176,9 +177,22 @@ async def test_certificates_expiring_soon_are_listed_and_the_soonest_is_a_gauge(
         await admin.fleet.ListCollectors(request)
     assert _code(info.value) == "expiring_within_invalid"
 
+    gauges.GAUGES.sample = gauges.FleetSample()  # as in a router that has not sampled yet
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await admin.fleet.GetFleetHealth(fpb.GetFleetHealthRequest())
+    assert (info.value.code(), _code(info.value)) == (grpc.StatusCode.UNAVAILABLE, "fleet_not_sampled")
     await sample_gauges(stack.router)
     gauge = REGISTRY.get_sample_value("versus_collector_cert_soonest_expiry_timestamp_seconds")
     assert gauge == soon.timestamp()
+    # The overview answers from that sample: the soon-expiring certificate, its site, the day's buckets.
+    health = await admin.fleet.GetFleetHealth(fpb.GetFleetHealthRequest())
+    assert [(e.collector_id, e.not_after.ToDatetime(dt.UTC)) for e in health.expiring] == [
+        ("col-cert-soon", soon)
+    ]
+    assert health.expiring_count == 1
+    assert sum(c.count for s in health.sites for c in s.statuses) == 3
+    assert (len(health.last_hour), len(health.last_day)) == (12, 24)
+    assert abs(health.sampled_at.ToDatetime(dt.UTC).timestamp() - time.time()) < 30
 
 
 async def test_probe_thresholds_follow_the_heartbeat_age(stack: Stack, admin: Ops) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from console.live import fingerprint, reader
+from console.queue_views import DispatchPage, DispatchView
 from console.views import CollectorFilters, CollectorPage, CollectorView
 
 pytestmark = pytest.mark.timeout(10)
@@ -25,6 +26,7 @@ VIEW = CollectorView(
 class Backend:
     def __init__(self) -> None:
         self.view = VIEW
+        self.work: list[Any] = []
         self.asked: list[Any] = []
 
     async def collector(self, token: str, collector_id: str) -> CollectorView:
@@ -34,6 +36,10 @@ class Backend:
     async def collectors(self, token: str, filters: CollectorFilters, page: str) -> CollectorPage:
         self.asked.append((token, filters, page))
         return CollectorPage([self.view], "", 0)
+
+    async def dispatches(self, token: str, outcome: str, site: str, collector_id: str, page: str,
+                         page_size: int = 50) -> DispatchPage:  # fmt: skip
+        return DispatchPage(self.work, "")
 
 
 @pytest.mark.parametrize("path", ["/audit", "/sites", "/queue?outcome=nope", "/collectors/a/b", "/signin"])
@@ -49,8 +55,30 @@ async def test_a_detail_page_changes_with_its_state_not_with_its_heartbeat_age()
     backend.view = dataclasses.replace(VIEW, heartbeat_age="3 s")
     assert fingerprint(await read()) == before
     backend.view = dataclasses.replace(VIEW, drained=True)
-    assert fingerprint(await read()) != before
+    drained = fingerprint(await read())
+    assert drained != before
     assert backend.asked[0] == ("tok", "col-1")  # as the signed-in operator, for that collector
+    backend.work = [  # new work in its Recent work table is a change too
+        DispatchView(
+            dispatch_id="dsp-1",
+            task_id="tsk-1",
+            collector_id="col-1",
+            site_id="site-1",
+            target_ref="sw",
+            provider="stub",
+            operation="echo",
+            op_class="read",
+            state="success",
+            task_state="success",
+            attempt=1,
+            kind="execute",
+            created_at="",
+            reported_at="",
+            error_code="",
+            error_message="",
+        )
+    ]
+    assert fingerprint(await read()) != drained
 
 
 async def test_the_list_is_read_with_the_page_s_own_filters() -> None:

@@ -74,6 +74,7 @@ def test_each_role_sees_exactly_the_actions_the_services_allow_it() -> None:
             "yank",
             "cancel_task",
             "retry_task",
+            "create_vault_integration",
         },
         "platform": {"cancel_task"},  # the services' table; the console signs no platform token in
     }

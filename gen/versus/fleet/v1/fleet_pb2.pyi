@@ -1263,20 +1263,83 @@ class ListReleasesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RELEASES_FIELD_NUMBER: _builtins.int
+    MANIFEST_URL_FIELD_NUMBER: _builtins.int
+    UPDATE_PUBKEY_FIELD_NUMBER: _builtins.int
+    manifest_url: _builtins.str
+    """What a supervisor installed by hand is given (docs/upgrades.md): the update repository's
+    address as collectors reach it, and the id of the release key that signs now.
+    """
+    update_pubkey: _builtins.str
     @_builtins.property
     def releases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Release]: ...
     def __init__(
         self,
         *,
         releases: _abc.Iterable[Global___Release] | None = ...,
+        manifest_url: _builtins.str = ...,
+        update_pubkey: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["releases", b"releases"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["manifest_url", b"manifest_url", "releases", b"releases", "update_pubkey", b"update_pubkey"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListReleasesResponse: _TypeAlias = ListReleasesResponse  # noqa: Y015
+
+@_typing.final
+class DownloadReleaseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    OS_FIELD_NUMBER: _builtins.int
+    ARCH_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    os: _builtins.str
+    arch: _builtins.str
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        os: _builtins.str = ...,
+        arch: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arch", b"arch", "os", b"os", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadReleaseRequest: _TypeAlias = DownloadReleaseRequest  # noqa: Y015
+
+@_typing.final
+class DownloadReleaseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    TARGET_NAME_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    target_name: _builtins.str
+    """On the first message: the artifact's name, length and SHA-256 (hex)."""
+    length: _builtins.int
+    sha256: _builtins.str
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        target_name: _builtins.str = ...,
+        length: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "length", b"length", "sha256", b"sha256", "target_name", b"target_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DownloadReleaseResponse: _TypeAlias = DownloadReleaseResponse  # noqa: Y015
 
 @_typing.final
 class GetReleaseRequest(_message.Message):
@@ -1446,3 +1509,209 @@ class CancelUpdateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelUpdateResponse: _TypeAlias = CancelUpdateResponse  # noqa: Y015
+
+@_typing.final
+class GetFleetHealthRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetFleetHealthRequest: _TypeAlias = GetFleetHealthRequest  # noqa: Y015
+
+@_typing.final
+class NamedCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NamedCount: _TypeAlias = NamedCount  # noqa: Y015
+
+@_typing.final
+class SiteHealth(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SITE_ID_FIELD_NUMBER: _builtins.int
+    STATUSES_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    OLDEST_QUEUED_S_FIELD_NUMBER: _builtins.int
+    INDETERMINATE_FIELD_NUMBER: _builtins.int
+    site_id: _builtins.str
+    queued: _builtins.int
+    oldest_queued_s: _builtins.float
+    """Age of the site's oldest queued task (0: none queued)."""
+    indeterminate: _builtins.int
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___NamedCount]:
+        """Collectors by status (pending, active, expired, denied, revoked)."""
+
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___NamedCount]:
+        """Active collectors by session (active, stale, draining, dead, offline)."""
+
+    def __init__(
+        self,
+        *,
+        site_id: _builtins.str = ...,
+        statuses: _abc.Iterable[Global___NamedCount] | None = ...,
+        sessions: _abc.Iterable[Global___NamedCount] | None = ...,
+        queued: _builtins.int = ...,
+        oldest_queued_s: _builtins.float = ...,
+        indeterminate: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["indeterminate", b"indeterminate", "oldest_queued_s", b"oldest_queued_s", "queued", b"queued", "sessions", b"sessions", "site_id", b"site_id", "statuses", b"statuses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SiteHealth: _TypeAlias = SiteHealth  # noqa: Y015
+
+@_typing.final
+class OutcomeBucket(_message.Message):
+    """Tasks that settled within [start, start + the bucket's length)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    SUCCEEDED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    OTHER_FIELD_NUMBER: _builtins.int
+    succeeded: _builtins.int
+    failed: _builtins.int
+    """Failed or expired."""
+    other: _builtins.int
+    """Cancelled, or waiting for an operator (indeterminate)."""
+    @_builtins.property
+    def start(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        start: _timestamp_pb2.Timestamp | None = ...,
+        succeeded: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        other: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "other", b"other", "start", b"start", "succeeded", b"succeeded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutcomeBucket: _TypeAlias = OutcomeBucket  # noqa: Y015
+
+@_typing.final
+class ExpiringCertificate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COLLECTOR_ID_FIELD_NUMBER: _builtins.int
+    SITE_ID_FIELD_NUMBER: _builtins.int
+    NOT_AFTER_FIELD_NUMBER: _builtins.int
+    collector_id: _builtins.str
+    site_id: _builtins.str
+    @_builtins.property
+    def not_after(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        collector_id: _builtins.str = ...,
+        site_id: _builtins.str = ...,
+        not_after: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["not_after", b"not_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["collector_id", b"collector_id", "not_after", b"not_after", "site_id", b"site_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpiringCertificate: _TypeAlias = ExpiringCertificate  # noqa: Y015
+
+@_typing.final
+class GetFleetHealthResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SAMPLED_AT_FIELD_NUMBER: _builtins.int
+    SITES_FIELD_NUMBER: _builtins.int
+    LAST_HOUR_FIELD_NUMBER: _builtins.int
+    LAST_DAY_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P50_S_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P95_S_FIELD_NUMBER: _builtins.int
+    EXPIRING_FIELD_NUMBER: _builtins.int
+    EXPIRING_COUNT_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
+    UPDATE_BADGES_FIELD_NUMBER: _builtins.int
+    queue_wait_p50_s: _builtins.float
+    """The last hour's wait from submit to first hand-out, median and 95th percentile (absent: none)."""
+    queue_wait_p95_s: _builtins.float
+    expiring_count: _builtins.int
+    @_builtins.property
+    def sampled_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def sites(self) -> _containers.RepeatedCompositeFieldContainer[Global___SiteHealth]: ...
+    @_builtins.property
+    def last_hour(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutcomeBucket]:
+        """Twelve 5-minute buckets, oldest first."""
+
+    @_builtins.property
+    def last_day(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutcomeBucket]:
+        """Twenty-four 1-hour buckets, oldest first."""
+
+    @_builtins.property
+    def expiring(self) -> _containers.RepeatedCompositeFieldContainer[Global___ExpiringCertificate]:
+        """The soonest 50 certificates of pending or active collectors that expire within 14 days."""
+
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___NamedCount]:
+        """Active collectors by the version they run, and by update badge."""
+
+    @_builtins.property
+    def update_badges(self) -> _containers.RepeatedCompositeFieldContainer[Global___NamedCount]: ...
+    def __init__(
+        self,
+        *,
+        sampled_at: _timestamp_pb2.Timestamp | None = ...,
+        sites: _abc.Iterable[Global___SiteHealth] | None = ...,
+        last_hour: _abc.Iterable[Global___OutcomeBucket] | None = ...,
+        last_day: _abc.Iterable[Global___OutcomeBucket] | None = ...,
+        queue_wait_p50_s: _builtins.float | None = ...,
+        queue_wait_p95_s: _builtins.float | None = ...,
+        expiring: _abc.Iterable[Global___ExpiringCertificate] | None = ...,
+        expiring_count: _builtins.int = ...,
+        versions: _abc.Iterable[Global___NamedCount] | None = ...,
+        update_badges: _abc.Iterable[Global___NamedCount] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_queue_wait_p50_s", b"_queue_wait_p50_s", "_queue_wait_p95_s", b"_queue_wait_p95_s", "queue_wait_p50_s", b"queue_wait_p50_s", "queue_wait_p95_s", b"queue_wait_p95_s", "sampled_at", b"sampled_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_queue_wait_p50_s", b"_queue_wait_p50_s", "_queue_wait_p95_s", b"_queue_wait_p95_s", "expiring", b"expiring", "expiring_count", b"expiring_count", "last_day", b"last_day", "last_hour", b"last_hour", "queue_wait_p50_s", b"queue_wait_p50_s", "queue_wait_p95_s", b"queue_wait_p95_s", "sampled_at", b"sampled_at", "sites", b"sites", "update_badges", b"update_badges", "versions", b"versions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__queue_wait_p50_s: _TypeAlias = _typing.Literal["queue_wait_p50_s"]  # noqa: Y015
+    _WhichOneofArgType__queue_wait_p50_s: _TypeAlias = _typing.Literal["_queue_wait_p50_s", b"_queue_wait_p50_s"]  # noqa: Y015
+    _WhichOneofReturnType__queue_wait_p95_s: _TypeAlias = _typing.Literal["queue_wait_p95_s"]  # noqa: Y015
+    _WhichOneofArgType__queue_wait_p95_s: _TypeAlias = _typing.Literal["_queue_wait_p95_s", b"_queue_wait_p95_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_wait_p50_s) -> _WhichOneofReturnType__queue_wait_p50_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_wait_p95_s) -> _WhichOneofReturnType__queue_wait_p95_s | None: ...
+
+Global___GetFleetHealthResponse: _TypeAlias = GetFleetHealthResponse  # noqa: Y015

@@ -35,6 +35,11 @@ class FleetServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetFleetHealth = channel.unary_unary(
+                '/versus.fleet.v1.FleetService/GetFleetHealth',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetFleetHealthRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetFleetHealthResponse.FromString,
+                _registered_method=True)
         self.ListCollectors = channel.unary_unary(
                 '/versus.fleet.v1.FleetService/ListCollectors',
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListCollectorsRequest.SerializeToString,
@@ -105,6 +110,11 @@ class FleetServiceStub:
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseRequest.SerializeToString,
                 response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseResponse.FromString,
                 _registered_method=True)
+        self.DownloadRelease = channel.unary_stream(
+                '/versus.fleet.v1.FleetService/DownloadRelease',
+                request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DownloadReleaseRequest.SerializeToString,
+                response_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DownloadReleaseResponse.FromString,
+                _registered_method=True)
         self.YankRelease = channel.unary_unary(
                 '/versus.fleet.v1.FleetService/YankRelease',
                 request_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseRequest.SerializeToString,
@@ -125,6 +135,16 @@ class FleetServiceStub:
 class FleetServiceServicer:
     """Operator view and control of enrolled collectors and their releases.
     """
+
+    def GetFleetHealth(self, request, context):
+        """The fleet at a glance, as the router last sampled it (every VERSUS_ROUTER_FLEET_SAMPLE_S):
+        collectors by site, status and session, queues, outcomes over the last hour and day,
+        certificates expiring within 14 days and the versions active collectors run. UNAVAILABLE
+        fleet_not_sampled until the first sample, a moment after the router starts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def ListCollectors(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -216,6 +236,14 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DownloadRelease(self, request, context):
+        """A published (not yanked) release artifact, in messages of at most 1 MiB, the first naming it:
+        for a manual or air-gapped install (the console's Client Tools).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def YankRelease(self, request, context):
         """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it.
         """
@@ -240,6 +268,11 @@ class FleetServiceServicer:
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetFleetHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFleetHealth,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetFleetHealthRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetFleetHealthResponse.SerializeToString,
+            ),
             'ListCollectors': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCollectors,
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.ListCollectorsRequest.FromString,
@@ -310,6 +343,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseRequest.FromString,
                     response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseResponse.SerializeToString,
             ),
+            'DownloadRelease': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadRelease,
+                    request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DownloadReleaseRequest.FromString,
+                    response_serializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.DownloadReleaseResponse.SerializeToString,
+            ),
             'YankRelease': grpc.unary_unary_rpc_method_handler(
                     servicer.YankRelease,
                     request_deserializer=versus_dot_fleet_dot_v1_dot_fleet__pb2.YankReleaseRequest.FromString,
@@ -336,6 +374,33 @@ def add_FleetServiceServicer_to_server(servicer, server):
 class FleetService:
     """Operator view and control of enrolled collectors and their releases.
     """
+
+    @staticmethod
+    def GetFleetHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/GetFleetHealth',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.GetFleetHealthRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.GetFleetHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ListCollectors(request,
@@ -705,6 +770,33 @@ class FleetService:
             '/versus.fleet.v1.FleetService/GetRelease',
             versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseRequest.SerializeToString,
             versus_dot_fleet_dot_v1_dot_fleet__pb2.GetReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/versus.fleet.v1.FleetService/DownloadRelease',
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.DownloadReleaseRequest.SerializeToString,
+            versus_dot_fleet_dot_v1_dot_fleet__pb2.DownloadReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,6 +33,12 @@ class FleetServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> FleetServiceAsyncStub: ...
+    GetFleetHealth: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetFleetHealthRequest, _fleet_pb2.GetFleetHealthResponse]
+    """The fleet at a glance, as the router last sampled it (every VERSUS_ROUTER_FLEET_SAMPLE_S):
+    collectors by site, status and session, queues, outcomes over the last hour and day,
+    certificates expiring within 14 days and the versions active collectors run. UNAVAILABLE
+    fleet_not_sampled until the first sample, a moment after the router starts.
+    """
     ListCollectors: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListCollectorsRequest, _fleet_pb2.ListCollectorsResponse]
     GetCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetCollectorRequest, _fleet_pb2.GetCollectorResponse]
     ApproveCollector: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ApproveCollectorRequest, _fleet_pb2.ApproveCollectorResponse]
@@ -53,6 +59,10 @@ class FleetServiceStub:
     """Register a collector release: the first message names it, the rest carry the artifact in order."""
     ListReleases: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ListReleasesRequest, _fleet_pb2.ListReleasesResponse]
     GetRelease: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.GetReleaseRequest, _fleet_pb2.GetReleaseResponse]
+    DownloadRelease: _grpc.UnaryStreamMultiCallable[_fleet_pb2.DownloadReleaseRequest, _fleet_pb2.DownloadReleaseResponse]
+    """A published (not yanked) release artifact, in messages of at most 1 MiB, the first naming it:
+    for a manual or air-gapped install (the console's Client Tools).
+    """
     YankRelease: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.YankReleaseRequest, _fleet_pb2.YankReleaseResponse]
     """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it."""
     ApplyUpdate: _grpc.UnaryUnaryMultiCallable[_fleet_pb2.ApplyUpdateRequest, _fleet_pb2.ApplyUpdateResponse]
@@ -65,6 +75,12 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """Operator view and control of enrolled collectors and their releases."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
+    GetFleetHealth: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetFleetHealthRequest, _fleet_pb2.GetFleetHealthResponse]  # type: ignore[assignment]
+    """The fleet at a glance, as the router last sampled it (every VERSUS_ROUTER_FLEET_SAMPLE_S):
+    collectors by site, status and session, queues, outcomes over the last hour and day,
+    certificates expiring within 14 days and the versions active collectors run. UNAVAILABLE
+    fleet_not_sampled until the first sample, a moment after the router starts.
+    """
     ListCollectors: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListCollectorsRequest, _fleet_pb2.ListCollectorsResponse]  # type: ignore[assignment]
     GetCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetCollectorRequest, _fleet_pb2.GetCollectorResponse]  # type: ignore[assignment]
     ApproveCollector: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ApproveCollectorRequest, _fleet_pb2.ApproveCollectorResponse]  # type: ignore[assignment]
@@ -85,6 +101,10 @@ class FleetServiceAsyncStub(FleetServiceStub):
     """Register a collector release: the first message names it, the rest carry the artifact in order."""
     ListReleases: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ListReleasesRequest, _fleet_pb2.ListReleasesResponse]  # type: ignore[assignment]
     GetRelease: _aio.UnaryUnaryMultiCallable[_fleet_pb2.GetReleaseRequest, _fleet_pb2.GetReleaseResponse]  # type: ignore[assignment]
+    DownloadRelease: _aio.UnaryStreamMultiCallable[_fleet_pb2.DownloadReleaseRequest, _fleet_pb2.DownloadReleaseResponse]  # type: ignore[assignment]
+    """A published (not yanked) release artifact, in messages of at most 1 MiB, the first naming it:
+    for a manual or air-gapped install (the console's Client Tools).
+    """
     YankRelease: _aio.UnaryUnaryMultiCallable[_fleet_pb2.YankReleaseRequest, _fleet_pb2.YankReleaseResponse]  # type: ignore[assignment]
     """Withdraw every artifact of a version: collectors can no longer fetch it and no policy targets it."""
     ApplyUpdate: _aio.UnaryUnaryMultiCallable[_fleet_pb2.ApplyUpdateRequest, _fleet_pb2.ApplyUpdateResponse]  # type: ignore[assignment]
@@ -94,6 +114,18 @@ class FleetServiceAsyncStub(FleetServiceStub):
 
 class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator view and control of enrolled collectors and their releases."""
+
+    @_abc_1.abstractmethod
+    def GetFleetHealth(
+        self,
+        request: _fleet_pb2.GetFleetHealthRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_fleet_pb2.GetFleetHealthResponse, _abc.Awaitable[_fleet_pb2.GetFleetHealthResponse]]:
+        """The fleet at a glance, as the router last sampled it (every VERSUS_ROUTER_FLEET_SAMPLE_S):
+        collectors by site, status and session, queues, outcomes over the last hour and day,
+        certificates expiring within 14 days and the versions active collectors run. UNAVAILABLE
+        fleet_not_sampled until the first sample, a moment after the router starts.
+        """
 
     @_abc_1.abstractmethod
     def ListCollectors(
@@ -198,6 +230,16 @@ class FleetServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _fleet_pb2.GetReleaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_fleet_pb2.GetReleaseResponse, _abc.Awaitable[_fleet_pb2.GetReleaseResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DownloadRelease(
+        self,
+        request: _fleet_pb2.DownloadReleaseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_fleet_pb2.DownloadReleaseResponse], _abc.AsyncIterator[_fleet_pb2.DownloadReleaseResponse]]:
+        """A published (not yanked) release artifact, in messages of at most 1 MiB, the first naming it:
+        for a manual or air-gapped install (the console's Client Tools).
+        """
 
     @_abc_1.abstractmethod
     def YankRelease(
