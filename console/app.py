@@ -20,6 +20,7 @@ from starlette.types import ASGIApp
 from common.errors import PermissionDenied, Unauthenticated, VersusError
 from common.telemetry.logs import get_logger
 from console import (
+    audit_pages,
     bulk_pages,
     live,
     overview_pages,
@@ -188,21 +189,6 @@ def create_app(
             return await _detail(session, collector_id, "", problem=said)
         return RedirectResponse(f"/collectors/{collector_id}?done={action}", status_code=303)
 
-    async def audit(request: Request, session: Session) -> Response:
-        q = request.query_params
-        subject, actor, action = (
-            q.get("subject", "")[:200],
-            q.get("actor", "")[:200],
-            q.get("action", "")[:200],
-        )
-        try:
-            listed = await backend.audit(session.token, subject, actor, action, q.get("page", "")[:500])
-        except VersusError as exc:
-            return console.failed(exc, session)
-        return console.page(
-            "audit.html", session=session, page=listed, subject=subject, actor=actor, action=action
-        )
-
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -226,7 +212,7 @@ def create_app(
         *task_pages.routes(console),
         *site_pages.routes(console),
         *release_pages.routes(console),
-        Route("/audit", console.signed_in(audit)),
+        *audit_pages.routes(console),
         *live.routes(console, stopping),
         Route("/healthz", healthz),
         Route("/favicon.ico", favicon),

@@ -22,6 +22,7 @@ from common.errors import InvalidArgument
 from common.grpc.client import aio_plain_channel
 from common.grpc.headers import AUTHORIZATION_HEADER
 from common.grpc.pb_struct import integral
+from console.audit_views import AuditFilters
 from console.queue_views import (
     OUTCOMES,
     RESOLUTIONS,
@@ -209,10 +210,18 @@ class Backend(TaskCalls):
 
         await self._call(self._fleet.PublishRelease, messages(), token, timeout_s=60.0 + length / (1 << 20))
 
-    async def audit(self, token: str, subject: str, actor: str, action: str, page_token: str) -> AuditPage:
+    async def audit(
+        self, token: str, f: AuditFilters, page_token: str, page_size: int = PAGE_SIZE
+    ) -> AuditPage:
         request = access_pb2.ListAuditEventsRequest(
-            subject_id=subject, actor=actor, action_prefix=action, page_size=PAGE_SIZE, page_token=page_token
-        )
+            subject_id=f.subject, actor=f.actor, action_prefix=f.action, page_size=page_size,
+            page_token=page_token,
+        )  # fmt: skip
+        since, until = f.window()
+        if since is not None:
+            request.since.FromDatetime(since)
+        if until is not None:
+            request.until.FromDatetime(until)
         reply = await self._call(self._access.ListAuditEvents, request, token)
         return AuditPage(
             [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 
 from google.protobuf.struct_pb2 import Struct
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -100,6 +101,8 @@ class AccessServicer(access_pb2_grpc.AccessServiceServicer):
                 action_prefix=request.action_prefix,
                 before_id=_page(request.page_token),
                 limit=size + 1,
+                since=request.since.ToDatetime(dt.UTC) if request.HasField("since") else None,
+                until=request.until.ToDatetime(dt.UTC) if request.HasField("until") else None,
             )
         events = []
         for r in rows[:size]:

@@ -5,6 +5,7 @@ action and its audit row commit or roll back together."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +40,8 @@ async def list_events(
     action_prefix: str,
     before_id: int | None,
     limit: int,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
 ) -> Sequence[RowMapping]:
     """Audit events newest first, filtered; ``before_id`` pages backwards."""
     stmt = select(*audit_events.c).order_by(audit_events.c.id.desc()).limit(limit)
@@ -53,6 +56,10 @@ async def list_events(
         conditions.append(func.starts_with(audit_events.c.action, cast(action_prefix, Text)))
     if before_id is not None:
         conditions.append(audit_events.c.id < before_id)
+    if since is not None:
+        conditions.append(audit_events.c.at >= since)
+    if until is not None:
+        conditions.append(audit_events.c.at < until)
     if conditions:
         stmt = stmt.where(and_(*conditions))
     return (await conn.execute(stmt)).mappings().all()

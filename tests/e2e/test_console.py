@@ -6,6 +6,7 @@ work without JavaScript (this test's client runs none). Browser tests: test_cons
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import ssl
@@ -142,6 +143,21 @@ def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[Contr
         audit = client.get("/audit", params={"subject": collector_id, "action": "collector.drain"})
         assert audit.status_code == 200 and "collector.drain" in audit.text
         assert "bootstrap-admin" in audit.text
+        assert f'<a href="/collectors/{collector_id}">{collector_id}</a>' in audit.text  # the subject, linked
+        today = dt.datetime.now(dt.UTC).date()
+        for day, listed in ((today, True), (today + dt.timedelta(days=1), False)):
+            ranged = client.get(
+                "/audit", params={"subject": collector_id, "start": str(day), "end": str(day)}
+            )
+            assert ranged.status_code == 200 and ("collector.drain" in ranged.text) is listed, day
+        exported = client.get("/audit", params={"subject": collector_id, "format": "csv"})
+        assert exported.headers["content-disposition"].startswith('attachment; filename="audit-')
+        assert exported.text.startswith("at,actor,action,subject_type,subject_id,details")
+        assert "collector.drain" in exported.text
+        backwards = client.get(
+            "/audit", params={"start": str(today), "end": str(today - dt.timedelta(days=2))}
+        )
+        assert backwards.status_code == 400 and "time_range_invalid" in backwards.text
 
         out = client.post("/signout", data={"csrf": csrf.group(1)}, headers=_origin(cp))
         assert out.status_code == 303

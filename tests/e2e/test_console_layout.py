@@ -81,6 +81,7 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
             try:
                 page = context.new_page()
                 sign_in(page, base, cp.admin_token)
+                page.wait_for_load_state("load")  # the stylesheet applied, not only the HTML parsed
                 background = page.evaluate("getComputedStyle(document.body).backgroundColor")
                 assert (background == "rgb(255, 255, 255)") is (scheme == "light"), (scheme, background)
                 for path in PAGES:

@@ -303,6 +303,8 @@ class ListAuditEventsRequest(_message.Message):
     ACTION_PREFIX_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
     subject_type: _builtins.str
     subject_id: _builtins.str
     actor: _builtins.str
@@ -310,6 +312,12 @@ class ListAuditEventsRequest(_message.Message):
     """Matches actions starting with this, e.g. "collector." ."""
     page_size: _builtins.int
     page_token: _builtins.str
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Events at or after / before these times (either may be absent)."""
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
         self,
         *,
@@ -319,10 +327,12 @@ class ListAuditEventsRequest(_message.Message):
         action_prefix: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_prefix", b"action_prefix", "actor", b"actor", "page_size", b"page_size", "page_token", b"page_token", "subject_id", b"subject_id", "subject_type", b"subject_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action_prefix", b"action_prefix", "actor", b"actor", "page_size", b"page_size", "page_token", b"page_token", "since", b"since", "subject_id", b"subject_id", "subject_type", b"subject_type", "until", b"until"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
