@@ -103,7 +103,8 @@ check: lock-check lint proto-lint protos-check licenses-core
 
 # The console's pages as the browser tests see them, into docs/console/ (docs/console.md).
 console-screenshots: system-deps axe-deps $(STAMP)
-	VERSUS_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest tests/e2e/test_console_browser.py -q
+	VERSUS_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest tests/e2e/test_console_browser.py \
+		tests/e2e/test_console_fleet.py tests/e2e/test_console_layout.py tests/e2e/test_release_sbom.py -q
 
 # Debian packages the tests run for real: OpenSSH (client and the server the ssh driver's tests
 # start in a network namespace), iproute2 (the namespaces), squid (the forward proxy a

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.e2e.browser_support import check_accessible, launched_browser, sign_in
+from tests.e2e.browser_support import check_accessible, launched_browser, screenshot_dir, sign_in
 from tests.e2e.collector_harness import Collector, Platform, cli_json
 from tests.e2e.harness import ControlPlane
 
@@ -40,6 +40,7 @@ def test_an_operator_drains_a_site_and_undrains_a_selection(
         expect(page.get_by_role("heading", name="Drain 3 collectors of this site?")).to_be_visible()
         assert not any(cp.api.collector(i).get("drained") for i in ids)  # nothing before the confirmation
         check_accessible(page, "bulk confirmation")
+        page.screenshot(path=screenshot_dir(tmp_path) / "confirm-bulk.png", full_page=True)
         page.get_by_role("button", name=re.compile("Drain 3 collectors")).click()
         expect(page.get_by_role("heading", name="Drain: 3 of 3 done")).to_be_visible()
         assert all(cp.api.collector(i).get("drained") for i in ids)
@@ -83,6 +84,7 @@ def test_a_collectors_page_shows_its_recent_work_linked_to_tasks_and_its_site(
         work = page.get_by_role("region", name="Recent work")
         expect(work.get_by_role("link", name=task_id)).to_be_visible()
         check_accessible(page, "collector with work")
+        page.screenshot(path=screenshot_dir(tmp_path) / "collector-work.png", full_page=True)
         work.get_by_role("link", name=task_id).click()
         expect(page.get_by_role("heading", name=task_id)).to_be_visible()
         expect(page.locator("pre.evidence").first).to_contain_text('"hello": 1')
@@ -110,6 +112,7 @@ def test_an_admin_adds_an_external_vault_and_switches_a_collector_to_it_from_the
         page.get_by_label("AppRole role id").fill("role-1234")
         page.get_by_role("button", name="Add integration").click()
         expect(page.get_by_role("status")).to_contain_text("created")
+        page.screenshot(path=screenshot_dir(tmp_path) / "vaults.png", full_page=True)
         made = next(
             i for i in cli_json(["vault-integrations", "list"], cp.env)["integrations"] if i["name"] == name
         )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.e2e.browser_support import check_accessible, launched_browser, sign_in
+from tests.e2e.browser_support import check_accessible, launched_browser, screenshot_dir, sign_in
 from tests.e2e.collector_harness import Collector, Platform
 from tests.e2e.harness import ControlPlane
 
@@ -89,6 +89,9 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
                     check_accessible(page, f"{path} at {width} px, {scheme}")
                     if width == PHONE[0]:
                         _fits_a_phone(page, path)
+                        if scheme == "dark" and path in ("/", "/tasks"):
+                            name = f"{path.strip('/') or 'overview'}-phone-dark.png"
+                            page.screenshot(path=screenshot_dir(tmp_path) / name, full_page=True)
                 page.goto(f"{base}/collectors?site={site_id}")
                 link = page.get_by_role("link", name=collector_id)
                 expect(link).to_be_visible()

@@ -17,7 +17,7 @@ from playwright.sync_api import expect
 from tuf.api.metadata import Metadata, Root, Targets
 
 from common.config.state_dir import file_sha256
-from tests.e2e.browser_support import check_accessible, launched_browser, sign_in
+from tests.e2e.browser_support import check_accessible, launched_browser, screenshot_dir, sign_in
 from tests.e2e.collector_harness import Collector, Platform, cli_json
 from tests.e2e.harness import ControlPlane, control_plane_for, run_cli
 from tests.e2e.upgrade_harness import ARCH, OS
@@ -158,6 +158,7 @@ def _downloaded_from_client_tools_it_enrolls_and_works(
             row = page.get_by_role("row").filter(has_text=f"{OS}/{ARCH}").filter(has_text=VERSION)
             expect(row).to_contain_text("latest")
             check_accessible(page, "client tools")
+            page.screenshot(path=screenshot_dir(tmp_path) / "client-tools.png", full_page=True)
             assert page.locator("#manifest-url").inner_text().endswith("/api/collector/v1/updates/metadata/")
             assert page.locator("#update-pubkey").inner_text() in release_kids
             with page.expect_download() as got:
