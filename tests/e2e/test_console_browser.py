@@ -68,7 +68,6 @@ def test_an_operator_probes_drains_undrains_and_revokes_a_collector(
         page.goto(f"{base}/signin")
         page.screenshot(path=shots / "signin.png")
         sign_in(page, base, cp.admin_token)
-        page.screenshot(path=shots / "overview.png", full_page=True)
         page.get_by_role("link", name="Collectors", exact=True).click()
         page.get_by_label("Search by collector ID, hostname or site").fill(hostname)
         page.get_by_role("button", name="Search").click()
@@ -387,7 +386,11 @@ def test_an_operator_follows_a_running_task_cancels_and_retries_it_and_finds_a_w
         platform.cancel(retry_id)
         page.goto(f"{base}/tasks?state=cancelled")
         expect(page.get_by_role("row").filter(has_text=streaming)).to_have_count(1)
+        page.goto(f"{base}/tasks")
         page.screenshot(path=shots / "tasks.png", full_page=True)
+        page.goto(f"{base}/")  # the fleet this module made, at a glance
+        expect(page.get_by_role("heading", name="Fleet overview")).to_be_visible()
+        page.screenshot(path=shots / "overview.png", full_page=True)
     finally:
         context.close()
         platform.close()
