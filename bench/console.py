@@ -49,7 +49,8 @@ INSERT INTO tasks (task_id, idempotency_key, request_sha256, provider, operation
                    site_id, tenant_id, params, deadline, requires_fips, labels, state, condition, created_at,
                    updated_at)
 SELECT 'tsk-bench-' || lpad(n::text, 7, '0'), 'bench-' || n, '\\x00'::bytea, 'ssh', 'show', 'read',
-       'dev-' || (n %% 5000), 'site-bench-' || (n %% 100), 'bench', '\\x7b7d'::bytea, now() + interval '1 day',
+       'dev-' || (n %% 5000), 'site-bench-' || (n %% 100), 'bench', '\\x7b7d'::bytea,
+       now() + interval '1 day',
        false, jsonb_build_object('change', 'CHG-' || (n %% 1000)),
        CASE WHEN n %% 20 = 0 THEN 'queued' WHEN n %% 20 = 1 THEN 'failed' WHEN n %% 50 = 2 THEN 'cancelled'
             ELSE 'success' END,

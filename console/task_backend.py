@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 from versus.router.v1 import task_router_pb2 as pb
 
 from common import error_mapping
@@ -42,16 +41,16 @@ class TaskCalls:
     async def tasks(
         self, token: str, filters: TaskFilters, page_token: str, page_size: int, now: dt.datetime
     ) -> TaskPage:
-        after = filters.created_after(now)
+        after, before = filters.window(now)
         request = pb.ListTasksRequest(
             states=STATE_GROUPS[filters.state], site_id=filters.site, tenant_id=filters.tenant,
             provider=filters.provider, operation=filters.operation, target_ref=filters.target,
             labels=filters.labels, page_size=page_size, page_token=page_token,
         )  # fmt: skip
         if after is not None:
-            stamp = Timestamp()
-            stamp.FromDatetime(after)
-            request.created_after.CopyFrom(stamp)
+            request.created_after.FromDatetime(after)
+        if before is not None:
+            request.created_before.FromDatetime(before)
         reply = await self._call(self._tasks.ListTasks, request, token)
         return TaskPage([task_row(t, now) for t in reply.tasks], reply.next_page_token)
 

@@ -73,6 +73,9 @@ class TaskFilters:
     target: str = ""
     label: str = ""
     since: str = DEFAULT_SINCE
+    # Days (YYYY-MM-DD, UTC), both included; either set replaces ``since``.
+    start: str = ""
+    end: str = ""
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> TaskFilters:
@@ -85,7 +88,9 @@ class TaskFilters:
             raise FilterInvalid("since_invalid", f"since must be one of {', '.join(SINCE)}")
         if got["label"] and "=" not in got["label"]:
             raise FilterInvalid("labels_invalid", "a label filter is KEY=VALUE")
-        return cls(**got)
+        parsed = cls(**got)
+        parsed.window(dt.datetime.now(dt.UTC))  # refuses a malformed or backwards range now
+        return parsed
 
     @property
     def labels(self) -> dict[str, str]:
@@ -94,9 +99,21 @@ class TaskFilters:
         key, _, value = self.label.partition("=")
         return {key: value}
 
-    def created_after(self, now: dt.datetime) -> dt.datetime | None:
-        window = SINCE[self.since]
-        return None if window is None else now - window
+    def window(self, now: dt.datetime) -> tuple[dt.datetime | None, dt.datetime | None]:
+        """When the listed tasks were created, as [after, before): the days when given, else the
+        ``since`` preset back from ``now``."""
+        if not (self.start or self.end):
+            preset = SINCE[self.since]
+            return (None if preset is None else now - preset), None
+        try:
+            after = dt.datetime.fromisoformat(self.start).replace(tzinfo=dt.UTC) if self.start else None
+            end = dt.datetime.fromisoformat(self.end).replace(tzinfo=dt.UTC) if self.end else None
+        except ValueError:
+            raise FilterInvalid("date_invalid", "dates are YYYY-MM-DD") from None
+        before = end + dt.timedelta(days=1) if end is not None else None
+        if after is not None and before is not None and before <= after:
+            raise FilterInvalid("time_range_invalid", "the range ends before it starts")
+        return after, before
 
     def query(self, **changes: str) -> str:
         """This filter as a query string (with ``changes``), for links and the next page."""

@@ -386,6 +386,15 @@ def test_an_operator_follows_a_running_task_cancels_and_retries_it_and_finds_a_w
         platform.cancel(retry_id)
         page.goto(f"{base}/tasks?state=cancelled")
         expect(page.get_by_role("row").filter(has_text=streaming)).to_have_count(1)
+        # The filtered list exports as the page's own links say: CSV and JSON, the same tasks.
+        csv_href = page.get_by_role("link", name="CSV").get_attribute("href")
+        exported = page.request.get(f"{base}{csv_href}")
+        assert exported.headers["content-type"].startswith("text/csv")
+        assert streaming in exported.text() and exported.text().startswith("task_id,state,why,")
+        as_json = page.request.get(
+            f"{base}{page.get_by_role('link', name='JSON').get_attribute('href')}"
+        ).json()
+        assert streaming in {t["task_id"] for t in as_json} and {t["state"] for t in as_json} == {"cancelled"}
         page.goto(f"{base}/tasks")
         page.screenshot(path=shots / "tasks.png", full_page=True)
         page.goto(f"{base}/")  # the fleet this module made, at a glance

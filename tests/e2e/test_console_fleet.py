@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, expect
 
 from tests.e2e.browser_support import check_accessible, launched_browser, screenshot_dir, sign_in
 from tests.e2e.collector_harness import Collector, Platform, cli_json
-from tests.e2e.harness import ControlPlane
+from tests.e2e.harness import ControlPlane, run_cli
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -59,6 +59,20 @@ def test_an_operator_drains_a_site_and_undrains_a_selection(
         page.get_by_role("button", name=re.compile("Undrain 2 collectors")).click()
         expect(page.get_by_role("heading", name="Undrain: 2 of 2 done")).to_be_visible()
         assert [bool(cp.api.collector(i).get("drained")) for i in ids] == [False, False, True]
+
+        # Revoking a selection says what cannot be undone (revoking one already revoked is no error).
+        assert run_cli(["collectors", "revoke", ids[0], "--reason", "test"], cp.env).returncode == 0
+        page.goto(f"{base}/collectors?site={site_id}")
+        for collector_id in ids[:2]:
+            page.get_by_label(f"Select {collector_id}").check()
+        page.get_by_label("With the selected collectors").select_option("revoke")
+        page.get_by_role("button", name="Review…").click()
+        expect(page.get_by_text("There is no undo")).to_be_visible()
+        page.get_by_label("Reason (kept in the audit log)").fill("decommissioned rack")
+        page.get_by_role("button", name=re.compile("Revoke 2 collectors")).click()
+        expect(page.get_by_role("heading", name="Revoke: 2 of 2 done")).to_be_visible()
+        statuses = [cp.api.collector(i)["status"] for i in ids]
+        assert statuses == ["COLLECTOR_STATUS_REVOKED", "COLLECTOR_STATUS_REVOKED", "COLLECTOR_STATUS_ACTIVE"]
     finally:
         context.close()
 

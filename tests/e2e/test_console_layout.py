@@ -20,7 +20,17 @@ from tests.e2e.collector_harness import Collector, Platform
 from tests.e2e.harness import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
-PAGES = ["/", "/collectors", "/tasks", "/queue", "/sites", "/releases", "/audit"]
+PAGES = [
+    "/",
+    "/collectors",
+    "/tasks",
+    "/queue",
+    "/sites",
+    "/releases",
+    "/tools",
+    "/integrations/vaults",
+    "/audit",
+]
 PHONE, DESK = (390, 844), (1400, 900)
 
 
@@ -39,7 +49,8 @@ def _too_wide(page: Page) -> list[str]:
     """The elements (not inside a scrolling box) that reach past a phone's width: what to fix."""
     found: list[str] = page.evaluate(
         """(limit) => [...document.querySelectorAll("body *")]
-            .filter(e => !e.closest(".scroll") && e.getBoundingClientRect().right > limit)
+            .filter(e => !e.closest(".scroll")
+                && (e.getBoundingClientRect().right > limit || e.scrollWidth > e.clientWidth + 1))
             .map(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + "." + e.className
                  + " " + Math.round(e.getBoundingClientRect().right)).slice(0, 8)""",
         PHONE[0],
@@ -71,6 +82,18 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
     site_id = cp.api.create_site("layout-site")["site"]["site_id"]
     # Enrolled, never started: listed (ids to measure) and unreachable (a probe that fails).
     collector_id = Collector(cp, tmp_path / "collector", tmp_path / "collector.log").enroll(site_id)
+    platform = Platform(cp)
+    try:  # a task waiting (no collector runs at the site): its page has the condition and a Cancel
+        task_id = platform.submit(site_id, "echo", "read", "sw-l", {}, f"layout-{site_id}")
+    finally:
+        platform.close()
+    token_id = cp.api.issue_token(site_id)["token"]["token_id"]
+    details = [
+        f"/collectors/{collector_id}", f"/sites/{site_id}",
+        f"/tasks/{task_id}", f"/tasks/{task_id}/confirm/cancel",
+        f"/collectors/{collector_id}/confirm/revoke", f"/bulk/confirm?action=drain&id={collector_id}",
+        f"/tokens/{token_id}/confirm?site={site_id}", "/queue/dsp-no-such",  # a confirmation each, an error
+    ]  # fmt: skip
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
     for scheme in ("light", "dark"):
         for width, height in (PHONE, DESK):
@@ -80,6 +103,8 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
             )  # fmt: skip
             try:
                 page = context.new_page()
+                page.goto(f"{base}/signin")
+                check_accessible(page, f"/signin at {width} px, {scheme}")
                 sign_in(page, base, cp.admin_token)
                 page.wait_for_load_state("load")  # the stylesheet applied, not only the HTML parsed
                 background = page.evaluate("getComputedStyle(document.body).backgroundColor")
@@ -98,7 +123,7 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
                 if width == DESK[0]:  # an id on one line, not wrapped over several
                     assert page.evaluate("(a) => a.getClientRects().length", link.element_handle()) == 1
                     assert _box(page, f"a[href='/collectors/{collector_id}']")["height"] < 30
-                for path in (f"/collectors/{collector_id}", f"/sites/{site_id}"):
+                for path in details:
                     page.goto(f"{base}{path}")
                     check_accessible(page, f"{path} at {width} px, {scheme}")
                     if width == PHONE[0]:

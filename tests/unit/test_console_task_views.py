@@ -47,9 +47,14 @@ def _task(**changes: object) -> task_pb2.Task:
 def test_filters_default_to_the_last_day_and_round_trip_through_the_query() -> None:
     f = TaskFilters.parse({})
     assert (f.state, f.since) == ("all", DEFAULT_SINCE)
-    assert f.created_after(NOW) == NOW - dt.timedelta(days=1)
+    assert f.window(NOW) == (NOW - dt.timedelta(days=1), None)
     f = TaskFilters.parse({"state": "waiting", "site": " site-1 ", "label": "change=CHG-1", "since": "all"})
-    assert (f.site, f.labels, f.created_after(NOW)) == ("site-1", {"change": "CHG-1"}, None)
+    assert (f.site, f.labels, f.window(NOW)) == ("site-1", {"change": "CHG-1"}, (None, None))
+    days = TaskFilters.parse({"start": "2026-12-01", "end": "2026-12-01", "since": "1h"})
+    assert days.window(NOW) == (
+        dt.datetime(2026, 12, 1, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 2, tzinfo=dt.UTC),
+    )
     assert TaskFilters.parse(dict(urllib.parse.parse_qsl(f.query()))) == f
     assert "page=tok" in f.query(page="tok") and "format=csv" in f.query(format="csv")
 
