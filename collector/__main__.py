@@ -1,3 +1,3 @@
-from collector.main import main
+from collector.entry import main
 
 raise SystemExit(main())

@@ -46,6 +46,7 @@ from collector.supervisor.fetch import (
 from collector.supervisor.layout import BUNDLED, Layout
 from collector.update_fetcher import Cancel
 from common.protocol import update_failure_code
+from common.runtime import early_signals
 from common.telemetry.logs import get_logger
 from common.trust.keys import KeyPurpose
 from common.trust.signed_doc import DocumentError
@@ -108,6 +109,13 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        # A stop that came while the process started (collector/entry.py) is honoured now.
+        early_signals.imported()
+        if early_signals.requested() is not None:
+            self.stop_requested = True
+        if self.stop_requested:
+            log.info("supervisor stopped before it started the collector")
+            return 0
         self._recover()
         log.info("supervisor started", running=self.layout.version_name(self.layout.current()),
                  updates=self.options.updates_enabled)  # fmt: skip

@@ -65,7 +65,7 @@ def test_the_wheel_holds_the_closure_and_its_entry_points(tmp_path: Path) -> Non
         names = set(archive.namelist())
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert {p.relative_to(ROOT).as_posix() for p in files} == {n for n in names if n.endswith(".py")}
-    assert "versus-collector = collector.main:main" in entry_points
+    assert "versus-collector = collector.entry:main" in entry_points
     assert "ssh = collector.drivers.ssh:SshDriver" in entry_points
 
 
