@@ -6,7 +6,8 @@
     versus-cp access revoke TOKEN_ID
     versus-cp access whoami
     versus-cp access bootstrap            # needs DATABASE_URL; no API token required
-    versus-cp audit list [--subject-type T] [--subject ID] [--actor A] [--action PREFIX] [--limit N]
+    versus-cp audit list [--subject-type T] [--subject ID] [--actor A] [--action PREFIX]
+                         [--since TIME] [--until TIME] [--limit N]
 
 Every command takes ``--json``. A created token is shown once.
 """
@@ -14,6 +15,7 @@ Every command takes ``--json``. A created token is shown once.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from typing import Any
 
@@ -149,8 +151,18 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--subject", default="", help="subject id")
     listing.add_argument("--actor", default="")
     listing.add_argument("--action", dest="action_prefix", default="", help="action prefix, e.g. collector.")
+    listing.add_argument("--since", type=_instant, help="at or after (ISO 8601, UTC unless it says)")
+    listing.add_argument("--until", type=_instant, help="before (ISO 8601)")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--json", action="store_true")
+
+
+def _instant(text: str) -> dt.datetime:
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time, e.g. 2026-12-06T08:00") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
 def run_audit(settings: Settings, args: argparse.Namespace) -> int:
@@ -161,6 +173,10 @@ def run_audit(settings: Settings, args: argparse.Namespace) -> int:
             subject_type=args.subject_type, subject_id=args.subject, actor=args.actor,
             action_prefix=args.action_prefix, page_size=min(500, args.limit - len(events)), page_token=page,
         )  # fmt: skip
+        if args.since is not None:
+            request.since.FromDatetime(args.since)
+        if args.until is not None:
+            request.until.FromDatetime(args.until)
         reply = _call(settings, "ListAuditEvents", request)
         events.extend(reply.events)
         page = reply.next_page_token

@@ -140,6 +140,15 @@ def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[Contr
         # The audit log names the operator behind the console's call.
         events = cli_json(["audit", "list", "--subject", collector_id], cp.env)["events"]
         assert any(e["action"] == "collector.drain" and "admin" in e["actor"] for e in events), events
+        later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
+        assert (
+            cli_json(["audit", "list", "--subject", collector_id, "--since", later], cp.env).get("events", [])
+            == []
+        )
+        assert (
+            cli_json(["audit", "list", "--subject", collector_id, "--until", later], cp.env)["events"]
+            == events
+        )
         audit = client.get("/audit", params={"subject": collector_id, "action": "collector.drain"})
         assert audit.status_code == 200 and "collector.drain" in audit.text
         assert "bootstrap-admin" in audit.text

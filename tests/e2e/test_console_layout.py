@@ -85,6 +85,8 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
     platform = Platform(cp)
     try:  # a task waiting (no collector runs at the site): its page has the condition and a Cancel
         task_id = platform.submit(site_id, "echo", "read", "sw-l", {}, f"layout-{site_id}")
+        settled = platform.submit(site_id, "echo", "read", "sw-l", {}, f"layout-settled-{site_id}")
+        platform.cancel(settled)  # and a settled one, to retry
     finally:
         platform.close()
     token_id = cp.api.issue_token(site_id)["token"]["token_id"]
@@ -92,7 +94,8 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
         f"/collectors/{collector_id}", f"/sites/{site_id}",
         f"/tasks/{task_id}", f"/tasks/{task_id}/confirm/cancel",
         f"/collectors/{collector_id}/confirm/revoke", f"/bulk/confirm?action=drain&id={collector_id}",
-        f"/tokens/{token_id}/confirm?site={site_id}", "/queue/dsp-no-such",  # a confirmation each, an error
+        f"/tokens/{token_id}/confirm?site={site_id}", f"/tasks/{settled}/confirm/retry",
+        "/queue/dsp-no-such",  # a confirmation each, an error
     ]  # fmt: skip
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
     for scheme in ("light", "dark"):
