@@ -73,6 +73,18 @@ def test_an_operator_drains_a_site_and_undrains_a_selection(
         expect(page.get_by_role("heading", name="Revoke: 2 of 2 done")).to_be_visible()
         statuses = [cp.api.collector(i)["status"] for i in ids]
         assert statuses == ["COLLECTOR_STATUS_REVOKED", "COLLECTOR_STATUS_REVOKED", "COLLECTOR_STATUS_ACTIVE"]
+
+        # A bulk action the services refuse for some: each refusal is listed with its code, beside
+        # its collector, and the page says how many were done (none here: the site updates itself,
+        # and a revoked collector takes no update).
+        auto = run_cli(["sites", "update", site_id, "--update-policy", "auto"], cp.env)
+        assert auto.returncode == 0, auto.stderr
+        page.goto(f"{base}/bulk/confirm?action=apply_update&id={ids[0]}&id={ids[2]}")
+        page.get_by_role("button", name=re.compile("Apply the update to 2 collectors")).click()
+        expect(page.get_by_role("heading", name="Apply the update to: 0 of 2 done")).to_be_visible()
+        refused = page.get_by_role("listitem")
+        expect(refused.filter(has_text=ids[0])).to_contain_text("collector_not_active")
+        expect(refused.filter(has_text=ids[2])).to_contain_text("update_policy_not_manual")
     finally:
         context.close()
 

@@ -75,6 +75,30 @@ def _fits_a_phone(page: Page, path: str) -> None:
         assert abs(label_x - field_x) < 2 and label_bottom <= field_top + 2, (path, pair)
 
 
+def _checked(page: Page, name: str, width: int, scheme: str) -> None:
+    check_accessible(page, f"{name} at {width} px, {scheme}")
+    if width == PHONE[0]:
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= PHONE[0], (name, wide, _too_wide(page))
+
+
+def _one_dispatch(cp: ControlPlane, tmp_path: Path) -> str:
+    """A dispatch of a task a collector ran, for its page."""
+    collector = Collector(cp, tmp_path / "runner", tmp_path / "runner.log")
+    collector.enroll()
+    collector.start()
+    platform = Platform(cp)
+    try:
+        task_id = platform.submit(
+            collector.site_id, "echo", "read", "sw-d", {}, f"layout-d-{collector.site_id}"
+        )
+        task = platform.wait_state(task_id, {"success"}, timeout=60)
+        return str(next(h.dispatch_id for h in task.history if h.dispatch_id))
+    finally:
+        platform.close()
+        collector.stop()
+
+
 def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
     shared_control_plane: ControlPlane, tmp_path: Path, browser: Browser
 ) -> None:
@@ -90,12 +114,14 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
     finally:
         platform.close()
     token_id = cp.api.issue_token(site_id)["token"]["token_id"]
+    dispatch_id = _one_dispatch(cp, tmp_path)
     details = [
         f"/collectors/{collector_id}", f"/sites/{site_id}",
         f"/tasks/{task_id}", f"/tasks/{task_id}/confirm/cancel",
         f"/collectors/{collector_id}/confirm/revoke", f"/bulk/confirm?action=drain&id={collector_id}",
         f"/tokens/{token_id}/confirm?site={site_id}", f"/tasks/{settled}/confirm/retry",
-        "/queue/dsp-no-such",  # a confirmation each, an error
+        "/releases/0.0.0-layout/confirm/yank", f"/queue/{dispatch_id}",
+        "/queue/dsp-no-such",  # a confirmation each, a dispatch, an error
     ]  # fmt: skip
     base = f"https://localhost:{cp.env['VERSUS_CONSOLE_PORT']}"
     for scheme in ("light", "dark"):
@@ -128,10 +154,16 @@ def test_every_page_fits_a_phone_and_a_desk_in_light_and_dark(
                     assert _box(page, f"a[href='/collectors/{collector_id}']")["height"] < 30
                 for path in details:
                     page.goto(f"{base}{path}")
-                    check_accessible(page, f"{path} at {width} px, {scheme}")
-                    if width == PHONE[0]:
-                        wide = page.evaluate("document.documentElement.scrollWidth")
-                        assert wide <= PHONE[0], (path, wide, _too_wide(page))
+                    _checked(page, path, width, scheme)
+                # The pages an action answers with: a bulk action's result, a token shown once.
+                page.goto(f"{base}/bulk/confirm?action=undrain&id={collector_id}")
+                page.get_by_role("button", name=re.compile("Undrain 1 collector")).click()
+                expect(page.get_by_role("heading", name="Undrain: 1 of 1 done")).to_be_visible()
+                _checked(page, "the bulk result", width, scheme)
+                page.goto(f"{base}/sites/{site_id}")
+                page.get_by_role("button", name="Issue token").click()
+                expect(page.get_by_role("heading", name="Enrollment token issued")).to_be_visible()
+                _checked(page, "an issued token", width, scheme)
             finally:
                 context.close()
 
