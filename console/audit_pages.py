@@ -3,7 +3,6 @@ range of days, subjects linked to their pages, and the filtered log exported as 
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -55,10 +54,6 @@ def routes(console: Console) -> list[Route]:
                 break
         entries = entries[:EXPORT_MAX]
         body = export_csv(entries) if kind == "csv" else export_json(entries)
-        media = "text/csv; charset=utf-8" if kind == "csv" else "application/json"
-        name = f"audit-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.{kind}"
-        return Response(
-            body, media_type=media, headers={"content-disposition": f'attachment; filename="{name}"'}
-        )
+        return console.attachment(body, kind, "audit")
 
     return [Route("/audit", console.signed_in(audit))]

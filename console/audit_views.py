@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
-from console.task_views import FilterInvalid, csv_cell
+from console.task_views import csv_cell, day_window
 from console.views import AuditEntry
 
 # Where a subject of each type is shown in the console (others are shown as text).
@@ -35,15 +35,7 @@ class AuditFilters:
 
     def window(self) -> tuple[dt.datetime | None, dt.datetime | None]:
         """The range as [since, until) instants."""
-        try:
-            since = dt.datetime.fromisoformat(self.start).replace(tzinfo=dt.UTC) if self.start else None
-            end = dt.datetime.fromisoformat(self.end).replace(tzinfo=dt.UTC) if self.end else None
-        except ValueError:
-            raise FilterInvalid("date_invalid", "dates are YYYY-MM-DD") from None
-        until = end + dt.timedelta(days=1) if end is not None else None
-        if since is not None and until is not None and until <= since:
-            raise FilterInvalid("time_range_invalid", "the range ends before it starts")
-        return since, until
+        return day_window(self.start, self.end)
 
     def query(self, **changes: str) -> str:
         values = {**asdict(self), **changes}

@@ -6,6 +6,7 @@ Apart from console/app.py, which puts the pages together, so each page module
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,14 @@ class Console:
     def page(self, name: str, status: int = 200, **values: Any) -> HTMLResponse:
         html = self.templates.get_template(name).render(may=views.may, **values)
         return HTMLResponse(html, status_code=status)
+
+    def attachment(self, body: str, kind: str, stem: str) -> Response:
+        """An export the browser saves: ``kind`` is csv or json, named ``<stem>-<UTC time>.<kind>``."""
+        media = "text/csv; charset=utf-8" if kind == "csv" else "application/json"
+        name = f"{stem}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.{kind}"
+        return Response(
+            body, media_type=media, headers={"content-disposition": f'attachment; filename="{name}"'}
+        )
 
     def refusal(
         self, status: int, code: str, message: str, session: Session | None = None, back: str = ""

@@ -93,13 +93,7 @@ def routes(console: Console) -> list[Route]:
         except VersusError as exc:
             return console.failed(exc, session, back="/tasks")
         rows = rows[:EXPORT_MAX]
-        body, media = (
-            (export_csv(rows), "text/csv") if kind == "csv" else (export_json(rows), "application/json")
-        )
-        name = f"tasks-{now:%Y%m%dT%H%M%SZ}.{kind}"
-        return Response(
-            body, media_type=media, headers={"content-disposition": f'attachment; filename="{name}"'}
-        )
+        return console.attachment(export_csv(rows) if kind == "csv" else export_json(rows), kind, "tasks")
 
     async def task(request: Request, session: Session) -> Response:
         task_id = request.path_params["task_id"]

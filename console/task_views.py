@@ -61,6 +61,20 @@ class FilterInvalid(ValueError):
         self.code = code
 
 
+def day_window(start: str, end: str) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """Two UTC days (YYYY-MM-DD, both included, either may be empty) as [since, until) instants;
+    a malformed or backwards range is refused (``date_invalid``, ``time_range_invalid``)."""
+    try:
+        since = dt.datetime.fromisoformat(start).replace(tzinfo=dt.UTC) if start else None
+        last = dt.datetime.fromisoformat(end).replace(tzinfo=dt.UTC) if end else None
+    except ValueError:
+        raise FilterInvalid("date_invalid", "dates are YYYY-MM-DD") from None
+    until = last + dt.timedelta(days=1) if last is not None else None
+    if since is not None and until is not None and until <= since:
+        raise FilterInvalid("time_range_invalid", "the range ends before it starts")
+    return since, until
+
+
 @dataclass(frozen=True)
 class TaskFilters:
     """The Tasks page's filters, as in its query string."""
@@ -105,15 +119,7 @@ class TaskFilters:
         if not (self.start or self.end):
             preset = SINCE[self.since]
             return (None if preset is None else now - preset), None
-        try:
-            after = dt.datetime.fromisoformat(self.start).replace(tzinfo=dt.UTC) if self.start else None
-            end = dt.datetime.fromisoformat(self.end).replace(tzinfo=dt.UTC) if self.end else None
-        except ValueError:
-            raise FilterInvalid("date_invalid", "dates are YYYY-MM-DD") from None
-        before = end + dt.timedelta(days=1) if end is not None else None
-        if after is not None and before is not None and before <= after:
-            raise FilterInvalid("time_range_invalid", "the range ends before it starts")
-        return after, before
+        return day_window(self.start, self.end)
 
     def query(self, **changes: str) -> str:
         """This filter as a query string (with ``changes``), for links and the next page."""

@@ -168,6 +168,23 @@ def test_an_operator_signs_in_finds_a_collector_and_drains_it(fleet: tuple[Contr
         )
         assert backwards.status_code == 400 and "time_range_invalid" in backwards.text
 
+        # Bad input on the newer pages: a clear code, a way back, nothing changed.
+        for path, params, status, code in (
+            ("/bulk/confirm", {"action": "drain"}, 400, "selection_empty"),
+            ("/bulk/confirm", {"action": "explode", "id": collector_id}, 400, "action_invalid"),
+            ("/tasks", {"state": "sideways"}, 400, "state_invalid"),
+            ("/tasks", {"format": "xml"}, 400, "format_invalid"),
+            ("/tasks", {"start": "2026-12-09", "end": "2026-12-01"}, 400, "time_range_invalid"),
+            ("/tasks/tsk-no-such", {}, 404, "task_not_found"),
+        ):
+            answer = client.get(path, params=params)
+            assert (answer.status_code, code in answer.text) == (status, True), (path, answer.text[:300])
+        assert "Back to the tasks" in client.get("/tasks/tsk-no-such").text
+        unconfirmed = client.post(
+            "/tokens/tok-none/revoke", data={"csrf": csrf.group(1), "site_id": "s"}, headers=_origin(cp)
+        )
+        assert unconfirmed.status_code == 400 and "confirmation_required" in unconfirmed.text
+        assert cp.api.collector(collector_id)["drained"] is True  # still as the drain above left it
         out = client.post("/signout", data={"csrf": csrf.group(1)}, headers=_origin(cp))
         assert out.status_code == 303
         client.cookies.set(COOKIE, cookie.split(";", 1)[0].split("=", 1)[1])
