@@ -86,6 +86,15 @@ def _infrastructure(error: BaseException) -> errors.VersusError | None:
         )
     ):
         return errors.Unavailable("the database is unavailable; retry shortly", code="database_unavailable")
+    pg: Any = sys.modules.get("psycopg")
+    if pg is not None and isinstance(error, pg.Error) and getattr(error, "sqlstate", None) == "25006":
+        # read_only_sql_transaction, raised on the driver itself (router/core/sql.py): the server
+        # stopped taking writes, as a primary being retired does; the connection is already dropped.
+        return errors.Unavailable(
+            "the database is not taking writes; retry shortly", code="database_unavailable"
+        )
+    if pg is not None and isinstance(error, pg.OperationalError):  # the same failure, unwrapped
+        return errors.Unavailable("the database is unavailable; retry shortly", code="database_unavailable")
     if sa_exc is not None and isinstance(
         error, sa_exc.TimeoutError
     ):  # no pooled connection came free in time

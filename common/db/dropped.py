@@ -15,6 +15,14 @@ what arrived (it cannot block, the bytes are there) and says whether the connect
 One ``poll`` per checkout, 1.7 µs of CPU measured here; a connection cut without a FIN (a partition) is
 not seen here and fails on first use, as before. The same check database drivers make elsewhere
 (Go's pgx ``CheckConn``, the MySQL driver's connection check).
+
+A connection can also stand while its server no longer takes writes: the server was fenced
+(``default_transaction_read_only`` turned on and reloaded, as operators do to stop a primary
+they are about to retire) and every write on it fails with SQLSTATE 25006. libpq's
+``target_session_attrs=read-write`` only looks when connecting, so such a connection would
+fail each use for as long as it lived. The first 25006 discards it, and through SQLAlchemy every
+connection of its pool (they all reach the same server); the next checkout connects through the
+URL's host list to whichever host takes writes now.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from psycopg import pq
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+# SQLSTATE read_only_sql_transaction: this server does not take writes (any more).
+READ_ONLY_SQLSTATE = "25006"
 _READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _READS = 4
 
@@ -60,3 +70,26 @@ def _on_checkout(_dbapi: Any, record: Any, _proxy: Any) -> None:
 def discard_dropped_at_checkout(engine: AsyncEngine) -> None:
     """Make ``engine``'s pool replace a connection the server closed before handing it out."""
     event.listen(engine.sync_engine, "checkout", _on_checkout)
+
+
+def not_primary(error: BaseException) -> bool:
+    """Whether a driver error says its server does not take writes (SQLSTATE 25006)."""
+    return getattr(error, "sqlstate", None) == READ_ONLY_SQLSTATE
+
+
+def forget_if_not_primary(pgconn: pq.abc.PGconn, error: BaseException) -> None:
+    """Close a libpq connection whose server refused a write as read-only, so the pool's checkout
+    check discards it (for statements run on the driver itself: router/core/sql.py)."""
+    if not_primary(error):
+        pgconn.finish()
+
+
+def _on_error(context: Any) -> None:
+    if context.original_exception is not None and not_primary(context.original_exception):
+        # Handled as a lost connection: this one and the rest of its pool are replaced.
+        context.is_disconnect = True
+
+
+def discard_not_primary(engine: Any) -> None:
+    """Make ``engine`` (sync or async) treat a read-only refusal as a lost connection."""
+    event.listen(getattr(engine, "sync_engine", engine), "handle_error", _on_error)

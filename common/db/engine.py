@@ -9,7 +9,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from common.db.dropped import discard_dropped_at_checkout
+from common.db.dropped import discard_dropped_at_checkout, discard_not_primary
 from common.db.urls import libpq_url, sqlalchemy_url
 from common.errors import Unavailable
 from common.telemetry.redaction import redact_url
@@ -57,6 +57,7 @@ def create_async(
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
                       **KEEPALIVE_ARGS},
     )  # fmt: skip
+    discard_not_primary(engine)
     if not pre_ping:
         discard_dropped_at_checkout(engine)
     return engine
@@ -64,13 +65,15 @@ def create_async(
 
 def create_sync(url: str, *, pool_size: int = 5, application_name: str = "versus-cp-admin") -> Engine:
     """A synchronous engine for migrations, admin tasks and the key material's follower."""
-    return create_engine(
+    engine = create_engine(
         sqlalchemy_url(url),
         pool_pre_ping=True,
         pool_size=pool_size,
         connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name,
                       **KEEPALIVE_ARGS},
     )  # fmt: skip
+    discard_not_primary(engine)
+    return engine
 
 
 def check_reachable(url: str) -> None:

@@ -19,9 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeAlias
 
+import psycopg
 from psycopg import AsyncConnection as PgConnection
+from psycopg import AsyncCursor
 from psycopg.rows import dict_row
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from common.db.dropped import forget_if_not_primary
 
 # A row as the hot path hands it around: column name to value.
 Row: TypeAlias = Mapping[Any, Any]
@@ -40,26 +44,35 @@ class Sql:
     async def one(self, query: str, params: Params = None) -> dict[str, Any] | None:
         """The first row (as a dict), or None."""
         cur = self.pg.cursor(row_factory=dict_row)
-        await cur.execute(query, params)
+        await self._execute(cur, query, params)
         return await cur.fetchone()
 
     async def all(self, query: str, params: Params = None) -> list[dict[str, Any]]:
         cur = self.pg.cursor(row_factory=dict_row)
-        await cur.execute(query, params)
+        await self._execute(cur, query, params)
         return await cur.fetchall()
 
     async def scalar(self, query: str, params: Params = None) -> Any:
         """The first column of the first row, or None when there is no row."""
         cur = self.pg.cursor()
-        await cur.execute(query, params)
+        await self._execute(cur, query, params)
         row = await cur.fetchone()
         return None if row is None else row[0]
 
     async def run(self, query: str, params: Params = None) -> int:
         """Execute; the number of rows the statement touched."""
         cur = self.pg.cursor()
-        await cur.execute(query, params)
+        await self._execute(cur, query, params)
         return cur.rowcount
+
+    async def _execute(self, cur: AsyncCursor[Any], query: str, params: Params) -> None:
+        try:
+            await cur.execute(query, params)
+        except psycopg.Error as exc:
+            # SQLAlchemy never sees these statements, so its error handling cannot retire a
+            # connection to a server that stopped taking writes: done here (common/db/dropped.py).
+            forget_if_not_primary(self.pg.pgconn, exc)
+            raise
 
 
 Db: TypeAlias = AsyncConnection | Sql

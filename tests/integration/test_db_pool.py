@@ -1,13 +1,18 @@
-"""The unpinged pools of the router and the gateway replace connections the server closed."""
+"""The unpinged pools of the router and the gateway replace connections the server closed, and every
+pool replaces a connection whose server stopped taking writes."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import grpc
 import psycopg
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from common import error_mapping
 from common.db.dropped import dropped_by_server
 from common.db.engine import create_async
 from router.core.sql import sql
@@ -80,5 +85,48 @@ async def test_a_pool_of_live_connections_keeps_them(database_url: str, pre_ping
             async with engine.connect() as conn:
                 pids.add(await (await sql(conn)).scalar("SELECT pg_backend_pid()"))
         assert len(pids) == 1  # reused, not reconnected each time
+    finally:
+        await engine.dispose()
+
+
+async def _backend(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        pid = await (await sql(conn)).scalar("SELECT pg_backend_pid()")
+        await conn.commit()
+    return int(pid)
+
+
+@pytest.mark.parametrize("path", ["driver", "sqlalchemy"])
+async def test_a_connection_whose_server_stopped_taking_writes_is_replaced(
+    database_url: str, path: str
+) -> None:
+    # A fenced primary (default_transaction_read_only turned on and reloaded) keeps its sessions
+    # but refuses their writes with 25006; libpq's read-write check only runs at connect. Set here
+    # on the pooled session itself, so that only this test's connection sees it.
+    engine = create_async(database_url, pool_size=1, max_overflow=0, pre_ping=path == "sqlalchemy",
+                          application_name=APP)  # fmt: skip
+    try:
+        fenced = await _backend(engine)
+        async with engine.connect() as conn:
+            await conn.execute(text("SET SESSION default_transaction_read_only = on"))
+            await conn.commit()
+
+        async def write() -> None:
+            async with engine.begin() as conn:
+                if path == "driver":
+                    await (await sql(conn)).run("CREATE TEMP TABLE pool_test_write (a int)")
+                else:
+                    await conn.execute(text("CREATE TEMP TABLE pool_test_write (a int)"))
+
+        with pytest.raises(Exception) as refused:  # noqa: PT011 - the type depends on the path
+            await write()
+        public = error_mapping.public_error(refused.value)
+        assert (public.code, error_mapping.status_for(refused.value).grpc_code) == (
+            "database_unavailable", grpc.StatusCode.UNAVAILABLE,
+        )  # fmt: skip
+        # The next checkout is a new session, which takes writes at once.
+        assert await _backend(engine) != fenced
+        async with engine.begin() as conn:
+            assert await (await sql(conn)).run("CREATE TEMP TABLE pool_test_write (a int)") == -1
     finally:
         await engine.dispose()

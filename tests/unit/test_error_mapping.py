@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import grpc
+import psycopg
 import pytest
 from redis import exceptions as redis_exc
 from sqlalchemy import exc as sa_exc
@@ -73,6 +74,12 @@ def test_grpc_failure_round_trips_to_domain_error() -> None:
             "database_unavailable",
         ),
         (sa_exc.TimeoutError("QueuePool limit reached"), "database_unavailable"),
+        # Raised on the driver itself (the router's hot path), not wrapped by SQLAlchemy.
+        (psycopg.OperationalError("the connection is lost"), "database_unavailable"),
+        (
+            psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction"),
+            "database_unavailable",
+        ),
         (redis_exc.ConnectionError("Connection refused"), "redis_unavailable"),
         (redis_exc.TimeoutError("Timeout reading from socket"), "redis_unavailable"),
     ],
