@@ -7,12 +7,15 @@ import json
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packaging.markers import Marker
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import expect
 from tuf.api.metadata import Metadata, Root, Targets
 
@@ -141,6 +144,17 @@ def test_publishing_without_an_sbom_is_explicit(release_plane: ControlPlane, tmp
     assert "none (published without one)" in run_cli(["releases", "show", "0.1.8"], cp.env).stdout
 
 
+def _fetched_again(url: str, cookies: list[Any]) -> str:
+    jar = {c["name"]: c["value"] for c in cookies}
+    try:
+        with httpx.Client(verify=False, cookies=jar, timeout=60) as client:  # noqa: S501 - the test CA
+            got = client.get(url)
+        declared = got.headers.get("content-length")
+        return f"HTTP {got.status_code}, {len(got.content)} bytes, content-length {declared}"
+    except httpx.HTTPError as exc:
+        return f"failed too: {exc!r}"
+
+
 def _downloaded_from_client_tools_it_enrolls_and_works(
     cp: ControlPlane, pex: Path, release_kids: set[str], tmp_path: Path
 ) -> None:
@@ -161,9 +175,19 @@ def _downloaded_from_client_tools_it_enrolls_and_works(
             page.screenshot(path=screenshot_dir(tmp_path) / "client-tools.png", full_page=True)
             assert page.locator("#manifest-url").inner_text().endswith("/api/collector/v1/updates/metadata/")
             assert page.locator("#update-pubkey").inner_text() in release_kids
+            mark = cp.log_mark()
             with page.expect_download() as got:
                 row.get_by_role("link", name=pex.name).click()
-            got.value.save_as(downloaded)
+            try:
+                got.value.save_as(downloaded)
+            except PlaywrightError as exc:
+                # Seen once in a loaded make test run ("canceled"): say whether the server sends
+                # the whole file again, and what the services logged meanwhile.
+                again = _fetched_again(got.value.url, context.cookies())
+                raise AssertionError(
+                    f"the browser's download failed: {exc} (failure: {got.value.failure()}); the same "
+                    f"URL fetched again: {again}; logged since the click:\n{cp.log_since(mark)[-4000:]}"
+                ) from exc
         finally:
             context.close()
     assert file_sha256(downloaded) == file_sha256(pex)
