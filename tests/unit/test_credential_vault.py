@@ -46,7 +46,13 @@ def test_altered_rows_and_missing_master_keys_are_refused() -> None:
     flipped[0] ^= 1
     for bad in (
         SealedCredential(sealed.key_id, sealed.wrapped_key, sealed.nonce, bytes(flipped)),
-        SealedCredential(sealed.key_id, sealed.wrapped_key[:-1] + b"x", sealed.nonce, sealed.ciphertext),
+        # A bit flipped, never a byte replaced: the last byte was "x" one time in 256.
+        SealedCredential(
+            sealed.key_id,
+            sealed.wrapped_key[:-1] + bytes([sealed.wrapped_key[-1] ^ 1]),
+            sealed.nonce,
+            sealed.ciphertext,
+        ),
     ):
         with pytest.raises(CredentialUnreadable):
             open_value(master, "acme", "ssh:sw-1", 1, bad)
