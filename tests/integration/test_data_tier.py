@@ -1,6 +1,7 @@
 """The data tier of deploy/ (PostgreSQL 15 under Patroni, etcd) as the services use it: the schema
 migrates through the multi-host URL, a commit acknowledged before the primary dies is on the
-promoted standby, the pool writes again without a restart, and a standby is not ready."""
+promoted standby, the pool writes again without a restart, a planned switchover leaves no call
+failing on a connection to the demoted primary, and a standby is not ready."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from common import error_mapping
 from common.db import writable
 from common.db.engine import create_async
 from common.db.migrate import upgrade
 from common.db.urls import libpq_url
 from gateway.app import GatewayConfig, create_app
+from router.core.sql import sql
 from tests.support.data_tier import DataTier
 
 pytestmark = pytest.mark.timeout(240)
@@ -112,6 +116,63 @@ async def _readiness(database_url: str, redis_url: str) -> str:
             return str(reply.json()["checks"]["postgres"])
     finally:
         await lifespan.__aexit__(None, None, None)
+
+
+async def test_a_switchover_demotes_the_primary_and_no_call_fails_on_its_old_connections(
+    tier: DataTier,
+) -> None:
+    """A planned switchover restarts the old primary as a standby. A pool like the router's hot
+    path (not pinged) idle through it still holds connections to the old primary: they are
+    dropped at checkout, so once the new primary takes writes each call succeeds on its first
+    try, on the new primary. Writes that keep coming meanwhile are refused as retryable
+    (``database_unavailable``), never ``internal``."""
+    deadline = time.monotonic() + 90
+    while not tier.replicated():  # the previous test's node has rejoined as the sync standby
+        assert time.monotonic() < deadline, tier.cluster()
+        await asyncio.sleep(0.5)
+    idle = create_async(tier.url, pool_size=2, max_overflow=0, pre_ping=False)
+    busy = create_async(tier.url, pool_size=2, max_overflow=0, pre_ping=False)
+    try:
+        async with busy.begin() as conn:
+            await conn.execute(text("CREATE TABLE IF NOT EXISTS moved (n int PRIMARY KEY)"))
+
+        async def write(engine: AsyncEngine, n: int) -> int:
+            async with engine.begin() as conn:
+                hot = await sql(conn)
+                await hot.run("INSERT INTO moved VALUES (%(n)s)", {"n": n})
+                return int(await hot.scalar("SELECT inet_server_port()"))
+
+        ports = await asyncio.gather(write(idle, 1), write(idle, 2))  # both pooled, on the primary
+        old, candidate = tier.leader(), tier.sync_standby()
+        assert candidate is not None and set(ports) == {tier.patroni[old].pg_port}
+
+        refused: list[str] = []
+        began = time.monotonic()
+        moved = asyncio.create_task(asyncio.to_thread(tier.switchover, old, candidate))
+        n = 2
+        while not moved.done():  # writes keep coming while Patroni moves the primary
+            n += 1
+            try:
+                await write(busy, n)
+            except Exception as exc:
+                refused.append(error_mapping.public_error(exc).code)
+                await asyncio.sleep(0.05)
+        assert "Successfully switched over" in await moved, await moved
+        assert set(refused) <= {"database_unavailable"}, refused
+        while await writable.probe(tier.url) is not None:  # the new primary takes writes (host list)
+            assert time.monotonic() < deadline + 60, tier.cluster()
+            await asyncio.sleep(0.2)
+        took = time.monotonic() - began
+        for k in range(10):  # no stale connection handed out: each call succeeds on its first try
+            assert await write(idle, 10_000 + k) == tier.patroni[candidate].pg_port
+        assert tier.leader() == candidate
+        print(  # noqa: T201 - the measure
+            f"switchover {old} -> {candidate}: writes again after {took:.1f} s, "
+            f"{len(refused)} refused, all retryable"
+        )
+    finally:
+        await idle.dispose()
+        await busy.dispose()
 
 
 def test_the_deploy_files_are_what_the_cluster_runs(tier: DataTier) -> None:

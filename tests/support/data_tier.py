@@ -9,6 +9,7 @@ and PostgreSQL run as the ``postgres`` user (PostgreSQL refuses root).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -230,6 +231,20 @@ class DataTier:
             # has exited): the group holds the postmaster and every backend.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+    def switchover(self, leader: str, candidate: str) -> str:
+        """A planned move of the primary (what ``patronictl switchover`` asks the REST API): the
+        leader is demoted, its PostgreSQL restarted as a standby, the candidate promoted. Patroni
+        answers once the candidate leads; its answer is returned."""
+        body = json.dumps({"leader": leader, "candidate": candidate}).encode()
+        auth = base64.b64encode(f"patroni:{self.superuser_password}".encode()).decode()
+        request = urllib.request.Request(
+            f"http://{self.host}:{self.patroni[leader].api_port}/switchover", data=body, method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Basic {auth}"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as reply:  # noqa: S310 - http://, built above
+            answer: bytes = reply.read()
+        return answer.decode()
 
     def cluster(self) -> list[dict[str, Any]]:
         """Patroni's view of the members (from any node whose REST API answers)."""
