@@ -87,8 +87,8 @@ def _infrastructure(error: BaseException) -> errors.VersusError | None:
     ):
         return errors.Unavailable("the database is unavailable; retry shortly", code="database_unavailable")
     pg: Any = sys.modules.get("psycopg")
-    if pg is not None and isinstance(error, pg.Error) and getattr(error, "sqlstate", None) == "25006":
-        # read_only_sql_transaction, raised on the driver itself (router/core/sql.py): the server
+    if pg is not None and isinstance(error, pg.errors.ReadOnlySqlTransaction):
+        # SQLSTATE 25006, raised on the driver itself (router/core/sql.py): the server
         # stopped taking writes, as a primary being retired does; the connection is already dropped.
         return errors.Unavailable(
             "the database is not taking writes; retry shortly", code="database_unavailable"

@@ -35,8 +35,6 @@ from psycopg import pq
 from sqlalchemy import event, exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-# SQLSTATE read_only_sql_transaction: this server does not take writes (any more).
-READ_ONLY_SQLSTATE = "25006"
 _READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _READS = 4
 
@@ -74,7 +72,7 @@ def discard_dropped_at_checkout(engine: AsyncEngine) -> None:
 
 def not_primary(error: BaseException) -> bool:
     """Whether a driver error says its server does not take writes (SQLSTATE 25006)."""
-    return getattr(error, "sqlstate", None) == READ_ONLY_SQLSTATE
+    return isinstance(error, psycopg.errors.ReadOnlySqlTransaction)
 
 
 def forget_if_not_primary(pgconn: pq.abc.PGconn, error: BaseException) -> None:
